@@ -1,0 +1,188 @@
+"""Cluster connection settings, read from an Airflow connection or from ``SLURM_*`` variables.
+
+Pure: the hook hands in the connection's fields (or a copy of the environment) and gets back a
+validated, immutable :class:`ClusterSettings`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
+
+DEFAULT_PARTITIONS = ("polar", "polar3", "polar4", "grizzly")
+DEFAULT_CONVERSION_PARTITION = "cpu_long"
+DEFAULT_MAX_TIME_HOURS = 4.0
+DEFAULT_CONN_TIMEOUT = 10.0
+DEFAULT_CMD_TIMEOUT = 120.0
+
+#: The environment variables users of the TAO SLURM workflow already have.
+ENV_VARS = (
+    "SLURM_USER",
+    "SLURM_HOSTNAME",
+    "SSH_KEY_PATH",
+    "SLURM_PARTITION",
+    "SLURM_ACCOUNT",
+    "SLURM_BASE_RESULTS_DIR",
+    "SLURM_CONTAINER_MOUNTS",
+)
+
+_HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$|^\[[0-9A-Fa-f:.]+\]$")
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
+
+
+def _truthy(value: Any) -> bool:
+    return str(value).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _split(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    items = [str(v) for v in value] if isinstance(value, (list, tuple)) else str(value).split(",")
+    return tuple(item.strip() for item in items if item.strip())
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """Everything the hook needs to reach and use one SLURM cluster.
+
+    ``private_key`` and ``private_key_passphrase`` are secrets: they are excluded from ``repr``.
+    """
+
+    hosts: tuple[str, ...]
+    user: str
+    port: int = 22
+    key_file: str | None = None
+    private_key: str | None = field(default=None, repr=False)
+    private_key_passphrase: str | None = field(default=None, repr=False)
+    host_key: str | None = None
+    no_host_key_check: bool = False
+    partitions: tuple[str, ...] = DEFAULT_PARTITIONS
+    account: str | None = None
+    results_dir: str | None = None
+    container_mounts: str | None = None
+    conversion_partition: str = DEFAULT_CONVERSION_PARTITION
+    max_time_hours: float = DEFAULT_MAX_TIME_HOURS
+    cluster_name: str = ""
+    conn_timeout: float = DEFAULT_CONN_TIMEOUT
+    cmd_timeout: float = DEFAULT_CMD_TIMEOUT
+
+    @property
+    def partition(self) -> str:
+        """The first (preferred) GPU partition."""
+        return self.partitions[0]
+
+    @property
+    def pool_key(self) -> str:
+        """Identity of the cluster account: one pooled connection and one poller per key."""
+        return f"{self.user}@{self.cluster_name}"
+
+
+def settings_from_connection(
+    *, host: str | None, login: str | None, port: int | None, extra: Mapping[str, Any], source: str
+) -> ClusterSettings:
+    """Build settings from the fields of a ``tao_slurm`` Airflow connection.
+
+    :param source: how the user named these settings (e.g. ``connection 'slurm_default'``), used in errors.
+    :raises ConnectionConfigError: when a required field is missing or a value is invalid.
+    """
+    problems: list[str] = []
+    hosts = _split(host)
+    if not hosts:
+        problems.append("no login host: set the connection's host (comma separated for failover)")
+    for h in hosts:
+        if not _HOST_RE.match(h):
+            problems.append(f"login host {h!r} is not a valid host name")
+    user = (login or "").strip()
+    if not user:
+        problems.append("no SLURM user: set the connection's login")
+    elif not _USER_RE.match(user):
+        problems.append(f"user {user!r} is not a valid user name")
+    key_file = extra.get("key_file") or None
+    private_key = extra.get("private_key") or None
+    if key_file and private_key:
+        problems.append("both key_file and private_key are set: keep only one")
+    host_key = (extra.get("host_key") or "").strip() or None
+    no_check = _truthy(extra.get("no_host_key_check", False))
+    if host_key and no_check:
+        problems.append("host_key is pinned but no_host_key_check is true: remove no_host_key_check")
+    partitions = _split(extra.get("partition")) or DEFAULT_PARTITIONS
+    conversion = str(extra.get("conversion_partition") or DEFAULT_CONVERSION_PARTITION).strip()
+    account = (str(extra["account"]).strip() or None) if extra.get("account") else None
+    for label, name in [
+        *(("partition", p) for p in partitions),
+        ("conversion_partition", conversion),
+        ("account", account),
+    ]:
+        if name is not None and not _NAME_RE.match(name):
+            problems.append(f"{label} {name!r} may only contain letters, digits, '_', '.' and '-'")
+    results_dir = (str(extra["results_dir"]).strip() or None) if extra.get("results_dir") else None
+    if results_dir is not None and not results_dir.startswith("/"):
+        problems.append(f"results_dir {results_dir!r} must be an absolute path on the cluster")
+    numbers: dict[str, float] = {}
+    for key, default in (
+        ("max_time_hours", DEFAULT_MAX_TIME_HOURS),
+        ("conn_timeout", DEFAULT_CONN_TIMEOUT),
+        ("cmd_timeout", DEFAULT_CMD_TIMEOUT),
+    ):
+        raw = extra.get(key)
+        try:
+            numbers[key] = float(raw) if raw not in (None, "") else default
+        except (TypeError, ValueError):
+            problems.append(f"{key}={raw!r} is not a number")
+            numbers[key] = default
+        if not numbers[key] > 0:
+            problems.append(f"{key} must be greater than 0")
+    try:
+        port_number = int(port) if port else 22
+    except (TypeError, ValueError):
+        problems.append(f"port {port!r} is not a number")
+        port_number = 22
+    if problems:
+        raise ConnectionConfigError(f"{source} is not usable: " + "; ".join(problems))
+    return ClusterSettings(
+        hosts=hosts,
+        user=user,
+        port=port_number,
+        key_file=str(key_file) if key_file else None,
+        private_key=str(private_key) if private_key else None,
+        private_key_passphrase=extra.get("private_key_passphrase") or None,
+        host_key=host_key,
+        no_host_key_check=no_check,
+        partitions=partitions,
+        account=account,
+        results_dir=results_dir,
+        container_mounts=(str(extra["container_mounts"]).strip() or None)
+        if extra.get("container_mounts")
+        else None,
+        conversion_partition=conversion,
+        max_time_hours=numbers["max_time_hours"],
+        cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
+        conn_timeout=numbers["conn_timeout"],
+        cmd_timeout=numbers["cmd_timeout"],
+    )
+
+
+def settings_from_env(env: Mapping[str, str]) -> ClusterSettings:
+    """Build settings from the ``SLURM_*`` environment variables (see :data:`ENV_VARS`).
+
+    :raises ConnectionConfigError: when ``SLURM_HOSTNAME`` or ``SLURM_USER`` is missing or a value is invalid.
+    """
+    extra: dict[str, Any] = {
+        "key_file": env.get("SSH_KEY_PATH"),
+        "partition": env.get("SLURM_PARTITION"),
+        "account": env.get("SLURM_ACCOUNT"),
+        "results_dir": env.get("SLURM_BASE_RESULTS_DIR"),
+        "container_mounts": env.get("SLURM_CONTAINER_MOUNTS"),
+    }
+    return settings_from_connection(
+        host=env.get("SLURM_HOSTNAME"),
+        login=env.get("SLURM_USER"),
+        port=None,
+        extra={k: v for k, v in extra.items() if v},
+        source="the SLURM_* environment variables",
+    )

@@ -1,0 +1,146 @@
+"""Typed exceptions of the provider, all in one module.
+
+Every message says what failed and what to do about it, and never contains a secret value.
+This module imports nothing from Airflow so that the pure ``core`` layer can raise these too;
+Airflow treats any exception raised from ``execute()`` as a task failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class TaoSlurmError(Exception):
+    """Base class of every error raised by this provider."""
+
+
+# --- bad input: raised before anything reaches the cluster -------------------------------------
+
+
+class ValidationError(TaoSlurmError, ValueError):
+    """A user-supplied value is invalid. The message names the parameter and the fix."""
+
+
+class ImageReferenceError(ValidationError):
+    """An image reference is malformed, hostile, or not allowed where it was given."""
+
+
+class StoragePathError(ValidationError):
+    """A dataset or results path cannot be resolved to a cluster path."""
+
+
+class ResourceError(ValidationError):
+    """A resource request (GPUs, nodes, CPUs, time) is impossible or over a limit."""
+
+
+class TemplateRenderError(TaoSlurmError):
+    """An sbatch template could not be rendered (unknown or leftover placeholder)."""
+
+
+class SecretLeakError(TaoSlurmError):
+    """Literal credential material was found where it must never be written.
+
+    :param findings: ``(line_number, name)`` pairs; names only, never values.
+    """
+
+    def __init__(self, message: str, findings: Sequence[tuple[int, str]] = ()) -> None:
+        super().__init__(message)
+        self.findings = list(findings)
+
+
+class RecordError(TaoSlurmError):
+    """A job record operation is invalid (e.g. an impossible state transition)."""
+
+
+class UnknownStateError(TaoSlurmError):
+    """SLURM reported a state this provider does not know; the raw text is kept."""
+
+
+# --- talking to the cluster ----------------------------------------------------------------------
+
+
+class SlurmConnectionError(TaoSlurmError):
+    """No login host could be reached.
+
+    :param failures: ``(host, reason)`` for every host that was tried, in order.
+    """
+
+    def __init__(self, message: str, failures: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.failures = list(failures)
+
+
+class SlurmAuthenticationError(SlurmConnectionError):
+    """The login host refused our credentials."""
+
+
+class HostKeyError(SlurmConnectionError):
+    """The login host's key is unknown or changed; host keys are verified by default."""
+
+
+class KeyFilePermissionError(ValidationError):
+    """The private key file is readable by group or others (``chmod 600`` fixes it)."""
+
+
+class ConnectionConfigError(ValidationError):
+    """The connection (or the ``SLURM_*`` environment) is missing a setting or has a bad one."""
+
+
+class RemoteCommandError(TaoSlurmError):
+    """A command on the login host exited non-zero.
+
+    :param rc: exit status; ``stderr`` is kept (already redacted) for diagnosis.
+    """
+
+    def __init__(self, message: str, rc: int | None = None, stderr: str = "") -> None:
+        super().__init__(message)
+        self.rc = rc
+        self.stderr = stderr
+
+
+class SubmissionError(RemoteCommandError):
+    """``sbatch`` refused the job (bad partition, account, time limit, ...)."""
+
+
+class AmbiguousSubmissionError(TaoSlurmError):
+    """After an unclear ``sbatch`` reply, more than one job carries our exact job name."""
+
+    def __init__(self, message: str, job_ids: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.job_ids = list(job_ids)
+
+
+class JobNotFoundError(TaoSlurmError):
+    """Neither ``squeue`` nor ``sacct`` knows the job after the grace window."""
+
+
+class MissingPathsError(TaoSlurmError):
+    """One or more required paths do not exist on the cluster; all of them are listed."""
+
+    def __init__(self, message: str, missing: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.missing = list(missing)
+
+
+class ImageConversionError(TaoSlurmError):
+    """Converting an image to ``.sqsh`` failed or produced an invalid file."""
+
+
+class PreflightError(TaoSlurmError):
+    """One or more preflight checks failed; every problem is listed with its fix."""
+
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+class JobFailedError(TaoSlurmError):
+    """The SLURM job ended in a failure state."""
+
+    def __init__(self, message: str, err_class: str | None = None) -> None:
+        super().__init__(message)
+        self.err_class = err_class
+
+
+class ConnectionLostError(SlurmConnectionError):
+    """The SSH connection dropped while a command ran: it may or may not have taken effect."""

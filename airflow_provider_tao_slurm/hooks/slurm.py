@@ -1,0 +1,733 @@
+"""``SlurmHook``: the only place in the provider that talks SSH.
+
+The sync side (operators) is built on the SSH provider's :class:`~airflow.providers.ssh.hooks.ssh.SSHHook`
+(paramiko) and keeps ONE connection for the hook's lifetime, failing over between login hosts in
+order. The async side (triggers) uses asyncssh through a per-process pool: one connection per
+cluster account, shared by every trigger of a triggerer, reconnecting with backoff.
+
+Every command string comes from :mod:`airflow_provider_tao_slurm.core.commands` (every value
+quoted); every output is parsed by the core. Secrets travel only over stdin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import selectors
+import stat
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.config import (
+    ClusterSettings,
+    settings_from_connection,
+    settings_from_env,
+)
+from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.states import (
+    JobState,
+    merge_states,
+    parse_job_ids_by_name,
+    parse_sacct,
+    parse_sbatch_reply,
+    parse_squeue,
+)
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    ConnectionConfigError,
+    ConnectionLostError,
+    HostKeyError,
+    KeyFilePermissionError,
+    RemoteCommandError,
+    SlurmAuthenticationError,
+    SlurmConnectionError,
+    SubmissionError,
+)
+
+if TYPE_CHECKING:
+    import asyncssh
+    import paramiko
+
+#: sacct looks back this far when searching by name (without ``--starttime`` it starts at midnight).
+DEFAULT_SACCT_WINDOW = "now-7days"
+#: How long an unclear ``sbatch`` reply is reconciled by exact job name before resubmitting.
+RECONCILE_TIMEOUT_S = 60.0
+RECONCILE_INTERVAL_S = 2.0
+#: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
+ASYNC_MAX_SESSIONS = 8
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """Outcome of one remote command: exit status, decoded stdout and stderr, and the host used."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    host: str = ""
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A bounded piece of a remote log read from a byte offset.
+
+    :ivar size: the file's current size (0 when it does not exist yet).
+    :ivar data: the bytes read, decoded as UTF-8 with replacement.
+    :ivar next_offset: where the next read starts.
+    :ivar restarted: True when the file shrank (a requeued rerun truncated it) and reading restarted at 0.
+    """
+
+    size: int
+    data: str
+    next_offset: int
+    restarted: bool = False
+
+
+def check_key_file(path: str) -> None:
+    """Refuse a private key that is missing or readable by group or others.
+
+    :raises KeyFilePermissionError: with the ``chmod 600`` fix.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise KeyFilePermissionError(
+            f"SSH key file {path!r} does not exist: fix key_file (or SSH_KEY_PATH)"
+        ) from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFilePermissionError(
+            f"SSH key file {path!r} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
+            f"run: chmod 600 {path}"
+        )
+
+
+def _describe_connect_error(host: str, exc: BaseException) -> tuple[str, type[SlurmConnectionError]]:
+    import paramiko
+
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, paramiko.BadHostKeyException) or "known_hosts" in text or "Host key" in text:
+        return (
+            f"host key of {host} is not trusted ({text}); add it to ~/.ssh/known_hosts or pin it with the "
+            "connection's host_key extra",
+            HostKeyError,
+        )
+    if isinstance(exc, paramiko.AuthenticationException):
+        return f"{host} refused the key ({text}); check the user and that the key is authorised", (
+            SlurmAuthenticationError
+        )
+    return f"{host} unreachable ({text})", SlurmConnectionError
+
+
+class SlurmHook(BaseHook):
+    """Run commands on a SLURM cluster's login hosts over SSH.
+
+    Settings come from the ``tao_slurm`` Airflow connection ``slurm_conn_id``; when that connection
+    does not exist, from the ``SLURM_*`` environment variables (``SLURM_USER``, ``SLURM_HOSTNAME``,
+    ``SSH_KEY_PATH``, ...).
+
+    :param slurm_conn_id: the Airflow connection id.
+    :param settings: explicit settings (tests, benchmarks); skips the connection lookup.
+    """
+
+    conn_name_attr = "slurm_conn_id"
+    default_conn_name = "slurm_default"
+    conn_type = "tao_slurm"
+    hook_name = "TAO SLURM (over SSH)"
+
+    def __init__(
+        self, slurm_conn_id: str = default_conn_name, *, settings: ClusterSettings | None = None
+    ) -> None:
+        super().__init__()
+        self.slurm_conn_id = slurm_conn_id
+        self._explicit_settings = settings
+        self._client: paramiko.SSHClient | None = None
+        self._host: str | None = None
+
+    # ------------------------------------------------------------------ settings and connection
+
+    @cached_property
+    def settings(self) -> ClusterSettings:
+        """The validated cluster settings (connection first, then ``SLURM_*`` variables)."""
+        if self._explicit_settings is not None:
+            return self._explicit_settings
+        try:
+            conn = self.get_connection(self.slurm_conn_id)
+        except AirflowNotFoundException:
+            if os.environ.get("SLURM_HOSTNAME"):
+                return settings_from_env(os.environ)
+            raise ConnectionConfigError(
+                f"no Airflow connection {self.slurm_conn_id!r} and SLURM_HOSTNAME is not set: create a "
+                "'tao_slurm' connection or export SLURM_HOSTNAME, SLURM_USER and SSH_KEY_PATH"
+            ) from None
+        return settings_from_connection(
+            host=conn.host,
+            login=conn.login,
+            port=conn.port,
+            extra=conn.extra_dejson,
+            source=f"connection {self.slurm_conn_id!r}",
+        )
+
+    @property
+    def active_host(self) -> str | None:
+        """The login host the current connection goes to (None before connecting)."""
+        return self._host
+
+    def _ssh_hook(self, host: str) -> Any:
+        """An SSH provider hook for one login host, configured from our settings."""
+        from airflow.providers.ssh.hooks.ssh import SSHHook
+
+        s = self.settings
+        if s.key_file:
+            check_key_file(s.key_file)
+        if s.no_host_key_check:
+            self.log.warning(
+                "Host key checking is OFF for %s (no_host_key_check): connections are open to "
+                "man-in-the-middle attacks",
+                host,
+            )
+        ssh = SSHHook(
+            remote_host=host,
+            username=s.user,
+            key_file=s.key_file,
+            port=s.port,
+            conn_timeout=int(s.conn_timeout),
+            cmd_timeout=s.cmd_timeout,
+            conn_retry_attempts=1,
+            no_host_key_check=s.no_host_key_check,
+        )
+        ssh.look_for_keys = False
+        if s.private_key:
+            ssh.pkey = ssh._pkey_from_private_key(s.private_key, passphrase=s.private_key_passphrase)
+        if s.host_key:
+            key_type, _, key_data = s.host_key.partition(" ")
+            import base64
+
+            ssh.host_key = ssh._host_key_mappings[key_type](data=base64.b64decode(key_data.split()[0]))
+        return ssh
+
+    def _connect(self, host: str) -> paramiko.SSHClient:
+        import paramiko
+
+        try:
+            return self._ssh_hook(host).get_conn()
+        except (OSError, paramiko.SSHException, EOFError) as exc:
+            message, kind = _describe_connect_error(host, exc)
+            raise kind(message, [(host, message)]) from None
+
+    def get_conn(self) -> paramiko.SSHClient:
+        """Return the hook's SSH connection, connecting to the first login host that answers.
+
+        :raises SlurmConnectionError: (or a subclass) listing every host tried and why it failed.
+        """
+        if self._client is not None:
+            transport = self._client.get_transport()
+            if transport is not None and transport.is_active():
+                return self._client
+            self.close()
+        failures: list[tuple[str, str]] = []
+        kinds: set[type[SlurmConnectionError]] = set()
+        for host in self.settings.hosts:
+            try:
+                self._client = self._connect(host)
+            except SlurmConnectionError as exc:
+                failures.extend(exc.failures)
+                kinds.add(type(exc))
+                self.log.warning("Login host failed, trying the next one: %s", exc)
+                continue
+            self._host = host
+            if failures:
+                self.log.warning("Connected to %s after %d failed login host(s)", host, len(failures))
+            return self._client
+        kind = kinds.pop() if len(kinds) == 1 else SlurmConnectionError
+        detail = "; ".join(reason for _, reason in failures)
+        raise kind(f"no login host of cluster {self.settings.cluster_name!r} answered: {detail}", failures)
+
+    def close(self) -> None:
+        """Close the SSH connection (a later call reconnects)."""
+        if self._client is not None:
+            self._client.close()
+        self._client = None
+        self._host = None
+
+    # ------------------------------------------------------------------ running commands
+
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        what: str = "command",
+    ) -> CommandResult:
+        """Run ``command`` on the login host; ``stdin`` (e.g. a secret) is sent over the channel.
+
+        :param timeout: seconds before the command is abandoned (default: the connection's cmd_timeout).
+        :param check: raise :class:`RemoteCommandError` on a non-zero exit status.
+        :param what: a short description used in errors.
+        :raises ConnectionLostError: when the connection dropped after the command was sent.
+        """
+        client = self.get_conn()
+        host = self._host or ""
+        limit = self.settings.cmd_timeout if timeout is None else timeout
+        self.log.debug("ssh %s: %s", host, command)
+        try:
+            rc, out, err = _exec_channel(client, command, stdin, limit)
+        except ConnectionLostError:
+            self.close()
+            raise
+        result = CommandResult(rc, out, redact_text(err), host)
+        if check and rc != 0:
+            raise RemoteCommandError(
+                f"{what} failed on {host} with exit status {rc}: {result.stderr.strip()[-2000:]}",
+                rc=rc,
+                stderr=result.stderr,
+            )
+        return result
+
+    def check_paths(self, paths: Sequence[str]) -> list[str]:
+        """Return the paths (absolute cluster paths) that do not exist, checked in one round trip."""
+        if not paths:
+            return []
+        result = self.run(commands.test_paths(paths), check=True, what="path check")
+        return commands.parse_test_paths(result.stdout, paths)
+
+    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        """Write ``data`` to ``path`` atomically (temp file + rename) with ``mode``; content goes over stdin."""
+        self.run(commands.write_file_from_stdin(path, mode), stdin=data, check=True, what=f"writing {path}")
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        """Read at most ``max_bytes`` of a remote text file; None when it does not exist."""
+        result = self.run(commands.read_file(path, max_bytes), what=f"reading {path}")
+        if result.rc != 0:
+            return None
+        return result.stdout
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        """Read a log from a byte offset, at most ``max_bytes``; restarts at 0 if the file shrank."""
+        result = self.run(commands.tail_bytes(path, offset, max_bytes), what=f"reading log {path}")
+        return _log_chunk(result.stdout, offset, max_bytes)
+
+    def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
+        """Read TAO ``status.json`` (JSON lines, or one JSON document); None when missing."""
+        text = self.read_file(path, max_bytes)
+        return None if text is None else parse_status_lines(text)
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        reconcile_timeout: float = RECONCILE_TIMEOUT_S,
+        reconcile_interval: float = RECONCILE_INTERVAL_S,
+    ) -> str:
+        """Submit a staged batch script once and return its SLURM job id.
+
+        When ``sbatch`` answers nothing usable or the connection drops after sending, the job may
+        exist: it is looked up by its exact ``job_name`` on every login host within
+        ``reconcile_timeout``. Exactly one match is adopted; several raise; only when none appears
+        is the script submitted again (once).
+
+        :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
+        :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
+        """
+        job_id = self._sbatch(script_path)
+        if job_id is not None:
+            return job_id
+        self.log.warning("sbatch reply for job %s unclear: reconciling by exact job name", job_name)
+        found = self.reconcile_by_name(job_name, timeout=reconcile_timeout, interval=reconcile_interval)
+        if found is not None:
+            return found
+        self.log.warning("job %s not found after %.0f s: submitting it again", job_name, reconcile_timeout)
+        job_id = self._sbatch(script_path)
+        if job_id is None:
+            raise SubmissionError(
+                f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
+            )
+        return job_id
+
+    def _sbatch(self, script_path: str) -> str | None:
+        try:
+            result = self.run(commands.sbatch_submit(script_path), what="sbatch")
+        except ConnectionLostError:
+            return None
+        if result.rc != 0:
+            raise SubmissionError(
+                f"sbatch refused {script_path}: {result.stderr.strip()[-2000:]}",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
+        parsed = parse_sbatch_reply(result.stdout)
+        return parsed[0] if parsed else None
+
+    def reconcile_by_name(self, job_name: str, *, timeout: float, interval: float) -> str | None:
+        """Poll every login host for jobs named exactly ``job_name`` until one appears or time runs out.
+
+        :raises AmbiguousSubmissionError: when more than one job has that name.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            ids = self.find_jobs_by_name(job_name, all_hosts=True)
+            if len(ids) > 1:
+                raise AmbiguousSubmissionError(
+                    f"{len(ids)} jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones with "
+                    "scancel before retrying",
+                    ids,
+                )
+            if ids:
+                return ids[0]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(interval)
+
+    def find_jobs_by_name(
+        self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
+    ) -> list[str]:
+        """Job ids whose name is exactly ``job_name`` (live in squeue, or finished in sacct).
+
+        :param all_hosts: ask every reachable login host, not only the connected one.
+        """
+        command = commands.squeue_by_name(job_name) + " ; " + commands.sacct_by_name(job_name, since)
+        outputs: list[str] = []
+        if all_hosts:
+            for host in self.settings.hosts:
+                try:
+                    client = self._client if host == self._host and self._client else self._connect(host)
+                    rc, out, _ = _exec_channel(client, command, None, self.settings.cmd_timeout)
+                except SlurmConnectionError as exc:
+                    self.log.warning("reconcile: %s", exc)
+                    continue
+                outputs.append(out)
+                if client is not self._client:
+                    client.close()
+        else:
+            outputs.append(self.run(command, what="job lookup by name").stdout)
+        seen: dict[str, None] = {}
+        for out in outputs:
+            for job_id in parse_job_ids_by_name(out):
+                seen[job_id] = None
+        return list(seen)
+
+    def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
+        """States of many jobs in at most two queries: squeue for live jobs, sacct for the rest.
+
+        Jobs neither command knows are absent from the result (the caller's grace window decides).
+        :raises RemoteCommandError: when neither squeue nor sacct answered.
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        squeue = self.run(commands.squeue_states(ids), what="squeue")
+        rest = _needs_sacct(ids, squeue)
+        sacct = self.run(commands.sacct_states(rest, since), what="sacct") if rest else None
+        return _combine_poll(squeue, sacct)
+
+    def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        """Cancel jobs; unknown or finished jobs are fine. With ``job_name`` only jobs of that name are hit."""
+        if job_ids:
+            self.run(commands.scancel(job_ids, name=job_name), check=True, what="scancel")
+
+    def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
+        """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""
+        for machine in commands.enroot_credential_machines(registry):
+            self.run(
+                commands.install_enroot_credentials(machine, login),
+                stdin=password.encode(),
+                check=True,
+                what=f"installing Enroot credentials for {machine}",
+            )
+
+    def test_connection(self) -> tuple[bool, str]:
+        """Airflow's "Test connection": login, the SLURM tools and the shared directory."""
+        try:
+            tools = ("sbatch", "squeue", "sacct", "scancel", "srun", "sinfo")
+            result = self.run(commands.which(tools), what="tool check")
+            missing = commands.parse_which(result.stdout, tools)
+            problems = [f"{tool} not found on {self._host}" for tool in missing]
+            results_dir = self.settings.results_dir
+            if results_dir:
+                probe = self.run(commands.writable_dir(results_dir), what="results dir check")
+                if probe.rc != 0:
+                    problems.append(f"results_dir {results_dir} is not writable")
+        except Exception as exc:
+            return False, redact_text(str(exc))
+        if problems:
+            return False, "; ".join(problems)
+        return True, f"connected to {self._host} as {self.settings.user}; SLURM tools and results dir OK"
+
+    # ------------------------------------------------------------------ async twins (triggers)
+
+    async def a_run(
+        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
+    ) -> CommandResult:
+        """Async twin of :meth:`run` over the process-wide pooled connection."""
+        settings = await self.a_settings()
+        return await _ASYNC_POOL.run(
+            settings, command, stdin, settings.cmd_timeout if timeout is None else timeout
+        )
+
+    async def a_settings(self) -> ClusterSettings:
+        """Settings read with the async connection API (safe inside the triggerer's event loop)."""
+        if self._explicit_settings is not None:
+            return self._explicit_settings
+        from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
+
+        try:
+            conn = await get_async_connection(self.slurm_conn_id)
+        except AirflowNotFoundException:
+            if os.environ.get("SLURM_HOSTNAME"):
+                return settings_from_env(os.environ)
+            raise
+        extra = await get_async_extra_dejson(conn)
+        return settings_from_connection(
+            host=conn.host,
+            login=conn.login,
+            port=conn.port,
+            extra=extra,
+            source=f"connection {self.slurm_conn_id!r}",
+        )
+
+    async def a_get_states(
+        self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW
+    ) -> dict[str, JobState]:
+        """Async twin of :meth:`get_states`."""
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        squeue = await self.a_run(commands.squeue_states(ids))
+        rest = _needs_sacct(ids, squeue)
+        sacct = await self.a_run(commands.sacct_states(rest, since)) if rest else None
+        return _combine_poll(squeue, sacct)
+
+    async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        """Async twin of :meth:`read_log`."""
+        result = await self.a_run(commands.tail_bytes(path, offset, max_bytes))
+        return _log_chunk(result.stdout, offset, max_bytes)
+
+    async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        """Async twin of :meth:`cancel`."""
+        if job_ids:
+            result = await self.a_run(commands.scancel(job_ids, name=job_name))
+            if result.rc != 0:
+                raise RemoteCommandError(
+                    f"scancel failed: {result.stderr.strip()}", rc=result.rc, stderr=result.stderr
+                )
+
+
+# ---------------------------------------------------------------------- helpers shared by both sides
+
+
+def parse_status_lines(text: str) -> list[dict[str, Any]]:
+    """Parse TAO ``status.json``: JSON lines (one object per line) or a single JSON document."""
+    text = text.strip()
+    if not text:
+        return []
+    try:
+        whole = json.loads(text)
+    except json.JSONDecodeError:
+        whole = None
+    if isinstance(whole, dict):
+        return [whole]
+    if isinstance(whole, list):
+        return [item for item in whole if isinstance(item, dict)]
+    entries: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(item, dict):
+            entries.append(item)
+    return entries
+
+
+def _log_chunk(stdout: str, offset: int, max_bytes: int) -> LogChunk:
+    size, data = commands.parse_tail(stdout)
+    start = commands.next_read_offset(size, offset)
+    restarted = start != offset
+    return LogChunk(size=size, data=data, next_offset=start + len(data.encode()), restarted=restarted)
+
+
+def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
+    """The ids squeue did not answer for (or saw finish): sacct has their final state and exit code."""
+    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
+    return [i for i in ids if i not in live or live[i].is_terminal]
+
+
+def _combine_poll(squeue: CommandResult, sacct: CommandResult | None) -> dict[str, JobState]:
+    """Merge one squeue and one sacct answer; squeue wins for live jobs, sacct fills in the rest.
+
+    :raises RemoteCommandError: when neither answered (e.g. controller and accounting both down).
+    """
+    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
+    finished = parse_sacct(sacct.stdout) if sacct is not None and sacct.rc == 0 else {}
+    if squeue.rc != 0 and (sacct is None or sacct.rc != 0):
+        reason = (sacct.stderr if sacct is not None else "") or squeue.stderr
+        raise RemoteCommandError(
+            f"neither squeue nor sacct answered on {squeue.host}: {reason.strip()[-500:]}; check that "
+            "slurmctld and slurmdbd are up (scontrol ping)",
+            rc=squeue.rc,
+            stderr=reason,
+        )
+    return merge_states(live, finished)
+
+
+def _exec_channel(
+    client: paramiko.SSHClient, command: str, stdin: bytes | None, timeout: float | None
+) -> tuple[int, str, str]:
+    """Run one command on a new channel of ``client``; returns ``(rc, stdout, stderr)``.
+
+    :raises ConnectionLostError: when the channel closes without an exit status.
+    :raises RemoteCommandError: when the command does not finish within ``timeout``.
+    """
+    import paramiko
+
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise ConnectionLostError("the SSH connection is closed")
+    try:
+        channel = transport.open_session(timeout=timeout)
+        channel.exec_command(command)
+        if stdin:
+            channel.sendall(stdin)
+        channel.shutdown_write()
+    except (OSError, paramiko.SSHException, EOFError) as exc:
+        raise ConnectionLostError(f"the SSH connection dropped while sending a command: {exc}") from None
+    out, err = bytearray(), bytearray()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(channel, selectors.EVENT_READ)
+        while True:
+            while channel.recv_ready():
+                out += channel.recv(65536)
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            if channel.exit_status_ready() and channel.eof_received:
+                break
+            if channel.closed or not transport.is_active():
+                if channel.exit_status_ready():
+                    break
+                raise ConnectionLostError("the SSH connection dropped before the command's reply arrived")
+            if deadline is not None and time.monotonic() > deadline:
+                channel.close()
+                raise RemoteCommandError(f"remote command did not finish within {timeout:.0f} s")
+            selector.select(0.5)
+    rc = channel.recv_exit_status()
+    channel.close()
+    if rc == -1:
+        raise ConnectionLostError("the remote command ended without an exit status (connection cut)")
+    return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+class _AsyncConnectionPool:
+    """One asyncssh connection per (cluster account, event loop), shared by all triggers of a process."""
+
+    def __init__(self) -> None:
+        self._conns: dict[tuple[str, tuple[str, ...], int, int], asyncssh.SSHClientConnection] = {}
+        self._locks: dict[tuple[str, tuple[str, ...], int, int], asyncio.Lock] = {}
+        self._sessions: dict[tuple[str, tuple[str, ...], int, int], asyncio.Semaphore] = {}
+        #: connections opened since start (benchmarks and tests read it)
+        self.opened = 0
+
+    def _key(self, s: ClusterSettings) -> tuple[str, tuple[str, ...], int, int]:
+        return (s.pool_key, s.hosts, s.port, id(asyncio.get_running_loop()))
+
+    async def connection(self, s: ClusterSettings) -> asyncssh.SSHClientConnection:
+        key = self._key(s)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            conn = self._conns.get(key)
+            if conn is not None and not conn.is_closed():
+                return conn
+            conn = await _async_connect(s)
+            self.opened += 1
+            self._conns[key] = conn
+            self._sessions[key] = asyncio.Semaphore(ASYNC_MAX_SESSIONS)
+            return conn
+
+    async def run(
+        self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None
+    ) -> CommandResult:
+        import asyncssh
+
+        delay = 0.5
+        for attempt in range(4):
+            conn = await self.connection(s)
+            key = self._key(s)
+            try:
+                async with self._sessions[key]:
+                    result = await asyncio.wait_for(
+                        conn.run(command, input=stdin, check=False, encoding=None), timeout=timeout
+                    )
+            except (OSError, asyncssh.Error) as exc:
+                conn.close()
+                if attempt == 3:
+                    raise ConnectionLostError(
+                        f"the SSH connection to {s.cluster_name} keeps dropping: {exc}"
+                    ) from None
+                await asyncio.sleep(delay + random.uniform(0, delay))  # noqa: S311 - jitter, not crypto
+                delay *= 2
+                continue
+            except TimeoutError:
+                raise RemoteCommandError(f"remote command did not finish within {timeout} s") from None
+            rc = result.exit_status if result.exit_status is not None else -1
+            out = bytes(result.stdout or b"").decode("utf-8", "replace")
+            err = bytes(result.stderr or b"").decode("utf-8", "replace")
+            return CommandResult(rc, out, redact_text(err), getattr(conn, "_tao_host", ""))
+        raise AssertionError("unreachable")
+
+    async def close_all(self) -> None:
+        """Close every pooled connection of the running loop (tests, benchmarks)."""
+        loop_id = id(asyncio.get_running_loop())
+        for key in [k for k in self._conns if k[3] == loop_id]:
+            self._conns.pop(key).close()
+
+
+async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
+    import asyncssh
+
+    if s.key_file:
+        check_key_file(s.key_file)
+    failures: list[tuple[str, str]] = []
+    for host in s.hosts:
+        options: dict[str, Any] = {"username": s.user, "port": s.port, "connect_timeout": s.conn_timeout}
+        if s.key_file:
+            options["client_keys"] = [s.key_file]
+        elif s.private_key:
+            options["client_keys"] = [asyncssh.import_private_key(s.private_key, s.private_key_passphrase)]
+        if s.no_host_key_check:
+            options["known_hosts"] = None
+        elif s.host_key:
+            entry = host if s.port == 22 else f"[{host}]:{s.port}"
+            options["known_hosts"] = asyncssh.import_known_hosts(f"{entry} {s.host_key}\n")
+        try:
+            conn = await asyncssh.connect(host, keepalive_interval=30, **options)
+        except (OSError, asyncssh.Error) as exc:
+            message, _ = _describe_connect_error(host, exc)
+            failures.append((host, message))
+            continue
+        conn._tao_host = host  # type: ignore[attr-defined]
+        return conn
+    raise SlurmConnectionError(
+        f"no login host of cluster {s.cluster_name!r} answered: " + "; ".join(m for _, m in failures),
+        failures,
+    )
+
+
+_ASYNC_POOL = _AsyncConnectionPool()
+
+
+def async_pool() -> _AsyncConnectionPool:
+    """The process-wide async connection pool (shared by every trigger in a triggerer)."""
+    return _ASYNC_POOL

@@ -1,0 +1,1 @@
+"""sensors of the TAO SLURM provider."""

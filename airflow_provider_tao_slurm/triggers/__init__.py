@@ -1,0 +1,1 @@
+"""triggers of the TAO SLURM provider."""
