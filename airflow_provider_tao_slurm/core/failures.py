@@ -1,0 +1,255 @@
+"""Failure classification: decide from evidence whether a failed job hit the infrastructure or the program.
+
+Infrastructure failures (``ERR_INFRA``) are retryable; program failures (``ERR_PROGRAM``) are not.
+The decision uses the SLURM state first, then the job's log tail, and always keeps the field or log
+line that decided as evidence.
+
+Order of the decision:
+
+1. States that decide alone: NODE_FAIL, BOOT_FAIL and PREEMPTED (a requeued job is PENDING, so a
+   job seen PREEMPTED was not requeued) are infrastructure; TIMEOUT, OUT_OF_MEMORY and DEADLINE
+   are program failures.
+2. Hardware evidence anywhere in the tail decides for infrastructure: hardware Xids (48, 63, 64,
+   74, 79, 92, 94, 95), "GPU has fallen off the bus", uncorrectable ECC, a network or NVLink link
+   down, "CUDA driver initialization failed". Its position does not matter: kernel messages are
+   often copied into job logs after the program's own symptoms.
+3. Otherwise the earliest error line decides. NCCL transport errors, "remote process exited or
+   there was a network error" and NCCL watchdog timeouts are usually secondary (one rank died and
+   the others lost it), so they decide for infrastructure only when no program error comes first.
+   A Python traceback counts at its exception line, so a traceback that ends in an NCCL error is
+   judged by that error.
+4. No evidence: a program failure, citing State and ExitCode.
+
+Host-memory kills are program failures: ``slurmstepd: error: Detected 1 oom_kill event`` and the
+kernel's ``Out of memory: Killed process`` mean the job's processes exceeded the memory the job
+asked for (its cgroup limit), like the OUT_OF_MEMORY state; a retry with the same request fails
+the same way. Xid 13, 31 and 43 are usually caused by the application (illegal memory access) and
+are program failures too.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
+from airflow_provider_tao_slurm.exceptions import ValidationError
+
+#: Log lines considered by default (the tail's last lines).
+DEFAULT_MAX_LINES = 500
+#: Longest evidence text kept.
+EVIDENCE_MAX_CHARS = 300
+# Characters of one log line searched (bounds the regex work on a huge line).
+_SCAN_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class Classification:
+    """The verdict on one failed job.
+
+    :param err_class: ``ERR_INFRA`` or ``ERR_PROGRAM``.
+    :param reason: short human text: what happened and what to do.
+    :param evidence: the field or log line that decided, e.g. ``State=NODE_FAIL`` or
+        ``line 812: NCCL WARN NET/IB : Got completion ... error 12``.
+    :param retryable: ``True`` when resubmitting the same job may succeed.
+    """
+
+    err_class: ErrClass
+    reason: str
+    evidence: str
+    retryable: bool
+
+
+class _Kind(Enum):
+    HARDWARE = "hardware"
+    TRANSPORT = "transport"
+    PROGRAM = "program"
+
+
+@dataclass(frozen=True)
+class _Rule:
+    kind: _Kind
+    pattern: re.Pattern[str]
+    reason: str
+
+
+_XID = r"\bXid\b(?:\s*\([^)]*\))?\s*:?\s*(?:error\s+)?"
+
+# Per line the first matching rule counts, so hardware rules come first.
+_RULES = (
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(_XID + r"(?:48|63|64|74|79|92|94|95)\b", re.IGNORECASE),
+        "GPU hardware fault reported by the NVIDIA driver (Xid); retryable, exclude the node if it recurs",
+    ),
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(r"fallen off the bus|\bGPU is lost\b", re.IGNORECASE),
+        "GPU fell off the bus; retryable, exclude the node if it recurs",
+    ),
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(r"uncorrectable ECC", re.IGNORECASE),
+        "uncorrectable GPU memory (ECC) error; retryable, exclude the node if it recurs",
+    ),
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(r"CUDA driver initialization failed", re.IGNORECASE),
+        "CUDA driver initialization failed on the node (GPU or driver problem); retryable",
+    ),
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(
+            r"\b(?:ib\d+|mlx\d+_\d+|mlx\d+_core|infiniband|nvlink)\b.*\blink(?:\s+\d+)?\s+(?:is\s+)?down\b",
+            re.IGNORECASE,
+        ),
+        "InfiniBand or NVLink link down; retryable, exclude the node if it recurs",
+    ),
+    _Rule(
+        _Kind.PROGRAM,
+        re.compile(_XID + r"(?:13|31|43)\b", re.IGNORECASE),
+        "GPU fault most likely caused by the program (Xid 13/31/43: illegal memory access or exception)",
+    ),
+    _Rule(
+        _Kind.PROGRAM,
+        re.compile(r"\bCUDA out of memory\b|\bOutOfMemoryError\b|CUDA error: out of memory", re.IGNORECASE),
+        "CUDA out of memory: reduce the batch size or model size, or use GPUs with more memory",
+    ),
+    _Rule(
+        _Kind.PROGRAM,
+        re.compile(r"device-side assert", re.IGNORECASE),
+        "CUDA device-side assert (often a label or index out of range): fix the data or the program",
+    ),
+    _Rule(
+        _Kind.PROGRAM,
+        re.compile(r"\boom[-_ ]kill|\bout of memory: killed process", re.IGNORECASE),
+        "host memory exhausted (OOM killer): request more memory or reduce the job's memory use",
+    ),
+    _Rule(
+        _Kind.TRANSPORT,
+        re.compile(r"NET/IB\s*:\s*Got completion|IBV_WC_\w*ERR"),
+        "NCCL InfiniBand transport error; retryable",
+    ),
+    _Rule(
+        _Kind.TRANSPORT,
+        re.compile(r"remote process exited or there was a network error", re.IGNORECASE),
+        "NCCL lost a peer (remote process exited or network error) with no earlier program error; retryable",
+    ),
+    _Rule(
+        _Kind.TRANSPORT,
+        re.compile(r"Watchdog caught collective operation timeout", re.IGNORECASE),
+        "NCCL collective timed out (watchdog) with no earlier program error; retryable",
+    ),
+)
+_TRACEBACK_RULE = _Rule(
+    _Kind.PROGRAM, re.compile(r"Traceback \(most recent call last\):"), "the program raised a Python exception"
+)
+# Rank prefixes added by `srun -l` ("0: ") and torchrun ("[rank0]: ", "[default0]:").
+_RANK_PREFIX = re.compile(r"^(?:\d+:\s?|\[[^\]\s]*\]:\s?)*")
+
+_BY_STATE = {
+    "NODE_FAIL": (
+        ErrClass.ERR_INFRA,
+        "a node of the allocation failed (NODE_FAIL on {nodes}); retryable, exclude the node if it recurs",
+    ),
+    "BOOT_FAIL": (
+        ErrClass.ERR_INFRA,
+        "a node failed to boot (BOOT_FAIL on {nodes}); retryable, exclude the node if it recurs",
+    ),
+    "PREEMPTED": (ErrClass.ERR_INFRA, "preempted by a higher-priority job and not requeued (PREEMPTED); retryable"),
+    "TIMEOUT": (
+        ErrClass.ERR_PROGRAM,
+        "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
+    ),
+    "OUT_OF_MEMORY": (
+        ErrClass.ERR_PROGRAM,
+        "host memory limit exceeded (OUT_OF_MEMORY): request more memory or reduce memory use",
+    ),
+    "DEADLINE": (ErrClass.ERR_PROGRAM, "the job's --deadline passed before it finished (DEADLINE)"),
+}
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= EVIDENCE_MAX_CHARS else text[: EVIDENCE_MAX_CHARS - 3] + "..."
+
+
+def _verdict(err_class: ErrClass, reason: str, evidence: str) -> Classification:
+    return Classification(err_class, reason, _clip(evidence), err_class is ErrClass.ERR_INFRA)
+
+
+def _state_evidence(state: JobState) -> str:
+    evidence = f"State={' '.join(state.raw_state.split()) or state.native}"
+    if state.exit_code is not None:
+        evidence += f" ExitCode={state.exit_code}:{state.signal or 0}"
+    return evidence
+
+
+def _exception_line(lines: list[str], header: int) -> int:
+    """Index of the exception line closing the traceback that starts at ``header`` (else ``header``)."""
+    match = _RANK_PREFIX.match(lines[header])  # only this rank's lines: other ranks may interleave
+    prefix = match.group() if match else ""
+    for index in range(header + 1, len(lines)):
+        body = lines[index].removeprefix(prefix) if lines[index].startswith(prefix) else ""
+        if body.strip() and not body[0].isspace():
+            return index
+    return header
+
+
+def _log_hits(lines: list[str]) -> dict[int, _Rule]:
+    """Map line index -> the rule that line shows; a traceback counts at its exception line."""
+    hits: dict[int, _Rule] = {}
+    for index, line in enumerate(lines):
+        rule = next((r for r in _RULES if r.pattern.search(line[:_SCAN_CHARS])), None)
+        if rule is not None:
+            hits[index] = rule
+    for index, line in enumerate(lines):
+        if _TRACEBACK_RULE.pattern.search(line[:_SCAN_CHARS]):
+            hits.setdefault(_exception_line(lines, index), _TRACEBACK_RULE)
+    return hits
+
+
+def classify(state: JobState, log_tail: str = "", max_lines: int = DEFAULT_MAX_LINES) -> Classification:
+    """Classify a failed job as an infrastructure or a program failure, with evidence.
+
+    Meant for jobs that ended in ERROR (or COMPLETE with a failed ``status.json``), for PREEMPTED
+    jobs, and for UNKNOWN jobs whose logs are available. See the module docstring for the order
+    of the decision.
+
+    :param state: the job's final state.
+    :param log_tail: the end of the job's stdout and stderr; only its last ``max_lines`` lines are read.
+    :param max_lines: how many trailing lines to read (at least 1).
+    :returns: the verdict; the evidence cites ``State=...`` or ``line <n>: <text>`` (``n`` counts
+        from the first line of ``log_tail``), cut to :data:`EVIDENCE_MAX_CHARS` characters.
+    :raises ValidationError: if ``max_lines`` is below 1, or the job is live or was cancelled
+        (neither is a failure to classify).
+    """
+    if max_lines < 1:
+        raise ValidationError(f"max_lines must be at least 1, got {max_lines}; pass a positive line count")
+    if state.tao_state in (TaoState.PENDING, TaoState.RUNNING) or (
+        state.tao_state is TaoState.CANCELED and state.native != "PREEMPTED"
+    ):
+        raise ValidationError(
+            f"job {state.job_id} is {state.tao_state} (SLURM {state.message}), not a failure; "
+            "classify only jobs that ended in an error"
+        )
+    if state.native in _BY_STATE:
+        err_class, reason = _BY_STATE[state.native]
+        return _verdict(err_class, reason.format(nodes=state.node_list or "an unknown node"), _state_evidence(state))
+
+    all_lines = log_tail.splitlines()
+    first_number = max(len(all_lines) - max_lines, 0) + 1
+    lines = all_lines[-max_lines:]
+    hits = _log_hits(lines)
+    hardware = [index for index, rule in hits.items() if rule.kind is _Kind.HARDWARE]
+    if hits:
+        index = min(hardware) if hardware else min(hits)
+        rule = hits[index]
+        err_class = ErrClass.ERR_PROGRAM if rule.kind is _Kind.PROGRAM else ErrClass.ERR_INFRA
+        return _verdict(err_class, rule.reason, f"line {first_number + index}: {lines[index].strip()}")
+    return _verdict(
+        ErrClass.ERR_PROGRAM,
+        f"no infrastructure error in the state or the log tail ({state.message}); treated as a program "
+        "error: read the job's logs and fix the program or its inputs",
+        _state_evidence(state),
+    )

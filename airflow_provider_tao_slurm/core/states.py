@@ -1,0 +1,361 @@
+"""SLURM job states: the TAO state vocabulary and parsers for ``squeue``, ``sacct`` and ``sbatch`` output.
+
+Every native SLURM state (squeue and sacct, 22.05) maps to one :class:`TaoState`. A state this
+module does not know becomes ``UNKNOWN`` with the raw text kept: never success, never pending.
+
+The format constants below are the only place the hook and the parsers agree on columns::
+
+    squeue -h -o "$SQUEUE_FORMAT" -j <ids>
+    sacct -X -n -P -o "$SACCT_FIELDS" -j <ids>
+    squeue -h -o "$SQUEUE_ID_FORMAT" --name <name>      # -> parse_job_ids_by_name
+    sacct -X -n -P -o "$SACCT_ID_FIELDS" --name <name>  # -> parse_job_ids_by_name
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Literal
+
+Source = Literal["squeue", "sacct"]
+
+
+class TaoState(StrEnum):
+    """The job states that TAO and this provider report."""
+
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    COMPLETE = "COMPLETE"
+    ERROR = "ERROR"
+    CANCELED = "CANCELED"
+    UNKNOWN = "UNKNOWN"
+
+    @property
+    def is_terminal(self) -> bool:
+        """``True`` for states a job never leaves (COMPLETE, ERROR, CANCELED).
+
+        UNKNOWN is not terminal: the caller keeps polling within its grace window, then fails loudly.
+        """
+        return self in (TaoState.COMPLETE, TaoState.ERROR, TaoState.CANCELED)
+
+
+class ErrClass(StrEnum):
+    """Why a job failed: the infrastructure (retryable) or the program (not retried)."""
+
+    ERR_INFRA = "ERR_INFRA"
+    ERR_PROGRAM = "ERR_PROGRAM"
+
+
+# native state -> (TAO state, note shown in the message; "" for none)
+_NATIVE: dict[str, tuple[TaoState, str]] = {
+    "PENDING": (TaoState.PENDING, ""),
+    "CONFIGURING": (TaoState.PENDING, "nodes are being configured"),
+    "REQUEUED": (TaoState.PENDING, "requeued; the same job id will run again"),
+    "REQUEUE_FED": (TaoState.PENDING, "requeued by the federation"),
+    "REQUEUE_HOLD": (TaoState.PENDING, "held after requeue; release it with `scontrol release <id>`"),
+    "RESV_DEL_HOLD": (
+        TaoState.PENDING,
+        "held because its reservation was deleted; release it with `scontrol release <id>`",
+    ),
+    "RUNNING": (TaoState.RUNNING, ""),
+    "COMPLETING": (TaoState.RUNNING, "finishing"),
+    "SUSPENDED": (TaoState.RUNNING, "suspended by the scheduler; it resumes on its own"),
+    "STOPPED": (TaoState.RUNNING, "stopped (SIGSTOP); it continues after SIGCONT"),
+    "RESIZING": (TaoState.RUNNING, "allocation is being resized"),
+    "SIGNALING": (TaoState.RUNNING, "being signaled"),
+    "STAGE_OUT": (TaoState.RUNNING, "staging out"),
+    "COMPLETED": (TaoState.COMPLETE, ""),
+    "FAILED": (TaoState.ERROR, ""),
+    "TIMEOUT": (TaoState.ERROR, "wall-time limit reached"),
+    "OUT_OF_MEMORY": (TaoState.ERROR, "host memory limit exceeded"),
+    "DEADLINE": (TaoState.ERROR, "deadline reached"),
+    "SPECIAL_EXIT": (TaoState.ERROR, "held after a RequeueExitHold exit code"),
+    "NODE_FAIL": (TaoState.ERROR, "a node of the allocation failed"),
+    "BOOT_FAIL": (TaoState.ERROR, "a node failed to boot"),
+    "CANCELLED": (TaoState.CANCELED, ""),
+    "PREEMPTED": (TaoState.CANCELED, "preempted and not requeued"),
+    "REVOKED": (TaoState.CANCELED, "revoked; a sibling cluster of the federation ran it"),
+}
+
+#: Every native SLURM state this provider knows, mapped to its TAO state.
+NATIVE_TO_TAO: Mapping[str, TaoState] = MappingProxyType({k: v[0] for k, v in _NATIVE.items()})
+
+#: Native states that are infrastructure failures whatever the logs say.
+INFRA_NATIVE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+
+#: ``squeue -h -o SQUEUE_FORMAT``: id, name, state (long), reason, nodes, start, end.
+SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%S|%e"
+#: ``sacct -X -n -P -o SACCT_FIELDS`` (allocation rows only, ``|``-separated, no padding).
+SACCT_FIELDS = "JobIDRaw,JobName,State,ExitCode,Reason,NodeList,Start,End"
+#: ``squeue -h -o SQUEUE_ID_FORMAT``: job ids only (for reconciling by job name).
+SQUEUE_ID_FORMAT = "%i"
+#: ``sacct -X -n -P -o SACCT_ID_FIELDS``: job ids only (for reconciling by job name).
+SACCT_ID_FIELDS = "JobIDRaw"
+
+_SQUEUE_KEYS = {"%i": "job_id", "%j": "name", "%T": "state", "%r": "reason", "%N": "node_list",
+                "%S": "start", "%e": "end"}
+_SACCT_KEYS = {"JobIDRaw": "job_id", "JobName": "name", "State": "state", "ExitCode": "exit_code",
+               "Reason": "reason", "NodeList": "node_list", "Start": "start", "End": "end"}
+_SQUEUE_COLUMNS = tuple(_SQUEUE_KEYS[code] for code in SQUEUE_FORMAT.split("|"))
+_SACCT_COLUMNS = tuple(_SACCT_KEYS[field] for field in SACCT_FIELDS.split(","))
+
+_JOB_ID = re.compile(r"\d+(?:[_+][^\s.|;]+)?")
+_SBATCH_REPLY = re.compile(r"(\d+)(?:;([^\s;]+))?")
+_EXIT_CODE = re.compile(r"(\d+)(?::(\d+))?")
+_NULL_TEXT = frozenset({"", "None", "(null)", "Unknown", "N/A"})
+_PLACEHOLDER_NAME = "allocation"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobState:
+    """One job's state as reported by ``squeue`` or ``sacct``.
+
+    :param job_id: SLURM job id as printed (``123``, ``123_4``, ``123+0``).
+    :param native: normalised native state (``CANCELLED`` for ``CANCELLED by 1001``).
+    :param raw_state: the state text exactly as printed.
+    :param tao_state: the mapped TAO state.
+    :param source: ``"squeue"`` or ``"sacct"``.
+    :param exit_code: program exit status (sacct only).
+    :param signal: signal that ended the program, ``0`` for none (sacct only).
+    :param reason: pending or failure reason, ``None`` when SLURM prints ``None``.
+    :param node_list: allocated nodes, ``None`` before allocation.
+    :param start: start time (expected start for pending jobs in squeue).
+    :param end: end time (expected end for running jobs in squeue).
+    :param name: job name; ``None`` for sacct's placeholder row.
+    :param err_class: preset to ``ERR_INFRA`` for NODE_FAIL and BOOT_FAIL, else ``None``.
+    :param message: human text: the state as printed, a note on it, and the reason.
+    :param placeholder: ``True`` for sacct's early row (JobName ``allocation``, State PENDING) that it
+        shows for a few seconds after submit, even for a job that already runs.
+    """
+
+    job_id: str
+    native: str
+    raw_state: str
+    tao_state: TaoState
+    source: Source
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    node_list: str | None = None
+    start: str | None = None
+    end: str | None = None
+    name: str | None = None
+    err_class: ErrClass | None = None
+    message: str = ""
+    placeholder: bool = False
+
+    @property
+    def is_terminal(self) -> bool:
+        """``True`` when the job will not change state again (see :attr:`TaoState.is_terminal`)."""
+        return self.tao_state.is_terminal
+
+
+def normalize_state(raw: str) -> str:
+    """Reduce a printed SLURM state to its bare name.
+
+    Strips padding, keeps the first whitespace-separated word and drops the ``+`` that sacct
+    appends to text cut at the column width: ``"CANCELLED by 1001"``, ``"CANCELLED+"`` and
+    ``"  COMPLETED "`` become ``"CANCELLED"``, ``"CANCELLED"`` and ``"COMPLETED"``.
+
+    :param raw: the state column as printed.
+    :returns: the bare state name, or ``""`` for blank text.
+    """
+    words = raw.split()
+    return words[0].removesuffix("+") if words else ""
+
+
+def _clean(value: str | None) -> str | None:
+    if value is None:
+        return None
+    text = value.strip()
+    return None if text in _NULL_TEXT else text
+
+
+def state_from_native(
+    job_id: str,
+    raw_state: str,
+    *,
+    source: Source,
+    exit_code: int | None = None,
+    signal: int | None = None,
+    reason: str | None = None,
+    node_list: str | None = None,
+    start: str | None = None,
+    end: str | None = None,
+    name: str | None = None,
+) -> JobState:
+    """Build a :class:`JobState` from one row's raw fields (shared by both parsers).
+
+    Text fields are stripped; ``None``, ``(null)``, ``Unknown``, ``N/A`` and blank become ``None``.
+    An unrecognised state maps to ``UNKNOWN`` and the message keeps the raw text.
+
+    :param job_id: SLURM job id as printed.
+    :param raw_state: the state column as printed (padding, ``by <uid>`` and ``+`` allowed).
+    :param source: ``"squeue"`` or ``"sacct"``.
+    :param exit_code: program exit status, when known.
+    :param signal: terminating signal, when known.
+    :param reason: SLURM's reason column.
+    :param node_list: SLURM's node list column.
+    :param start: start time column.
+    :param end: end time column.
+    :param name: job name column.
+    :returns: the parsed state.
+    """
+    native = normalize_state(raw_state)
+    shown = " ".join(raw_state.split())
+    reason = _clean(reason)
+    name = _clean(name)
+    placeholder = source == "sacct" and native == "PENDING" and name == _PLACEHOLDER_NAME
+    if native in _NATIVE:
+        tao_state, note = _NATIVE[native]
+    else:
+        tao_state = TaoState.UNKNOWN
+        note = "unrecognised SLURM state; check the SLURM version and report it to the provider maintainers"
+    if placeholder:
+        name = None
+        note = "accounting placeholder row right after submit; the real state follows within seconds"
+    message = shown or "(empty state)"
+    if note:
+        message += f": {note}"
+    if reason:
+        message += f" (reason: {reason})"
+    return JobState(
+        job_id=job_id.strip(),
+        native=native,
+        raw_state=raw_state,
+        tao_state=tao_state,
+        source=source,
+        exit_code=exit_code,
+        signal=signal,
+        reason=reason,
+        node_list=_clean(node_list),
+        start=_clean(start),
+        end=_clean(end),
+        name=name,
+        err_class=ErrClass.ERR_INFRA if native in INFRA_NATIVE_STATES else None,
+        message=message,
+        placeholder=placeholder,
+    )
+
+
+def _rows(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """Split ``|``-separated rows into dicts; a ``|`` inside the job name is kept in the name.
+
+    Blank lines, step rows (``12.batch``, ``12.0``) and lines that are not job rows (too few
+    columns, or no job id first, e.g. noise from shell start-up files) are skipped.
+    """
+    name_at = columns.index("name")
+    rows = []
+    for line in text.splitlines():
+        parts = line.split("|")
+        extra = len(parts) - len(columns)
+        if extra < 0:
+            continue
+        parts[name_at : name_at + extra + 1] = ["|".join(parts[name_at : name_at + extra + 1])]
+        row = dict(zip(columns, (part.strip() for part in parts), strict=True))
+        if _JOB_ID.fullmatch(row["job_id"]):
+            rows.append(row)
+    return rows
+
+
+def _exit_status(text: str) -> tuple[int | None, int | None]:
+    match = _EXIT_CODE.fullmatch(text.strip())
+    if match is None:
+        return None, None
+    signal = match.group(2)
+    return int(match.group(1)), None if signal is None else int(signal)
+
+
+def parse_squeue(text: str) -> dict[str, JobState]:
+    """Parse ``squeue -h -o SQUEUE_FORMAT`` output (any number of jobs).
+
+    :param text: squeue's stdout.
+    :returns: job id -> state; the last row wins when an id repeats.
+    """
+    return {
+        row["job_id"]: state_from_native(
+            row["job_id"],
+            row["state"],
+            source="squeue",
+            reason=row["reason"],
+            node_list=row["node_list"],
+            start=row["start"],
+            end=row["end"],
+            name=row["name"],
+        )
+        for row in _rows(text, _SQUEUE_COLUMNS)
+    }
+
+
+def parse_sacct(text: str) -> dict[str, JobState]:
+    """Parse ``sacct -X -n -P -o SACCT_FIELDS`` output (any number of jobs).
+
+    With ``-D`` (or a requeued job's history) an id repeats; the last row, the newest
+    incarnation, wins. Step rows (``12.batch``, ``12.extern``, ``12.0``) are ignored.
+
+    :param text: sacct's stdout.
+    :returns: job id -> state.
+    """
+    states = {}
+    for row in _rows(text, _SACCT_COLUMNS):
+        exit_code, signal = _exit_status(row["exit_code"])
+        states[row["job_id"]] = state_from_native(
+            row["job_id"],
+            row["state"],
+            source="sacct",
+            exit_code=exit_code,
+            signal=signal,
+            reason=row["reason"],
+            node_list=row["node_list"],
+            start=row["start"],
+            end=row["end"],
+            name=row["name"],
+        )
+    return states
+
+
+def merge_states(squeue: Mapping[str, JobState], sacct: Mapping[str, JobState]) -> dict[str, JobState]:
+    """Combine one poll's squeue and sacct results.
+
+    squeue is authoritative while a job is live (sacct lags by seconds and shows a placeholder
+    PENDING row at first). sacct's row is used for jobs squeue no longer knows, and when both
+    report a terminal state (sacct carries the exit code).
+
+    :param squeue: result of :func:`parse_squeue`.
+    :param sacct: result of :func:`parse_sacct`.
+    :returns: job id -> state, squeue's ids first.
+    """
+    merged = dict(squeue)
+    for job_id, state in sacct.items():
+        live = merged.get(job_id)
+        if live is None or (live.is_terminal and state.is_terminal):
+            merged[job_id] = state
+    return merged
+
+
+def parse_sbatch_reply(stdout: str) -> tuple[str, str | None] | None:
+    """Read the job id from ``sbatch --parsable`` output.
+
+    Only the last non-empty line counts (site wrappers may print banners before it); it must be
+    ``<id>`` or ``<id>;<cluster>``. Anything else is ambiguous: the caller reconciles by job name
+    instead of guessing or resubmitting.
+
+    :param stdout: sbatch's stdout.
+    :returns: ``(job_id, cluster or None)``, or ``None`` when the reply holds no job id.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    match = _SBATCH_REPLY.fullmatch(lines[-1]) if lines else None
+    return None if match is None else (match.group(1), match.group(2))
+
+
+def parse_job_ids_by_name(text: str) -> list[str]:
+    """Parse job ids from ``squeue -h -o SQUEUE_ID_FORMAT`` or ``sacct -X -n -P -o SACCT_ID_FIELDS``.
+
+    :param text: the command's stdout, one id per line.
+    :returns: distinct job ids in first-seen order; blank lines, step rows and non-id lines dropped.
+    """
+    ids = (line.strip() for line in text.splitlines())
+    return list(dict.fromkeys(job_id for job_id in ids if _JOB_ID.fullmatch(job_id)))
