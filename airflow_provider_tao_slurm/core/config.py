@@ -11,11 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_tao_slurm.core.resources import (
+    DEFAULT_CONVERSION_PARTITION,
+    DEFAULT_MAX_TIME_HOURS,
+    DEFAULT_PARTITIONS,
+)
 from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
-DEFAULT_PARTITIONS = ("polar", "polar3", "polar4", "grizzly")
-DEFAULT_CONVERSION_PARTITION = "cpu_long"
-DEFAULT_MAX_TIME_HOURS = 4.0
 DEFAULT_CONN_TIMEOUT = 10.0
 DEFAULT_CMD_TIMEOUT = 120.0
 

@@ -1,0 +1,116 @@
+"""Where a job's files live on shared storage: one pure description used by every layer.
+
+Under the shared base directory (the connection's ``results_dir``)::
+
+    <base>/jobs/<job_id>/specs/spec.yaml    staged spec (secret-free)
+    <base>/jobs/<job_id>/env                compact JSON of the non-secret environment
+    <base>/jobs/<job_id>/meta               compact JSON metadata
+    <base>/jobs/<job_id>/sbatch/job_<job_id>.sbatch
+    <base>/jobs/<job_id>/.secrets.env       mode-600 sidecar (secret_env), removed once terminal
+    <base>/jobs/<job_id>/exit_codes         exit codes written by the batch script
+    <base>/results/<job_id>/                the job's results (status.json, checkpoints)
+    <base>/logs/<job_name>-<slurm_id>/main.out|main.err
+    <base>/records/<job_id>.json            the job record, outside the results tree
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from dataclasses import dataclass
+
+from airflow_provider_tao_slurm.exceptions import ValidationError
+
+JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+
+
+def _check_base(base: str) -> str:
+    if not base.startswith("/") or "\x00" in base or "\n" in base:
+        raise ValidationError(f"results base dir {base!r} must be an absolute cluster path; set results_dir")
+    normalised = posixpath.normpath(base)
+    if normalised != base.rstrip("/") or "/../" in f"{base}/":
+        raise ValidationError(
+            f"results base dir {base!r} must be normalised (no '..', '.', '//'); fix results_dir"
+        )
+    return normalised
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """Paths of one job under ``base``; ``job_id`` doubles as the SLURM job name."""
+
+    base: str
+    job_id: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "base", _check_base(self.base))
+        if not JOB_ID_RE.match(self.job_id):
+            raise ValidationError(
+                f"job id {self.job_id!r} may only contain letters, digits, '_', '.', '-' (max 128, no leading "
+                "punctuation)"
+            )
+
+    @property
+    def job_dir(self) -> str:
+        return f"{self.base}/jobs/{self.job_id}"
+
+    @property
+    def specs_dir(self) -> str:
+        return f"{self.job_dir}/specs"
+
+    @property
+    def spec_path(self) -> str:
+        return f"{self.specs_dir}/spec.yaml"
+
+    @property
+    def env_path(self) -> str:
+        return f"{self.job_dir}/env"
+
+    @property
+    def meta_path(self) -> str:
+        return f"{self.job_dir}/meta"
+
+    @property
+    def script_path(self) -> str:
+        return f"{self.job_dir}/sbatch/job_{self.job_id}.sbatch"
+
+    @property
+    def sidecar_path(self) -> str:
+        return f"{self.job_dir}/.secrets.env"
+
+    @property
+    def exit_code_path(self) -> str:
+        return f"{self.job_dir}/exit_codes"
+
+    @property
+    def inputs_dir(self) -> str:
+        return f"{self.job_dir}/inputs"
+
+    @property
+    def results_dir(self) -> str:
+        return f"{self.base}/results/{self.job_id}"
+
+    @property
+    def status_path(self) -> str:
+        return f"{self.results_dir}/status.json"
+
+    @property
+    def log_dir(self) -> str:
+        return f"{self.base}/logs"
+
+    @property
+    def records_dir(self) -> str:
+        return f"{self.base}/records"
+
+    @property
+    def record_path(self) -> str:
+        return f"{self.records_dir}/{self.job_id}.json"
+
+    def job_log_dir(self, slurm_job_id: str, job_name: str | None = None) -> str:
+        """``<log_dir>/<job_name>-<slurm_job_id>`` (sbatch's ``%x-%j``)."""
+        return f"{self.log_dir}/{job_name or self.job_id}-{slurm_job_id}"
+
+    def log_paths(self, slurm_job_id: str, job_name: str | None = None) -> tuple[str, str]:
+        """``(main.out, main.err)`` of one SLURM job."""
+        directory = self.job_log_dir(slurm_job_id, job_name)
+        return f"{directory}/main.out", f"{directory}/main.err"

@@ -1,0 +1,303 @@
+"""Resource requests of a GPU job: defaults, validation and SLURM time formats.
+
+TAO conventions: 1 node, 4 GPUs, at most 8 GPUs per node, 16 CPUs per task, a 4 h wall limit and a
+3.8 h program timeout (the program must stop before SLURM kills the job), requeue on. The default
+partitions are 4-hour queues, so a longer request is refused. At 8 GPUs per node a job asks for
+exclusive nodes, and a total GPU count above 8 is laid out as whole 8-GPU nodes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from airflow_provider_tao_slurm.core.storage import display_value
+from airflow_provider_tao_slurm.exceptions import ResourceError
+
+DEFAULT_NUM_NODES = 1
+DEFAULT_GPUS_PER_NODE = 4
+MAX_GPUS_PER_NODE = 8
+DEFAULT_CPUS_PER_TASK = 16
+DEFAULT_TIME_HOURS = 4.0
+DEFAULT_TIMEOUT_HOURS = 3.8
+DEFAULT_MAX_TIME_HOURS = 4.0
+"""Wall-time limit of the default partitions (4-hour queues)."""
+DEFAULT_PARTITIONS = ("polar", "polar3", "polar4", "grizzly")
+DEFAULT_CONVERSION_PARTITION = "cpu_long"
+
+MAX_HOURS = 366 * 24.0
+"""Sanity cap on any time request (one year)."""
+
+_MAX_NAME_CHARS = 128
+_NAME_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*")
+_NODE_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(?:\[([0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*)\])?")
+_LIST_SPLIT_RE = re.compile(r",(?![^\[]*\])")
+_RANGE_RE = re.compile(r"([0-9]+)-([0-9]+)")
+_DIGITS_RE = re.compile(r"[0-9]+")
+_UNLIMITED = frozenset({"UNLIMITED", "INFINITE"})
+
+
+@dataclass(frozen=True)
+class Resources:
+    """A validated resource request; build it with :func:`build_resources`.
+
+    ``partition`` is the value for ``sbatch --partition`` (comma separated when several partitions
+    are allowed; SLURM starts the job in the first one that can run it).
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    cpus_per_task: int
+    time_hours: float
+    timeout_hours: float
+    partition: str
+    account: str | None = None
+    exclusive: bool = False
+    requeue: bool = True
+    exclude_nodes: tuple[str, ...] = ()
+    mem_mb: int | None = None
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs over all nodes."""
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def slurm_time(self) -> str:
+        """The wall limit for ``sbatch --time``, e.g. ``04:00:00`` or ``1-02:00:00``."""
+        return hours_to_slurm_time(self.time_hours)
+
+    @property
+    def timeout_seconds(self) -> int:
+        """The program timeout in whole seconds, for ``timeout <seconds> <command>``."""
+        return round(self.timeout_hours * 3600)
+
+    @property
+    def is_multi_node(self) -> bool:
+        """True when the job spans more than one node."""
+        return self.num_nodes > 1
+
+    @property
+    def needs_nccl_probe(self) -> bool:
+        """True for multi-node jobs and for single-node jobs with more than one GPU."""
+        return self.is_multi_node or self.gpus_per_node > 1
+
+
+def _count(param: str, value: object) -> int:
+    """Return ``value`` if it is a whole number of at least 1 (``bool`` is refused)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ResourceError(
+            f"{param}={display_value(value)} is a {type(value).__name__}, not a whole number; "
+            f"give an integer such as {param}=1"
+        )
+    if value < 1:
+        raise ResourceError(f"{param}={value} must be at least 1; give a positive integer")
+    return value
+
+
+def _seconds(param: str, hours: object) -> int:
+    """Validate a duration in hours and return it in whole seconds (at least 1)."""
+    if isinstance(hours, bool) or not isinstance(hours, int | float):
+        raise ResourceError(
+            f"{param}={display_value(hours)} is a {type(hours).__name__}, not a number of hours; "
+            f"give a number such as {param}=4"
+        )
+    if not math.isfinite(hours) or hours > MAX_HOURS:
+        raise ResourceError(f"{param}={hours} is not a usable number of hours; give a finite value up to a year")
+    seconds = round(hours * 3600)
+    if seconds < 1:
+        raise ResourceError(f"{param}={hours:g} is less than one second; give a positive number of hours")
+    return seconds
+
+
+def _name(param: str, value: object) -> str:
+    """Return ``value`` if it is a safe SLURM name (partition, account)."""
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value) or len(value) > _MAX_NAME_CHARS:
+        raise ResourceError(
+            f"{param}={display_value(value)} is not a valid SLURM name; use up to {_MAX_NAME_CHARS} letters, "
+            "digits, '_', '.' and '-', not starting with '-'"
+        )
+    return value
+
+
+def _items(param: str, value: object) -> list[object]:
+    """Split comma separated text (not inside ``[...]``) or copy a sequence; blanks are stripped."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in _LIST_SPLIT_RE.split(value)] if value.strip() else []
+    if isinstance(value, Sequence):
+        return [item.strip() if isinstance(item, str) else item for item in value]
+    raise ResourceError(
+        f"{param}={display_value(value)} is a {type(value).__name__}; give comma separated names or a list"
+    )
+
+
+def parse_partitions(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Read a partition list: ``"polar,polar3"`` or ``["polar", "polar3"]``.
+
+    :param value: comma separated names or a sequence of names; ``None``, a blank string or an empty
+        sequence mean :data:`DEFAULT_PARTITIONS`. Blanks around names are removed, duplicates dropped.
+    :returns: the partition names, in the given order.
+    :raises ResourceError: for an empty entry (a stray comma) or an unsafe name.
+    """
+    items = _items("partition", value)
+    if not items:
+        return DEFAULT_PARTITIONS
+    names: list[str] = []
+    for item in items:
+        if item == "":
+            raise ResourceError(f"partition={display_value(value)} has an empty entry; remove the stray comma")
+        name = _name("partition", item)
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def _node(item: object) -> str:
+    """Return ``item`` if it is a node name or a ``prefix[1-3,5]`` range with low <= high."""
+    match = _NODE_RE.fullmatch(item) if isinstance(item, str) and len(item) <= _MAX_NAME_CHARS else None
+    if match is None or any(int(low) > int(high) for low, high in _RANGE_RE.findall(match.group(1) or "")):
+        raise ResourceError(
+            f"exclude_nodes entry {display_value(item)} is not a node name; give names like 'node01' or "
+            "ranges like 'node[01-04,07]' (low before high), separated by commas"
+        )
+    return match.group()
+
+
+def _layout(total_gpus: object, num_nodes: int, gpus_per_node: int) -> tuple[int, int]:
+    """Derive ``(num_nodes, gpus_per_node)`` from a total GPU count."""
+    total = _count("total_gpus", total_gpus)
+    if total <= MAX_GPUS_PER_NODE:
+        layout = (1, total)
+    elif total % MAX_GPUS_PER_NODE:
+        lower = total // MAX_GPUS_PER_NODE * MAX_GPUS_PER_NODE
+        raise ResourceError(
+            f"total_gpus={total} cannot be laid out on whole nodes: above {MAX_GPUS_PER_NODE} GPUs a job takes "
+            f"exclusive {MAX_GPUS_PER_NODE}-GPU nodes; ask for a multiple of {MAX_GPUS_PER_NODE} "
+            f"(total_gpus={lower} or {lower + MAX_GPUS_PER_NODE}) or set num_nodes and gpus_per_node"
+        )
+    else:
+        layout = (total // MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE)
+    if (num_nodes, gpus_per_node) not in ((DEFAULT_NUM_NODES, DEFAULT_GPUS_PER_NODE), layout):
+        raise ResourceError(
+            f"total_gpus={total} conflicts with num_nodes={num_nodes} x gpus_per_node={gpus_per_node}; "
+            "give either total_gpus or num_nodes and gpus_per_node"
+        )
+    return layout
+
+
+def build_resources(
+    *,
+    num_nodes: int = DEFAULT_NUM_NODES,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    cpus_per_task: int = DEFAULT_CPUS_PER_TASK,
+    time_hours: float = DEFAULT_TIME_HOURS,
+    timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+    partition: str | Sequence[str] | None,
+    account: str | None = None,
+    max_time_hours: float | None = DEFAULT_MAX_TIME_HOURS,
+    requeue: bool = True,
+    exclude_nodes: str | Sequence[str] | None = None,
+    total_gpus: int | None = None,
+    mem_mb: int | None = None,
+) -> Resources:
+    """Validate a resource request and apply the TAO layout rules.
+
+    :param num_nodes: nodes to allocate.
+    :param gpus_per_node: GPUs per node, at most :data:`MAX_GPUS_PER_NODE`; at that maximum the
+        nodes are requested exclusively.
+    :param cpus_per_task: CPUs per task (one task per node).
+    :param time_hours: SLURM wall limit in hours; must not exceed ``max_time_hours``.
+    :param timeout_hours: program timeout in hours; must be lower than ``time_hours``.
+    :param partition: partition name(s), see :func:`parse_partitions` (``None``: the defaults).
+    :param account: SLURM account, or ``None`` for the user's default.
+    :param max_time_hours: the partition's wall-time limit (``None``: unlimited).
+    :param requeue: let SLURM requeue the job after a node failure or preemption.
+    :param exclude_nodes: nodes to avoid: a list, or comma separated names and ``prefix[1-3,5]`` ranges.
+    :param total_gpus: if given, decides the layout: up to 8 GPUs on one node, above that whole
+        8-GPU nodes (a multiple of 8 is required). ``num_nodes``/``gpus_per_node`` must then be left
+        at their defaults or agree with it.
+    :param mem_mb: memory per node in MB, or ``None`` for the partition default.
+    :returns: the validated :class:`Resources`.
+    :raises ResourceError: naming the parameter, the bad value and the fix.
+    """
+    num_nodes = _count("num_nodes", num_nodes)
+    gpus_per_node = _count("gpus_per_node", gpus_per_node)
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        raise ResourceError(
+            f"gpus_per_node={gpus_per_node} is more than the {MAX_GPUS_PER_NODE} GPUs of a node; ask for at most "
+            f"{MAX_GPUS_PER_NODE} per node and more nodes (e.g. total_gpus={2 * MAX_GPUS_PER_NODE} for two full nodes)"
+        )
+    if total_gpus is not None:
+        num_nodes, gpus_per_node = _layout(total_gpus, num_nodes, gpus_per_node)
+    cpus_per_task = _count("cpus_per_task", cpus_per_task)
+    time_s = _seconds("time_hours", time_hours)
+    timeout_s = _seconds("timeout_hours", timeout_hours)
+    partition_value = ",".join(parse_partitions(partition))
+    if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
+        raise ResourceError(
+            f"time_hours={time_hours:g} exceeds the {max_time_hours:g} h limit of partition "
+            f"{partition_value!r}; lower time_hours or pick a longer partition"
+        )
+    if timeout_s >= time_s:
+        raise ResourceError(
+            f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
+            "stop (and save its results) before SLURM ends the job at the wall limit; "
+            f"e.g. timeout_hours={round(time_hours * 0.95, 2):g}"
+        )
+    if not isinstance(requeue, bool):
+        raise ResourceError(f"requeue={display_value(requeue)} must be True or False")
+    return Resources(
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus_per_task,
+        time_hours=float(time_hours),
+        timeout_hours=float(timeout_hours),
+        partition=partition_value,
+        account=None if account is None else _name("account", account),
+        exclusive=gpus_per_node >= MAX_GPUS_PER_NODE,
+        requeue=requeue,
+        exclude_nodes=tuple(_node(item) for item in _items("exclude_nodes", exclude_nodes)),
+        mem_mb=None if mem_mb is None else _count("mem_mb", mem_mb),
+    )
+
+
+def hours_to_slurm_time(hours: float) -> str:
+    """Format hours as a SLURM time: ``HH:MM:SS``, or ``D-HH:MM:SS`` from one day on.
+
+    :param hours: a positive, finite number of hours (rounded to whole seconds).
+    :returns: e.g. ``04:00:00`` for 4, ``00:30:00`` for 0.5, ``1-02:00:00`` for 26.
+    :raises ResourceError: for a non-number, NaN, infinity, or less than one second.
+    """
+    days, rest = divmod(_seconds("hours", hours), 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Read a SLURM time such as ``sinfo``'s partition ``MaxTime``.
+
+    Forms: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``; ``UNLIMITED``/``INFINITE``.
+
+    :param text: the time text (surrounding blanks ignored, case-insensitive keywords).
+    :returns: hours, or ``None`` for an unlimited time.
+    :raises ResourceError: if the text is not a SLURM time.
+    """
+    cleaned = text.strip() if isinstance(text, str) else ""
+    if cleaned.upper() in _UNLIMITED:
+        return None
+    days_text, dash, clock = cleaned.rpartition("-") if "-" in cleaned else ("0", "", cleaned)
+    fields = clock.split(":")
+    if not all(_DIGITS_RE.fullmatch(part) for part in (days_text, *fields)) or len(fields) > 3:
+        raise ResourceError(
+            f"cannot read the SLURM time {display_value(text)}; expected minutes, MM:SS, HH:MM:SS, D-HH, "
+            "D-HH:MM, D-HH:MM:SS or UNLIMITED"
+        )
+    numbers = [int(part) for part in fields]
+    if not dash and len(numbers) < 3:
+        numbers.insert(0, 0)  # without days, "M" is minutes and "M:S" minutes:seconds
+    hours, minutes, seconds = (*numbers, 0, 0)[:3]
+    return (int(days_text) * 86400 + hours * 3600 + minutes * 60 + seconds) / 3600
