@@ -1,0 +1,222 @@
+"""Secret lint and redaction: one set of rules for finding literal credential material.
+
+What counts as literal credential material:
+
+- an assignment (``NAME=value``, ``export NAME=value``, ``name='value'`` in a command, ``?name=``
+  in a URL), a ``--name value`` / ``--name=value`` option or a ``name: value`` mapping (YAML, JSON)
+  whose name is credential-named (:func:`is_secret_name`) and whose value is a literal;
+- well-known token shapes anywhere: GitHub (``ghp_`` ..., ``github_pat_``), Hugging Face (``hf_``),
+  AWS access key ids (``AKIA``/``ASIA``), Slack (``xox?-``), ``sk-`` API keys, NVIDIA ``nvapi-``
+  keys, JWTs, ``Bearer``/``Basic`` credentials and PEM private keys;
+- a password in a URL (``https://user:pass@host``) and presigned URL signatures
+  (``X-Amz-Signature=``, ``X-Goog-Signature=``, ``Signature=``, Azure SAS ``sig=``).
+
+Not secrets: references (``$HF_TOKEN``, ``${NGC_API_KEY}``, ``"$PASSWORD"``, ``$(cat file)``),
+empty values, the words ``true false yes no on off none null 0 1`` and the HTTP auth schemes
+``Bearer``/``Basic`` (the credential after them is a pattern of its own), and names that describe a
+secret rather than hold it: the last word of the name decides, so ``PASSWORD_FILE=/path``,
+``HF_TOKEN_PATH``, ``--token-file path``, ``TOKENIZERS_PARALLELISM`` and ``max_new_tokens`` are
+not credential-named. A single-quoted value is a literal even if it starts with ``$``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple
+
+from airflow_provider_tao_slurm.exceptions import SecretLeakError
+
+REDACTED = "***"
+MIN_SECRET_LENGTH = 4
+
+# The last word of a name (split on '_', '-', '.' and camelCase) that makes it credential-named.
+_SECRET_WORDS = frozenset(
+    {"TOKEN", "PASSWORD", "PASSWD", "PASS", "PASSPHRASE", "SECRET", "APIKEY", "PAT", "AUTHORIZATION", "COOKIE"}
+)
+_SECRET_SUFFIXES = ("TOKEN", "PASSWORD", "SECRET", "APIKEY")
+# "KEY" only counts after one of these words (API_KEY, NGC_API_KEY, AWS_SECRET_ACCESS_KEY, ...).
+_KEY_QUALIFIERS = frozenset({"API", "ACCESS", "SECRET", "PRIVATE", "ACCOUNT", "SIGNING", "AUTH", "NGC"})
+# Values that are never the secret: flags, and HTTP auth schemes (the credential after the scheme
+# is matched by the "bearer token" and "basic auth" patterns).
+_NOT_SECRET_VALUES = frozenset(
+    {"", "true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", "bearer", "basic"}
+)
+
+_VALUE = r"""(?P<value>"[^"\n]*"|'[^'\n]*'|[^\s;&|()<>`"']+)"""
+_BOUNDARY = r"""(?<![^\s;&|(`{"',?])"""
+# NAME=value (shell, kwargs, URL query), --name value / --name=value, and name: value (YAML, JSON).
+_NAMED_VALUES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("assignment", re.compile(_BOUNDARY + r"(?P<name>[A-Za-z_][A-Za-z0-9_]*)=" + _VALUE)),
+    ("option", re.compile(_BOUNDARY + r"(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?:=|[ \t]+)(?!-)" + _VALUE)),
+    (
+        "mapping",
+        re.compile(
+            _BOUNDARY + r"""(?<!\$\{)["']?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)["']?[ \t]*:(?![-?+=])[ \t]*""" + _VALUE
+        ),
+    ),
+)
+_PEM_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
+
+# (kind, name, pattern): the named group "s", when present, is the secret part of the match.
+_PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
+    ("token", "github token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})")),
+    ("token", "hugging face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
+    ("token", "aws access key id", re.compile(r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b")),
+    ("token", "slack token", re.compile(r"\bxox[baprs]-[A-Za-z0-9-]{10,}")),
+    ("token", "sk- api key", re.compile(r"(?<![A-Za-z0-9_-])sk-[A-Za-z0-9_-]{20,}")),
+    ("token", "nvidia api key", re.compile(r"\bnvapi-[A-Za-z0-9_-]{20,}")),
+    ("token", "jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")),
+    ("token", "bearer token", re.compile(r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)")),
+    ("token", "basic auth", re.compile(r"(?i)\bbasic\s+(?P<s>[A-Za-z0-9+/]{12,}={0,2})(?![A-Za-z0-9+/=_-])")),
+    ("private-key", "private key", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")),
+    ("url-userinfo", "url password", re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]+:(?P<s>[^\s/@]+)@")),
+    (
+        "presigned-url",
+        "url signature",
+        re.compile(r"(?i)[?&](?:X-Amz-Signature|X-Goog-Signature|Signature|sig)=(?P<s>[^&\s\"'#]+)"),
+    ),
+)
+
+
+class SecretFinding(NamedTuple):
+    """Where literal credential material was found; never holds the value.
+
+    :param line: 1-based line number.
+    :param name: the variable or option name, or the token kind (e.g. ``github token``).
+    :param kind: ``assignment``, ``option``, ``mapping`` (``name: value``), ``token``,
+        ``private-key``, ``url-userinfo`` or ``presigned-url``.
+    """
+
+    line: int
+    name: str
+    kind: str
+
+
+def is_secret_name(name: str) -> bool:
+    """Return whether ``name`` (variable, option, dict key or header) names a credential.
+
+    The last word decides: ``HF_TOKEN``, ``db_password``, ``NGC_API_KEY``, ``--api-key``,
+    ``accessToken`` and ``Authorization`` are credential-named; ``PASSWORD_FILE``,
+    ``TOKENIZERS_PARALLELISM``, ``max_new_tokens`` and ``--token-file`` are not.
+
+    :param name: the name, in any case; leading dashes are ignored.
+    """
+    spaced = re.sub(r"([a-z0-9])([A-Z])|([A-Z])([A-Z][a-z])", r"\1\3_\2\4", name)
+    words = [word for word in re.split(r"[^A-Za-z0-9]+", spaced.upper()) if word]
+    if not words:
+        return False
+    last = words[-1]
+    if last in _SECRET_WORDS or last.endswith(_SECRET_SUFFIXES):
+        return True
+    return last == "KEY" and len(words) > 1 and words[-2] in _KEY_QUALIFIERS
+
+
+def lint_script(text: str) -> list[SecretFinding]:
+    """Find literal credential material in a script (or any text), by line.
+
+    :param text: the script.
+    :returns: the findings in line order, each ``(line, name, kind)``; empty when clean.
+    """
+    findings = (
+        SecretFinding(number, name, kind)
+        for number, line in enumerate(text.splitlines(), start=1)
+        for name, kind, _start, _end in _secret_spans(line)
+    )
+    return list(dict.fromkeys(findings))
+
+
+def assert_no_secrets(text: str, where: str) -> None:
+    """Refuse text that holds literal credential material.
+
+    :param text: the text that is about to be written or sent.
+    :param where: what the text is, for the message (e.g. ``sbatch script``).
+    :raises SecretLeakError: naming every ``line (name)``, never a value.
+    """
+    pairs = list(dict.fromkeys((finding.line, finding.name) for finding in lint_script(text)))
+    if pairs:
+        listed = ", ".join(f"line {line} ({name})" for line, name in pairs)
+        raise SecretLeakError(
+            f"literal credential material in {where}: {listed}; pass it through secret_env instead", pairs
+        )
+
+
+def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
+    """Replace secret values and everything :func:`lint_script` would flag with :data:`REDACTED`.
+
+    :param text: any text (log output, messages, command lines).
+    :param secrets: known secret values; each one of at least ``MIN_SECRET_LENGTH`` characters is
+        replaced wherever it occurs, longest first (shorter values would mangle ordinary text).
+    :returns: the redacted text.
+    """
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    text = _PEM_BLOCK.sub(REDACTED, text)
+    return "".join(_redact_line(line) for line in text.splitlines(keepends=True))
+
+
+def redact_obj(obj: Any, secrets: Iterable[str] = ()) -> Any:
+    """Return a copy of ``obj`` with every string redacted by :func:`redact_text`.
+
+    Dicts, lists and tuples are walked; dict keys are kept, but the value of a credential-named
+    key (:func:`is_secret_name`) is replaced by :data:`REDACTED` unless it is ``None`` or empty.
+
+    :param obj: a JSON-like value.
+    :param secrets: known secret values, as for :func:`redact_text`.
+    :returns: the redacted copy; other values are returned unchanged.
+    """
+    return _redact(obj, tuple(secrets))
+
+
+def _redact(obj: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(obj, str):
+        return redact_text(obj, secrets)
+    if isinstance(obj, dict):
+        return {
+            key: REDACTED
+            if isinstance(key, str) and is_secret_name(key) and value not in (None, "")
+            else _redact(value, secrets)
+            for key, value in obj.items()
+        }
+    if isinstance(obj, list):
+        return [_redact(item, secrets) for item in obj]
+    if isinstance(obj, tuple):
+        return tuple(_redact(item, secrets) for item in obj)
+    return obj
+
+
+def _redact_line(line: str) -> str:
+    pieces: list[str] = []
+    position = 0
+    for start, end in sorted((start, end) for _name, _kind, start, end in _secret_spans(line)):
+        if start >= position:
+            pieces += [line[position:start], REDACTED]
+        position = max(position, end)
+    pieces.append(line[position:])
+    return "".join(pieces)
+
+
+def _secret_spans(line: str) -> Iterator[tuple[str, str, int, int]]:
+    """Yield ``(name, kind, start, end)`` for each piece of literal credential material in ``line``."""
+    for kind, pattern in _NAMED_VALUES:
+        for match in pattern.finditer(line):
+            start, end = _literal_span(match)
+            if start < end and is_secret_name(match.group("name")):
+                yield match.group("name"), kind, start, end
+    for kind, name, pattern in _PATTERNS:
+        for match in pattern.finditer(line):
+            group = "s" if "s" in pattern.groupindex else 0
+            if not match.group(group).startswith("$"):
+                yield name, kind, match.start(group), match.end(group)
+
+
+def _literal_span(match: re.Match[str]) -> tuple[int, int]:
+    """Return the span of the literal value inside any quotes; an empty span if it is no literal."""
+    value = match.group("value")
+    start, end = match.span("value")
+    if value[0] in "'\"":
+        value, start, end = value[1:-1], start + 1, end - 1
+    is_reference = match.group("value")[0] != "'" and value[:1] in ("$", "`")
+    if is_reference or value.lower() in _NOT_SECRET_VALUES:
+        return start, start
+    return start, end

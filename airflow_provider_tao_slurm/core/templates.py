@@ -1,0 +1,292 @@
+"""Rendering of the sbatch templates in ``templates/slurm`` (shipped inside the wheel).
+
+Templates use ``@@NAME@@`` placeholders (TAO's convention) through Jinja2 with delimiters that
+ordinary bash never contains: ``@@NAME@@`` for values, ``@@% ... %@@`` for blocks and
+``@@# ... #@@`` for comments, so ``${VAR}``, ``{ ...; }`` and ``#`` comments stay literal.
+
+Every value is checked before it is placed. Values on ``#SBATCH`` lines are parsed by ``sbatch``,
+not by a shell, so they are validated against strict patterns and refused rather than quoted.
+Values that reach the shell are quoted with :func:`~airflow_provider_tao_slurm.core.shell.quote`.
+
+Placeholders: JOB_NAME, PARTITION, ACCOUNT, NUM_NODES, GPUS_PER_NODE, NUM_GPUS, CPUS_PER_TASK,
+MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list of options),
+LOG_DIR, JOB_DIR, EXIT_CODE_FILE, IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of
+``NAME=quoted`` exports) and ENV_FILE (the credentials sidecar; empty without secrets).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
+
+import jinja2
+import jinja2.meta
+
+from airflow_provider_tao_slurm.core.resources import parse_slurm_time
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.exceptions import (
+    ImageReferenceError,
+    ResourceError,
+    TemplateRenderError,
+    ValidationError,
+)
+
+SINGLE_NODE_TEMPLATE = "single_node.sbatch.j2"
+MULTI_NODE_TEMPLATE = "multi_node.sbatch.j2"
+
+_SBATCH_WORD = re.compile(r"[A-Za-z0-9_.-]+")
+_PARTITIONS = re.compile(r"[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*")
+_NODE_LIST = re.compile(r"[A-Za-z0-9_.,\[\]-]+")
+_SBATCH_PATH = re.compile(r"/[A-Za-z0-9_./+-]*")
+_SLURM_TIME = re.compile(r"[0-9][0-9:-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SBATCH_OPTION = re.compile(r"--([a-z][a-z0-9-]*)(=[A-Za-z0-9_.,:/@%+=&|*\[\]-]+)?")
+_LEFTOVER = re.compile(r"@@\s*([A-Za-z_][A-Za-z0-9_]*)\s*@@")
+
+# Options the templates set themselves; ``--container-*`` on an #SBATCH line would also put the
+# batch shell itself into the container, and ``--export`` would stop the environment reaching srun.
+_MANAGED_SBATCH_OPTIONS = frozenset(
+    {
+        "job-name", "output", "error", "open-mode", "partition", "account", "nodes", "ntasks",
+        "ntasks-per-node", "gres", "gpus", "gpus-per-node", "cpus-per-task", "time", "requeue",
+        "no-requeue", "exclusive", "exclude", "wait-all-nodes", "export", "mem", "mem-per-cpu", "mem-per-gpu",
+    }
+)  # fmt: skip
+_RENDEZVOUS_NAMES = frozenset(
+    {
+        "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "NODE_RANK", "NUM_GPU_PER_NODE", "TAO_NODE_COUNT",
+        "TAO_GPUS_PER_NODE", "TAO_NODE_RANK",
+    }
+)  # fmt: skip
+_RESERVED_ENV_PREFIXES = ("SLURM_", "TAO_SLURM_")
+
+_JINJA = jinja2.Environment(
+    variable_start_string="@@",
+    variable_end_string="@@",
+    block_start_string="@@%",
+    block_end_string="%@@",
+    comment_start_string="@@#",
+    comment_end_string="#@@",
+    undefined=jinja2.StrictUndefined,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    autoescape=False,  # noqa: S701 - renders shell scripts, not HTML; shell values are quoted explicitly
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SbatchSpec:
+    """Typed inputs of one sbatch script; :func:`render_sbatch` validates every field.
+
+    :param job_name: SLURM job name (the TAO job id), ``[A-Za-z0-9_.-]+``.
+    :param partition: one partition or a comma-separated list.
+    :param num_nodes: node count; more than one selects the multi-node template.
+    :param gpus_per_node: GPUs per node (``--gres=gpu:N``).
+    :param cpus_per_task: CPUs of the one task per node.
+    :param time: wall-time limit as SLURM reads it, e.g. ``04:00:00`` or ``1-02:00:00``.
+    :param timeout_seconds: the program is stopped with ``timeout`` after this; shorter than ``time``.
+    :param log_dir: absolute directory; logs go to ``<log_dir>/%x-%j/main.out`` and ``main.err``.
+    :param job_dir: absolute job directory, the batch script's working directory.
+    :param image: absolute ``.sqsh`` path given to Pyxis ``--container-image``.
+    :param command: shell command run in the container with ``bash -c``.
+    :param exit_code_file: absolute path where the script writes the step's exit code.
+    :param account: SLURM account, or ``None`` for the user's default.
+    :param mem_mb: memory per node in MB (``--mem``), or ``None`` for the partition default.
+    :param exclusive: ask for whole nodes.
+    :param requeue: ``--requeue`` (default) or ``--no-requeue``.
+    :param exclude_nodes: node names or hostlists for ``--exclude``.
+    :param container_mounts: Pyxis ``--container-mounts`` value, or ``None``.
+    :param env: non-secret variables exported to the step.
+    :param nccl_env: NCCL variables exported to the step (from the probe or given explicitly).
+    :param sidecar: absolute path of the mode-600 credentials file, or ``None`` without secrets.
+    :param sbatch_extra: extra ``--option[=value]`` directives, e.g. ``("--qos=high",)``.
+    """
+
+    job_name: str
+    partition: str
+    num_nodes: int
+    gpus_per_node: int
+    cpus_per_task: int
+    time: str
+    timeout_seconds: int
+    log_dir: str
+    job_dir: str
+    image: str
+    command: str
+    exit_code_file: str
+    account: str | None = None
+    mem_mb: int | None = None
+    exclusive: bool = False
+    requeue: bool = True
+    exclude_nodes: tuple[str, ...] = ()
+    container_mounts: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    nccl_env: Mapping[str, str] = field(default_factory=dict)
+    sidecar: str | None = None
+    sbatch_extra: tuple[str, ...] = ()
+
+
+def template_dir() -> Traversable:
+    """Return the directory holding the sbatch templates.
+
+    Inside an installed wheel the templates are package data; in an editable checkout they are
+    the repository's top-level ``templates/slurm``.
+    """
+    package = resources.files("airflow_provider_tao_slurm")
+    packaged = package / "templates" / "slurm"
+    return packaged if packaged.is_dir() else package / ".." / "templates" / "slurm"
+
+
+def render_template(name: str, values: Mapping[str, object]) -> str:
+    """Render one template file with already validated and quoted values.
+
+    :param name: file name inside :func:`template_dir`, e.g. ``single_node.sbatch.j2``.
+    :param values: placeholder name to value; values are inserted as they are.
+    :returns: the rendered text.
+    :raises TemplateRenderError: if the template is missing or invalid, a placeholder has no value,
+        or a ``@@NAME@@`` placeholder is left in the output.
+    """
+    try:
+        source = (template_dir() / name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateRenderError(
+            f"sbatch template {name} cannot be read ({exc.strerror}); reinstall airflow-provider-tao-slurm"
+        ) from exc
+    try:
+        parsed = _JINJA.parse(source)
+        missing = sorted(jinja2.meta.find_undeclared_variables(parsed) - set(values))
+        if missing:
+            raise TemplateRenderError(
+                f"template {name} needs a value for placeholder(s) {', '.join(missing)}; pass them to the renderer"
+            )
+        text = _JINJA.from_string(parsed).render(values)
+    except jinja2.TemplateError as exc:
+        raise TemplateRenderError(f"template {name} is invalid: {exc}; fix templates/slurm/{name}") from exc
+    leftover = _LEFTOVER.search(text)
+    if leftover:
+        raise TemplateRenderError(
+            f"rendering {name} left placeholder @@{leftover.group(1)}@@ in the script; remove "
+            "'@@NAME@@' text from the values or fix the template"
+        )
+    return text
+
+
+def render_sbatch(spec: SbatchSpec) -> str:
+    """Render the sbatch script for ``spec``: single-node template for one node, multi-node otherwise.
+
+    :param spec: the job's inputs.
+    :returns: the script text.
+    :raises ValidationError: if a value is unsafe or malformed (subclasses name the kind).
+    :raises TemplateRenderError: if the template cannot be rendered.
+    """
+    _validate(spec)
+    values: dict[str, object] = {
+        "JOB_NAME": spec.job_name,
+        "PARTITION": spec.partition,
+        "ACCOUNT": spec.account or "",
+        "NUM_NODES": spec.num_nodes,
+        "GPUS_PER_NODE": spec.gpus_per_node,
+        "NUM_GPUS": spec.num_nodes * spec.gpus_per_node,
+        "CPUS_PER_TASK": spec.cpus_per_task,
+        "TIME": spec.time,
+        "MEM_MB": spec.mem_mb or "",
+        "TIMEOUT_SECONDS": spec.timeout_seconds,
+        "REQUEUE": "--requeue" if spec.requeue else "--no-requeue",
+        "EXCLUSIVE": spec.exclusive,
+        "EXCLUDE": ",".join(spec.exclude_nodes),
+        "SBATCH_EXTRA": list(spec.sbatch_extra),
+        "LOG_DIR": spec.log_dir,
+        "JOB_DIR": quote(spec.job_dir),
+        "EXIT_CODE_FILE": quote(spec.exit_code_file),
+        "IMAGE": quote(spec.image),
+        "CONTAINER_MOUNTS": quote(spec.container_mounts) if spec.container_mounts else "",
+        "COMMAND": quote(spec.command),
+        "EXTRA_ENV": [f"{name}={quote(value)}" for name, value in _all_env(spec).items()],
+        "ENV_FILE": quote(spec.sidecar) if spec.sidecar else "",
+    }
+    return render_template(MULTI_NODE_TEMPLATE if spec.num_nodes > 1 else SINGLE_NODE_TEMPLATE, values)
+
+
+def _all_env(spec: SbatchSpec) -> dict[str, str]:
+    both = sorted(set(spec.env) & set(spec.nccl_env))
+    if both:
+        raise ValidationError(f"env and nccl_env both set {', '.join(both)}; keep each variable in one of them")
+    merged = {**spec.env, **spec.nccl_env}
+    for name, value in merged.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise ValidationError(
+                f"environment variable name {name!r} is invalid; use letters, digits and '_', not starting with a digit"
+            )
+        if name in _RENDEZVOUS_NAMES or name.startswith(_RESERVED_ENV_PREFIXES):
+            raise ValidationError(
+                f"environment variable {name} is set by the sbatch template or by SLURM; remove it from env"
+            )
+        if not isinstance(value, str):
+            raise ValidationError(f"environment variable {name} must be a string; convert it with str()")
+    return merged
+
+
+def _validate(spec: SbatchSpec) -> None:
+    _check_sbatch_word("job_name", spec.job_name, _SBATCH_WORD)
+    _check_sbatch_word("partition", spec.partition, _PARTITIONS)
+    if spec.account is not None:
+        _check_sbatch_word("account", spec.account, _SBATCH_WORD)
+    for node in spec.exclude_nodes:
+        _check_sbatch_word("exclude_nodes", node, _NODE_LIST)
+    _check_sbatch_word("log_dir", spec.log_dir, _SBATCH_PATH)
+    for option in spec.sbatch_extra:
+        _check_sbatch_option(option)
+    for name in ("exclusive", "requeue"):
+        if not isinstance(getattr(spec, name), bool):
+            raise ValidationError(f"{name} must be True or False, got {getattr(spec, name)!r}")
+    counts = ("num_nodes", "gpus_per_node", "cpus_per_task", "timeout_seconds")
+    for name in counts if spec.mem_mb is None else (*counts, "mem_mb"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ResourceError(f"{name} must be a positive whole number, got {value!r}")
+    _check_sbatch_word("time", spec.time, _SLURM_TIME)
+    wall_seconds = round((parse_slurm_time(spec.time) or 0.0) * 3600)  # None (UNLIMITED) fails the check above
+    if spec.timeout_seconds >= wall_seconds:
+        raise ResourceError(
+            f"timeout_seconds ({spec.timeout_seconds}) must be shorter than the wall time {spec.time} "
+            f"({wall_seconds} s) so the program stops before SLURM kills the job; lower it"
+        )
+    for name in ("job_dir", "exit_code_file", "sidecar"):
+        path = getattr(spec, name)
+        if path is not None and not path.startswith("/"):
+            raise ValidationError(f"{name} must be an absolute path on the cluster, got {path!r}")
+    if not (spec.image.startswith("/") and spec.image.endswith(".sqsh")):
+        raise ImageReferenceError(
+            f"image must be an absolute .sqsh path, got {spec.image!r}; convert the image first "
+            "(EnrootImportOperator) and pass the .sqsh path"
+        )
+    if not spec.command.strip():
+        raise ValidationError("command is empty; give the shell command to run in the container")
+    if spec.container_mounts is not None and not spec.container_mounts.strip():
+        raise ValidationError("container_mounts is empty; pass None for no mounts or SRC:DST[,...]")
+
+
+def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:
+    if not isinstance(value, str) or not pattern.fullmatch(value):
+        raise ValidationError(
+            f"{name} {value!r} cannot go on an #SBATCH line; remove spaces, quotes and other special "
+            f"characters (it must match {pattern.pattern})"
+        )
+
+
+def _check_sbatch_option(option: str) -> None:
+    match = _SBATCH_OPTION.fullmatch(option) if isinstance(option, str) else None
+    if match is None:
+        raise ValidationError(
+            f"sbatch_extra entry {option!r} is not a safe '--option' or '--option=value' "
+            f"(must match {_SBATCH_OPTION.pattern})"
+        )
+    name = match.group(1)
+    if name in _MANAGED_SBATCH_OPTIONS or name.startswith("container-"):
+        raise ValidationError(
+            f"sbatch_extra option --{name} is set by the provider; use the matching operator argument instead"
+        )

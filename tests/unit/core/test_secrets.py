@@ -1,0 +1,250 @@
+"""Secret lint and redaction: a corpus of lines that must and must not be flagged.
+
+Token-shaped values are assembled at import time so that this file itself holds no string a
+secret scanner would take for a real credential.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_provider_tao_slurm.core.secrets import (
+    REDACTED,
+    SecretFinding,
+    assert_no_secrets,
+    is_secret_name,
+    lint_script,
+    redact_obj,
+    redact_text,
+)
+from airflow_provider_tao_slurm.exceptions import SecretLeakError
+
+GHP = "ghp_" + "A1b2" * 9
+GITHUB_PAT = "github_pat_" + "11AAAA" * 6
+HF = "hf_" + "aBcD" * 9
+AKIA = "AKIA" + "IOSFODNN7EXAMPL1"
+SLACK = "xoxb-" + "1234-5678-abcdEFGH"
+SK = "sk-" + "proj-" + "a1B2c3" * 5
+NVAPI = "nvapi-" + "Zz9_" * 8
+JWT = "eyJhbGciOiJIUzI1NiJ9" + "." + "eyJzdWIiOiIxMjM0NTY3ODkwIn0" + "." + "dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+BEARER = "Zm9vYmFyYmF6cXV4cXV1eA"
+PEM_BEGIN = "-----BEGIN " + "RSA PRIVATE KEY-----"
+
+# (line, expected findings as (name, kind), the secret text that redaction must remove)
+POSITIVE = [
+    ("HF_TOKEN=abc123def", [("HF_TOKEN", "assignment")], "abc123def"),
+    ("export HF_TOKEN=abc123def", [("HF_TOKEN", "assignment")], "abc123def"),
+    ('export NGC_API_KEY="nvkey-123456"', [("NGC_API_KEY", "assignment")], "nvkey-123456"),
+    ("export PASSWORD='p@ss w0rd'", [("PASSWORD", "assignment")], "p@ss w0rd"),
+    ("PASSWORD='$not_a_reference'", [("PASSWORD", "assignment")], "$not_a_reference"),
+    ("AWS_SECRET_ACCESS_KEY=wJalrXUtnFEMI/K7MDENG", [("AWS_SECRET_ACCESS_KEY", "assignment")], "wJalrXUtnFEMI"),
+    ("export AWS_SESSION_TOKEN=FwoGZXIvYXdzE", [("AWS_SESSION_TOKEN", "assignment")], "FwoGZXIvYXdzE"),
+    ("GITHUB_TOKEN=tok123 python x.py", [("GITHUB_TOKEN", "assignment")], "tok123"),
+    ("declare -x DB_PASSWD=hunter22", [("DB_PASSWD", "assignment")], "hunter22"),
+    ("WANDB_API_KEY=0123abcd; run", [("WANDB_API_KEY", "assignment")], "0123abcd"),
+    ("CLIENT_SECRET=cs-value-9", [("CLIENT_SECRET", "assignment")], "cs-value-9"),
+    ("AUTHTOKEN=xyz987", [("AUTHTOKEN", "assignment")], "xyz987"),
+    ("python -c \"login(hf_token='abc123')\"", [("hf_token", "assignment")], "abc123"),
+    ("train --password hunter22 --epochs 3", [("--password", "option")], "hunter22"),
+    ("train --token=abc123", [("--token", "option")], "abc123"),
+    ("ngc config set --api-key 'k3y-value'", [("--api-key", "option")], "k3y-value"),
+    ("run --secret s3cr3t", [("--secret", "option")], "s3cr3t"),
+    ("run --hf_token abcdef", [("--hf_token", "option")], "abcdef"),
+    ("password: hunter22", [("password", "mapping")], "hunter22"),
+    ('{"api_key": "k-123456", "epochs": 3}', [("api_key", "mapping")], "k-123456"),
+    (f"git clone https://x:{GHP}@github.com/o/r", [("github token", "token"), ("url password", "url-userinfo")], GHP),
+    (f"echo {GITHUB_PAT}", [("github token", "token")], GITHUB_PAT),
+    (f"HF_HUB=1 cli login {HF}", [("hugging face token", "token")], HF),
+    (f"aws configure set aws_access_key_id {AKIA}", [("aws access key id", "token")], AKIA),
+    (f"curl -d token={SLACK}", [("token", "assignment"), ("slack token", "token")], SLACK),
+    (f"OPENAI={SK}", [("sk- api key", "token")], SK),
+    (f"NGC={NVAPI}", [("nvidia api key", "token")], NVAPI),
+    (f"cookie {JWT}", [("jwt", "token")], JWT),
+    (f'curl -H "X-Auth: Bearer {BEARER}"', [("bearer token", "token")], BEARER),
+    ("Authorization: Basic dXNlcjpwYXNzd29yZA==", [("basic auth", "token")], "dXNlcjpwYXNzd29yZA=="),
+    (PEM_BEGIN, [("private key", "private-key")], PEM_BEGIN),
+    ("wget https://alice:Sup3rS3cret@files.example.org/data.tar", [("url password", "url-userinfo")], "Sup3rS3cret"),
+    (
+        "curl 'https://b.s3.amazonaws.com/k?X-Amz-Credential=a&X-Amz-Signature=fe5f80f77d5fa3beca038a248ff027'",
+        [("url signature", "presigned-url")],
+        "fe5f80f77d5fa3beca038a248ff027",
+    ),
+    (
+        "https://d.cloudfront.net/f?Expires=1700000000&Signature=nitfHRCrtziwO2HwPfWw~yYDhUF5EwRunQA&Key-Pair-Id=K",
+        [("url signature", "presigned-url")],
+        "nitfHRCrtziwO2HwPfWw~yYDhUF5EwRunQA",
+    ),
+    (
+        "azcopy copy 'https://a.blob.core.windows.net/c?sv=2022-11-02&se=2024&sig=bQ%2Bv9kW8%3D'",
+        [("url signature", "presigned-url")],
+        "bQ%2Bv9kW8%3D",
+    ),
+    ("https://api.example.org/v1?access_token=at-98765", [("access_token", "assignment")], "at-98765"),
+]
+
+NEGATIVE = [
+    'HF_TOKEN="$HF_TOKEN"',
+    "export HF_TOKEN=$HF_TOKEN",
+    "export NGC_API_KEY=${NGC_API_KEY}",
+    'train --password "$PASSWORD"',
+    "train --token ${TOKEN:?set TOKEN}",
+    "PASSWORD=$(cat /run/secrets/db)",
+    "PASSWORD=`cat /run/secrets/db`",
+    "HF_TOKEN=",
+    'HF_TOKEN=""',
+    "export HF_TOKEN",
+    'echo "${HF_TOKEN:-}" "${NGC_API_KEY:?missing}" "${HF_TOKEN:0:4}"',
+    "TOKENIZERS_PARALLELISM=false",
+    "python generate.py max_new_tokens=128 num_tokens=4096",
+    "run --max-new-tokens 128",
+    "PASSWORD_FILE=/run/secrets/db_password",
+    "HF_TOKEN_PATH=/lustre/proj/.hf_token",
+    "run --token-file /lustre/proj/token.txt",
+    "docker login --password-stdin nvcr.io",
+    "USE_AUTH_TOKEN=true",
+    "run --use_auth_token True",
+    "SECRET_NAME=my-k8s-secret",
+    "TOKEN_LIMIT=4096",
+    "key: tlt_encode",
+    "encryption_key: nvidia_tao",
+    "tao model classification_tf2 train -e spec.yaml -k $KEY",
+    "export NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=eth0",
+    "ssh://git@github.com/org/repo.git",
+    "https://host.example.org:8443/path?page=2&sort=asc",
+    'curl -H "Authorization: Bearer $TOKEN" https://api.example.org',
+    "git clone https://$USER:$PASS@example.org/r.git",
+    "hf_model_name=bert-base",
+    "task-sk-learn-model",
+    "# pass the key via secret_env",
+    "bypass=1",
+    "basic building-blocks for training",
+    'echo "TAO_SLURM: step exit code ${TAO_SLURM_STEP_RC}"',
+]
+
+
+@pytest.mark.parametrize(("line", "expected", "secret"), POSITIVE, ids=[f"pos{i:02d}" for i in range(len(POSITIVE))])
+def test_corpus_positive(line: str, expected: list[tuple[str, str]], secret: str) -> None:
+    assert [(finding.name, finding.kind) for finding in lint_script(line)] == expected
+    redacted = redact_text(line)
+    assert secret not in redacted
+    assert REDACTED in redacted
+
+
+@pytest.mark.parametrize("line", NEGATIVE, ids=[f"neg{i:02d}" for i in range(len(NEGATIVE))])
+def test_corpus_negative(line: str) -> None:
+    assert lint_script(line) == []
+    assert redact_text(line) == line
+
+
+def test_corpus_size() -> None:
+    assert len(POSITIVE) >= 30
+    assert len(NEGATIVE) >= 30
+
+
+def test_lint_reports_line_numbers_and_never_values() -> None:
+    script = f"#!/bin/bash\nset -e\nexport HF_TOKEN=abc123def\necho ok\nrun --token={GHP}\n"
+    findings = lint_script(script)
+    assert findings == [
+        SecretFinding(3, "HF_TOKEN", "assignment"),
+        SecretFinding(5, "--token", "option"),
+        SecretFinding(5, "github token", "token"),
+    ]
+    assert not any("abc123def" in field or GHP in field for finding in findings for field in map(str, finding))
+
+
+def test_assert_no_secrets_message_names_lines_not_values() -> None:
+    script = f"a=1\nb=2\nexport HF_TOKEN=abc123def\nrun --token={GHP}\n"
+    with pytest.raises(SecretLeakError) as raised:
+        assert_no_secrets(script, "sbatch script job_x.sbatch")
+    message = str(raised.value)
+    assert message == (
+        "literal credential material in sbatch script job_x.sbatch: line 3 (HF_TOKEN), line 4 (--token), "
+        "line 4 (github token); pass it through secret_env instead"
+    )
+    assert raised.value.findings == [(3, "HF_TOKEN"), (4, "--token"), (4, "github token")]
+
+
+def test_assert_no_secrets_passes_clean_text() -> None:
+    assert_no_secrets("\n".join(NEGATIVE), "script")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("HF_TOKEN", True),
+        ("hf_token", True),
+        ("NGC_API_KEY", True),
+        ("AWS_SECRET_ACCESS_KEY", True),
+        ("PASSWORD", True),
+        ("db_pass", True),
+        ("--api-key", True),
+        ("accessToken", True),
+        ("NGCApiKey", True),
+        ("Authorization", True),
+        ("x-api-key", True),
+        ("GH_PAT", True),
+        ("PASSWORD_FILE", False),
+        ("HF_TOKEN_PATH", False),
+        ("--token-file", False),
+        ("TOKENIZERS_PARALLELISM", False),
+        ("max_new_tokens", False),
+        ("AWS_ACCESS_KEY_ID", False),
+        ("key", False),
+        ("encryption_key", False),
+        ("SSH_KEY", False),
+        ("PWD", False),
+        ("", False),
+        ("--", False),
+    ],
+    ids=lambda value: str(value) or "empty",
+)
+def test_is_secret_name(name: str, expected: bool) -> None:
+    assert is_secret_name(name) is expected
+
+
+@pytest.mark.parametrize(
+    ("text", "secrets", "expected"),
+    [
+        pytest.param("user s3cr3t-v4lue here", ["s3cr3t-v4lue"], "user *** here", id="given-value"),
+        pytest.param("abcdef and abc", ["abc", "abcdef"], "*** and abc", id="short-value-kept"),
+        pytest.param("pre-abcdefgh-post", ["abcd", "abcdefgh"], "pre-***-post", id="longest-first"),
+        pytest.param("value: 'k3y!'", ["k3y!", ""], "value: '***'", id="empty-secret-ignored"),
+        pytest.param("multi\nline s3cr3t\n", ["s3cr3t"], "multi\nline ***\n", id="keeps-newlines"),
+        pytest.param("export HF_TOKEN=abc x=1", [], "export HF_TOKEN=*** x=1", id="assignment"),
+        pytest.param('HF_TOKEN="abc def" next', [], 'HF_TOKEN="***" next', id="quoted-assignment"),
+        pytest.param(f"HF_TOKEN={HF}", [], "HF_TOKEN=***", id="overlapping-spans"),
+        pytest.param("a\n" + PEM_BEGIN + "\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\nb\n", [], "a\n***\nb\n",
+                     id="pem-block"),
+        pytest.param(PEM_BEGIN + "\nMIIEow\n", [], "***", id="pem-truncated"),
+    ],
+)  # fmt: skip
+def test_redact_text(text: str, secrets: list[str], expected: str) -> None:
+    assert redact_text(text, secrets) == expected
+
+
+def test_redact_text_accepts_a_generator_and_is_idempotent() -> None:
+    once = redact_text(f"t=s3cr3t-xyz {HF}", (value for value in ["s3cr3t-xyz"]))
+    assert once == f"t=*** {REDACTED}"
+    assert redact_text(once, ["s3cr3t-xyz"]) == once
+
+
+def test_redact_obj_walks_containers_and_keys() -> None:
+    record = {
+        "job_id": "tao-1",
+        "secret_env": {"HF_TOKEN": "abc123def", "EMPTY_TOKEN": "", "NONE_PASSWORD": None},
+        "env": {"MSG": "uses s3cr3t-value inline", "TOKENIZERS_PARALLELISM": "false"},
+        "transitions": [("RUNNING", f"login with {GHP}"), {"message": "export PASSWORD=hunter22"}],
+        "apiKey": 12345,
+        "count": 3,
+        ("tuple", "key"): "s3cr3t-value",
+    }
+    assert redact_obj(record, ["s3cr3t-value"]) == {
+        "job_id": "tao-1",
+        "secret_env": {"HF_TOKEN": REDACTED, "EMPTY_TOKEN": "", "NONE_PASSWORD": None},
+        "env": {"MSG": "uses *** inline", "TOKENIZERS_PARALLELISM": "false"},
+        "transitions": [("RUNNING", "login with ***"), {"message": "export PASSWORD=***"}],
+        "apiKey": REDACTED,
+        "count": 3,
+        ("tuple", "key"): REDACTED,
+    }
+    assert record["secret_env"] == {"HF_TOKEN": "abc123def", "EMPTY_TOKEN": "", "NONE_PASSWORD": None}

@@ -1,0 +1,478 @@
+"""sbatch rendering: golden files, validation, and the rendered scripts run against a fake srun.
+
+Rewrite the golden files with ``UPDATE_GOLDEN=1 pytest tests/unit/core/test_templates.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao_slurm.core.secrets import lint_script
+from airflow_provider_tao_slurm.core.templates import (
+    MULTI_NODE_TEMPLATE,
+    SINGLE_NODE_TEMPLATE,
+    SbatchSpec,
+    render_sbatch,
+    render_template,
+    template_dir,
+)
+from airflow_provider_tao_slurm.exceptions import (
+    ImageReferenceError,
+    ResourceError,
+    TemplateRenderError,
+    ValidationError,
+)
+
+GOLDEN = Path(__file__).parent / "golden"
+REPO = Path(__file__).resolve().parents[3]
+
+BASE = SbatchSpec(
+    job_name="tao-20240601-abc123",
+    partition="polar,polar3,polar4,grizzly",
+    num_nodes=1,
+    gpus_per_node=4,
+    cpus_per_task=16,
+    time="04:00:00",
+    timeout_seconds=13680,
+    log_dir="/lustre/proj/results/logs",
+    job_dir="/lustre/proj/results/jobs/tao-20240601-abc123",
+    image="/lustre/proj/images/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh",
+    command="classification_pyt train -e /lustre/proj/results/jobs/tao-20240601-abc123/specs/spec.yaml",
+    exit_code_file="/lustre/proj/results/jobs/tao-20240601-abc123/exit_codes",
+    container_mounts="/lustre/proj:/lustre/proj",
+)
+
+HOSTILE_COMMAND = (
+    'echo "started $(date +%s)" `whoami`; rm -rf /tmp/x\n'
+    "python train.py --msg 'it'\"'\"'s' \\\n"
+    "  --name \"a b\" && echo '$HOME stays literal here'"
+)
+
+GOLDEN_CASES: dict[str, SbatchSpec] = {
+    "single_default": BASE,
+    "single_env_sidecar": replace(
+        BASE,
+        account="proj_ml",
+        exclude_nodes=("gpu05", "gpu[10-12]"),
+        requeue=False,
+        env={"TAO_LOG_LEVEL": "INFO", "HF_HOME": "/lustre/proj/hf-cache"},
+        sidecar="/lustre/proj/results/jobs/tao-20240601-abc123/.secrets.env",
+    ),
+    "single_8gpu_exclusive": replace(
+        BASE,
+        gpus_per_node=8,
+        cpus_per_task=64,
+        exclusive=True,
+        mem_mb=480000,
+        sbatch_extra=("--qos=high", "--constraint=a100&ib"),
+        nccl_env={"NCCL_DEBUG": "WARN"},
+    ),
+    "multi_2x1_nccl": replace(
+        BASE,
+        num_nodes=2,
+        gpus_per_node=1,
+        nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "NCCL_P2P_DISABLE": "1"},
+    ),
+    "hostile_values": replace(
+        BASE,
+        job_dir="/lustre/proj/my jobs/it's here",
+        exit_code_file="/lustre/proj/my jobs/it's here/exit_codes",
+        image='/lustre/proj/my images/it\'s "tao".sqsh',
+        container_mounts="/lustre/my data:/data,/lustre/it's:/x",
+        command=HOSTILE_COMMAND,
+        env={"MSG": "say \"hi\" and 'bye' $HOME `id` $(id); done\nnext line"},
+        sidecar="/lustre/proj/my jobs/it's here/.secrets env",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GOLDEN_CASES), ids=sorted(GOLDEN_CASES))
+def test_render_matches_golden(case: str) -> None:
+    rendered = render_sbatch(GOLDEN_CASES[case])
+    path = GOLDEN / f"{case}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_bytes(rendered.encode())
+    assert rendered.encode() == path.read_bytes()
+
+
+GOLDEN_FILES = sorted(GOLDEN.glob("*.sbatch"))
+
+
+def test_every_golden_file_has_a_case() -> None:
+    assert sorted(path.stem for path in GOLDEN_FILES) == sorted(GOLDEN_CASES)
+
+
+@pytest.mark.parametrize("path", GOLDEN_FILES, ids=[path.stem for path in GOLDEN_FILES])
+def test_golden_is_valid_bash_and_secret_free(path: Path) -> None:
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, check=False)
+    assert (result.returncode, result.stderr) == (0, "")
+    assert lint_script(path.read_text()) == []
+
+
+COMMON_DIRECTIVES = [
+    "#!/bin/bash\n",
+    "#SBATCH --job-name=tao-20240601-abc123\n",
+    "#SBATCH --output=/lustre/proj/results/logs/%x-%j/main.out\n",
+    "#SBATCH --error=/lustre/proj/results/logs/%x-%j/main.err\n",
+    "#SBATCH --open-mode=append\n",
+    "#SBATCH --partition=polar,polar3,polar4,grizzly\n",
+    "#SBATCH --ntasks-per-node=1\n",
+    "#SBATCH --cpus-per-task=16\n",
+    "#SBATCH --time=04:00:00\n",
+    "srun --input=none ",
+    "--no-container-mount-home",
+    'TAO_SLURM_STEP_RC=$?\necho "TAO_SLURM: step exit code ${TAO_SLURM_STEP_RC}"\n',
+    'exit "${TAO_SLURM_STEP_RC}"\n',
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "present", "absent"),
+    [
+        pytest.param(
+            BASE,
+            [*COMMON_DIRECTIVES, "#SBATCH --nodes=1\n", "#SBATCH --gres=gpu:4\n", "#SBATCH --requeue\n",
+             "timeout 13680 bash -c 'classification_pyt train -e "],
+            ["--account", "--exclusive", "--exclude", "--wait-all-nodes", "MASTER_ADDR", "TAO_SLURM_ENV_FILE",
+             "--mem"],
+            id="single-default",
+        ),
+        pytest.param(
+            GOLDEN_CASES["single_env_sidecar"],
+            ["#SBATCH --account=proj_ml\n", "#SBATCH --no-requeue\n", "#SBATCH --exclude=gpu05,gpu[10-12]\n",
+             "export TAO_LOG_LEVEL=INFO\n", "set -a\n", "rm -f -- \"${TAO_SLURM_ENV_FILE}\""],
+            ["#SBATCH --requeue\n"],
+            id="single-sidecar",
+        ),
+        pytest.param(
+            GOLDEN_CASES["single_8gpu_exclusive"],
+            ["#SBATCH --gres=gpu:8\n", "#SBATCH --exclusive\n", "#SBATCH --mem=480000M\n",
+             "#SBATCH --qos=high\n", "#SBATCH --constraint=a100&ib\n", "export NCCL_DEBUG=WARN\n"],
+            [],
+            id="single-8gpu",
+        ),
+        pytest.param(
+            GOLDEN_CASES["multi_2x1_nccl"],
+            [*COMMON_DIRECTIVES, "#SBATCH --nodes=2\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --wait-all-nodes=1\n",
+             "export WORLD_SIZE=2\n", "export NUM_GPU_PER_NODE=1\n", "export MASTER_PORT=29500\n",
+             "export TAO_NODE_COUNT=2\n", "export TAO_GPUS_PER_NODE=1\n", "export NCCL_SOCKET_IFNAME=eth0\n",
+             "'export NODE_RANK=\"${SLURM_NODEID}\" TAO_NODE_RANK=\"${SLURM_NODEID}\";"],
+            ["timeout 13680 bash -c 'classification"],
+            id="multi-node",
+        ),
+    ],
+)  # fmt: skip
+def test_render_directives(spec: SbatchSpec, present: list[str], absent: list[str]) -> None:
+    script = render_sbatch(spec)
+    assert [text for text in present if text not in script] == []
+    assert [text for text in absent if text in script] == []
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "fragment"),
+    [
+        pytest.param({"job_name": "bad name"}, ValidationError, "job_name", id="job-name-space"),
+        pytest.param({"job_name": "ok\n#SBATCH --x"}, ValidationError, "job_name", id="job-name-newline"),
+        pytest.param({"job_name": "name\n"}, ValidationError, "job_name", id="job-name-trailing-newline"),
+        pytest.param({"partition": "polar; rm"}, ValidationError, "partition", id="partition"),
+        pytest.param({"partition": "polar,"}, ValidationError, "partition", id="partition-stray-comma"),
+        pytest.param({"account": "acc'x"}, ValidationError, "account", id="account"),
+        pytest.param({"exclude_nodes": ("n1 n2",)}, ValidationError, "exclude_nodes", id="exclude"),
+        pytest.param({"log_dir": "/logs/my logs"}, ValidationError, "log_dir", id="log-dir-space"),
+        pytest.param({"log_dir": "/logs/%u"}, ValidationError, "log_dir", id="log-dir-percent"),
+        pytest.param({"log_dir": "logs"}, ValidationError, "log_dir", id="log-dir-relative"),
+        pytest.param({"time": "4:00:00:00"}, ResourceError, "SLURM time", id="time-format"),
+        pytest.param({"time": "04:00:00\n"}, ValidationError, "time", id="time-newline"),
+        pytest.param({"time": "UNLIMITED"}, ValidationError, "time", id="time-unlimited"),
+        pytest.param({"timeout_seconds": 14400}, ResourceError, "shorter than the wall time", id="timeout-eq"),
+        pytest.param({"gpus_per_node": 0}, ResourceError, "gpus_per_node", id="gpus-zero"),
+        pytest.param({"num_nodes": True}, ResourceError, "num_nodes", id="nodes-bool"),
+        pytest.param({"cpus_per_task": "16"}, ResourceError, "cpus_per_task", id="cpus-str"),
+        pytest.param({"mem_mb": 0}, ResourceError, "mem_mb", id="mem-zero"),
+        pytest.param({"requeue": "false"}, ValidationError, "requeue must be True or False", id="requeue-str"),
+        pytest.param({"image": "nvcr.io#nvidia/tao:5.5"}, ImageReferenceError, ".sqsh", id="image-registry"),
+        pytest.param({"image": "images/tao.sqsh"}, ImageReferenceError, ".sqsh", id="image-relative"),
+        pytest.param({"command": "  \n"}, ValidationError, "command is empty", id="command-empty"),
+        pytest.param({"command": "a\x00b"}, ValidationError, "NUL", id="command-nul"),
+        pytest.param({"container_mounts": " "}, ValidationError, "container_mounts", id="mounts-empty"),
+        pytest.param({"job_dir": "jobs/x"}, ValidationError, "job_dir", id="job-dir-relative"),
+        pytest.param({"exit_code_file": "exit"}, ValidationError, "exit_code_file", id="exit-file-relative"),
+        pytest.param({"sidecar": "s.env"}, ValidationError, "sidecar", id="sidecar-relative"),
+        pytest.param({"env": {"1BAD": "x"}}, ValidationError, "'1BAD'", id="env-name-digit"),
+        pytest.param({"env": {"A B": "x"}}, ValidationError, "'A B'", id="env-name-space"),
+        pytest.param({"env": {"A\n": "x"}}, ValidationError, "'A\\n'", id="env-name-newline"),
+        pytest.param({"env": {"WORLD_SIZE": "8"}}, ValidationError, "WORLD_SIZE", id="env-rendezvous"),
+        pytest.param({"env": {"SLURM_NODEID": "0"}}, ValidationError, "SLURM_NODEID", id="env-slurm"),
+        pytest.param({"env": {"TAO_SLURM_STEP_RC": "0"}}, ValidationError, "TAO_SLURM_STEP_RC", id="env-own"),
+        pytest.param({"env": {"N": 1}}, ValidationError, "must be a string", id="env-value-int"),
+        pytest.param(
+            {"env": {"NCCL_DEBUG": "INFO"}, "nccl_env": {"NCCL_DEBUG": "WARN"}},
+            ValidationError, "NCCL_DEBUG", id="env-duplicate",
+        ),
+        pytest.param({"sbatch_extra": ("--qos high",)}, ValidationError, "sbatch_extra", id="extra-space"),
+        pytest.param({"sbatch_extra": ("qos=high",)}, ValidationError, "sbatch_extra", id="extra-no-dashes"),
+        pytest.param({"sbatch_extra": ("--qos=a\nb",)}, ValidationError, "sbatch_extra", id="extra-newline"),
+        pytest.param({"sbatch_extra": ("--output=/tmp/x",)}, ValidationError, "--output", id="extra-managed"),
+        pytest.param({"sbatch_extra": ("--container-image=/x.sqsh",)}, ValidationError, "--container-image",
+                     id="extra-container"),
+    ],
+)  # fmt: skip
+def test_render_rejects(changes: dict[str, Any], error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error) as raised:
+        render_sbatch(replace(BASE, **changes))
+    assert fragment in str(raised.value)
+
+
+def test_secret_values_never_reach_validation_messages() -> None:
+    with pytest.raises(ValidationError) as raised:
+        render_sbatch(replace(BASE, env={"GOOD": "s3cr3t-value", "bad name": "other-s3cr3t"}))
+    assert "s3cr3t" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        pytest.param({"A": "x"}, "placeholder(s) B, C", id="missing-named"),
+        pytest.param({"A": "@@B@@", "B": "y", "C": "z"}, "@@B@@", id="leftover-from-value"),
+    ],
+)
+def test_render_template_errors(
+    values: dict[str, object], fragment: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "t.j2").write_text("@@A@@ @@ B @@ @@% if C %@@c@@% endif %@@\n")
+    monkeypatch.setattr("airflow_provider_tao_slurm.core.templates.template_dir", lambda: tmp_path)
+    with pytest.raises(TemplateRenderError) as raised:
+        render_template("t.j2", values)
+    assert fragment in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        pytest.param(None, "cannot be read", id="missing-file"),
+        pytest.param("@@% if A %@@ never closed\n", "is invalid", id="syntax"),
+    ],
+)
+def test_render_template_bad_template(
+    source: str | None, fragment: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    if source is not None:
+        (tmp_path / "t.j2").write_text(source)
+    monkeypatch.setattr("airflow_provider_tao_slurm.core.templates.template_dir", lambda: tmp_path)
+    with pytest.raises(TemplateRenderError, match=fragment):
+        render_template("t.j2", {"A": 1})
+
+
+def test_bash_syntax_is_left_alone(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    source = '${X:-1} { a; b; } # c {# d #} {{ e }} {% f %} "$@" ${arr[@]} @@V@@\n'
+    (tmp_path / "t.j2").write_text(source)
+    monkeypatch.setattr("airflow_provider_tao_slurm.core.templates.template_dir", lambda: tmp_path)
+    assert render_template("t.j2", {"V": "v"}) == source.replace("@@V@@", "v")
+
+
+def test_templates_found_and_packaged_at_the_looked_up_path() -> None:
+    found = template_dir()
+    assert {SINGLE_NODE_TEMPLATE, MULTI_NODE_TEMPLATE} <= {entry.name for entry in found.iterdir()}
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    force_include = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]
+    assert force_include["templates/slurm"] == "airflow_provider_tao_slurm/templates/slurm"
+
+
+# --- the rendered scripts run under bash with a fake srun and scontrol ---------------------------
+
+FAKE_SRUN = r"""#!/bin/bash
+# Record the arguments (NUL separated), drop the leading srun options, run the command once per node.
+printf '%s\0' "$@" > "$FAKE_DIR/srun.args"
+if [ -n "${FAKE_SRUN_HANG:-}" ]; then : > "$FAKE_DIR/srun.started"; exec sleep 30; fi
+nodes=1
+while [ $# -gt 0 ]; do
+    case "$1" in --nodes=*) nodes="${1#--nodes=}"; shift ;; --*) shift ;; *) break ;; esac
+done
+rc=0
+for ((node = 0; node < nodes; node++)); do
+    SLURM_NODEID=$node "$@" < /dev/null
+    status=$?
+    if [ "$status" -gt "$rc" ]; then rc=$status; fi
+done
+exit "$rc"
+"""
+FAKE_SCONTROL = """#!/bin/bash
+[ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
+"""
+
+
+class Run:
+    """A rendered script run under bash in a scratch job directory."""
+
+    def __init__(self, tmp_path: Path, **changes: Any) -> None:
+        self.job_dir = tmp_path / "job dir 'x'"
+        self.job_dir.mkdir()
+        self.bin = tmp_path / "bin"
+        self.bin.mkdir()
+        for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+            (self.bin / name).write_text(text)
+            (self.bin / name).chmod(0o755)
+        self.exit_code_file = self.job_dir / "exit_codes"
+        self.sidecar = self.job_dir / ".secrets.env"
+        self.out = self.job_dir / "out.txt"
+        spec = replace(
+            BASE, job_dir=str(self.job_dir), exit_code_file=str(self.exit_code_file), sidecar=str(self.sidecar)
+        )
+        self.script = tmp_path / "job.sbatch"
+        self.script.write_text(render_sbatch(replace(spec, **changes)))
+        self.env = {
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "FAKE_DIR": str(self.job_dir),
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NODELIST": "n[1-2]",
+        }
+
+    def write_sidecar(self, text: str) -> None:
+        self.sidecar.write_text(text)
+        self.sidecar.chmod(0o600)
+
+    def run(self) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(self.script)], env=self.env, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    def srun_args(self) -> list[str]:
+        return (self.job_dir / "srun.args").read_text().split("\0")[:-1]
+
+
+def test_run_single_node_exit_code_sidecar_and_quoting(tmp_path: Path) -> None:
+    env_value = "say \"hi\" and 'bye' $HOME `id` $(id); done\nnext line"
+    command = (
+        'printf "%s|%s|%s\\n" "$MY_SECRET" "$MSG" "$(echo sub)"; echo `echo tick`; echo "a;b"\n'
+        "echo 'it'\"'\"'s'; exit 7"
+    )
+    run = Run(tmp_path, command=command, env={"MSG": env_value}, image="/images/my img/it's.sqsh")
+    run.write_sidecar("export MY_SECRET='s3cr3t value'\n")
+
+    result = run.run()
+
+    assert result.returncode == 7
+    lines = result.stdout.splitlines()
+    assert lines[lines.index("TAO_SLURM: step start") + 1 :] == [
+        f"s3cr3t value|{env_value.splitlines()[0]}",
+        f"{env_value.splitlines()[1]}|sub",
+        "tick",
+        "a;b",
+        "it's",
+        "TAO_SLURM: step exit code 7",
+        "TAO_SLURM: end",
+    ]
+    assert "s3cr3t" not in result.stderr
+    assert run.exit_code_file.read_text() == "7\n"
+    assert not run.sidecar.exists()
+    args = run.srun_args()
+    assert args[:4] == ["--input=none", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16"]
+    assert "--container-image=/images/my img/it's.sqsh" in args
+    assert "--no-container-mount-home" in args
+    assert args[args.index("timeout") :] == ["timeout", "13680", "bash", "-c", command]
+
+
+@pytest.mark.parametrize(
+    ("command", "timeout_seconds", "rc", "marker"),
+    [
+        pytest.param("true", 13680, 0, "TAO_SLURM: step exit code 0", id="success"),
+        pytest.param("exit 3", 13680, 3, "TAO_SLURM: step exit code 3", id="failure"),
+        pytest.param("sleep 5", 1, 124, "TAO_SLURM: program stopped by timeout after 1 s", id="timeout"),
+    ],
+)
+def test_run_exit_code_is_the_step_exit_code(
+    tmp_path: Path, command: str, timeout_seconds: int, rc: int, marker: str
+) -> None:
+    run = Run(tmp_path, command=command, timeout_seconds=timeout_seconds, sidecar=None)
+    result = run.run()
+    assert (result.returncode, marker in result.stdout.splitlines()) == (rc, True)
+    assert run.exit_code_file.read_text() == f"{rc}\n"
+
+
+def test_run_cleanup_failure_never_masks_the_exit_code(tmp_path: Path) -> None:
+    run = Run(tmp_path, command="exit 5", exit_code_file=str(tmp_path / "missing dir" / "exit_codes"))
+    run.write_sidecar("export A=1\n")
+    result = run.run()
+    assert result.returncode == 5
+    assert "TAO_SLURM: could not write the exit code file" in result.stderr
+    assert not run.sidecar.exists()
+
+
+def test_run_without_sidecar_file_warns_and_runs(tmp_path: Path) -> None:
+    result = Run(tmp_path, command="echo ran").run()
+    assert result.returncode == 0
+    assert "ran" in result.stdout.splitlines()
+    assert "TAO_SLURM: credentials file not found; secret_env variables are not set" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("with_sidecar", "marker"),
+    [
+        pytest.param(
+            True, "TAO_SLURM: SIGTERM received (cancel, requeue or preemption), credentials kept", id="sidecar"
+        ),
+        pytest.param(False, "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)", id="no-sidecar"),
+    ],
+)
+def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_sidecar: bool, marker: str) -> None:
+    run = Run(tmp_path, command="true", sidecar=str(tmp_path / ".secrets.env") if with_sidecar else None)
+    (tmp_path / ".secrets.env").write_text("export A=1\n")
+    run.env["FAKE_SRUN_HANG"] = "1"
+    process = subprocess.Popen(
+        ["bash", str(run.script)],
+        env=run.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 20
+    while not (run.job_dir / "srun.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGTERM)  # SLURM signals the batch shell and srun together
+    stdout, stderr = process.communicate(timeout=20)
+    assert process.returncode == 128 + signal.SIGTERM
+    assert stderr.splitlines()[-1] == marker
+    assert stdout.splitlines()[-1] == "TAO_SLURM: end"
+    assert run.exit_code_file.read_text() == f"{128 + signal.SIGTERM}\n"
+    assert (tmp_path / ".secrets.env").exists()
+
+
+def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
+    command = (
+        'echo "rank=$NODE_RANK tao_rank=$TAO_NODE_RANK world=$WORLD_SIZE gpus=$NUM_GPU_PER_NODE '
+        'master=$MASTER_ADDR:$MASTER_PORT count=$TAO_NODE_COUNT/$TAO_GPUS_PER_NODE nccl=$NCCL_IB_DISABLE"'
+    )
+    run = Run(tmp_path, num_nodes=2, gpus_per_node=1, command=command, nccl_env={"NCCL_IB_DISABLE": "1"})
+    result = run.run()
+    assert result.returncode == 0, result.stderr
+    ranks = [line for line in result.stdout.splitlines() if line.startswith("rank=")]
+    assert ranks == [f"rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:29500 count=2/1 nccl=1" for rank in (0, 1)]
+    assert "TAO_SLURM: rendezvous n1:29500, 2 nodes x 1 GPUs" in result.stdout.splitlines()
+    args = run.srun_args()
+    assert args[:5] == [
+        "--input=none",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--cpus-per-task=16",
+        "--kill-on-bad-exit=1",
+    ]
+    assert args[-3:] == ["tao-step", "13680", command]
+
+
+def test_run_multi_node_fails_without_hosts(tmp_path: Path) -> None:
+    run = Run(tmp_path, num_nodes=2, gpus_per_node=1, command="true")
+    run.env["SLURM_JOB_NODELIST"] = "other[1-2]"
+    result = run.run()
+    assert result.returncode == 1
+    assert "TAO_SLURM: scontrol show hostnames printed no host for other[1-2]" in result.stderr
+    assert not (run.job_dir / "srun.args").exists()
