@@ -1,0 +1,603 @@
+"""Builders of remote command lines: one string per round trip, every value quoted.
+
+Nothing here runs anything. The hook sends each string to the login host's POSIX shell (sh, bash,
+dash); every caller-supplied value goes through :func:`~airflow_provider_tao_slurm.core.shell.quote`
+or :func:`~airflow_provider_tao_slurm.core.shell.join`, so it stays one word whatever it holds.
+Paths must be absolute, so none can be mistaken for an option. Secrets and file contents travel
+on stdin, never in the command line (which other users of the login host can see in ``ps``).
+
+Commands whose output needs framing print a fixed vocabulary that the ``parse_*`` functions here
+read: per-item checks print ``OK <index>`` / ``MISSING <index>`` (an index, never the path, so
+hostile names cannot confuse the parser), the log reader prints a ``SIZE <n> LEN <m>`` header.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.core.states import (
+    SACCT_FIELDS,
+    SACCT_ID_FIELDS,
+    SQUEUE_FORMAT,
+    SQUEUE_ID_FORMAT,
+)
+from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
+
+#: The Enroot credentials file on the cluster (netrc format), relative to the user's ``$HOME``.
+ENROOT_CREDENTIALS = ".config/enroot/.credentials"
+#: NGC needs one credentials line for its registry and one for its token service.
+NGC_MACHINES = ("nvcr.io", "authn.nvidia.com")
+#: First four bytes of a squashfs image (``hsqs``), as :func:`sqsh_check` prints them.
+SQUASHFS_MAGIC_HEX = "68737173"
+
+_STARTTIME_RE = re.compile(r"now-\d+(?:seconds|minutes|hours|days|weeks)?|(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})")
+_MODE_RE = re.compile(r"[0-7]{3,4}")
+_TOOL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+_MACHINE_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d{1,5})?")
+_SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
+_INDEXED_RE = re.compile(r"(OK|MISSING) (\d+)")
+_TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
+_SQSH_RE = re.compile(r"SQSH (\d+)(?: ([0-9a-f]{0,8}))?")
+_SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{2}):(\d{2})")
+_UNLIMITED = frozenset({"infinite", "unlimited"})
+
+
+# ------------------------------------------------------------------ validation
+
+
+def _absolute(path: str, what: str = "path") -> str:
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValidationError(f"{what} {path!r} is not absolute; give the full cluster path starting with '/'")
+    return path
+
+
+def _absolute_all(paths: Sequence[str], what: str = "path") -> list[str]:
+    if isinstance(paths, str) or not paths:
+        raise ValidationError(f"pass a non-empty list of {what}s, not {paths!r}")
+    return [_absolute(path, what) for path in paths]
+
+
+def _slurm_job_ids(job_ids: Sequence[str], *, allow_empty: bool = False) -> list[str]:
+    if isinstance(job_ids, str) or not (job_ids or allow_empty):
+        raise ValidationError(f"pass a non-empty list of SLURM job ids, not {job_ids!r}")
+    return list(dict.fromkeys(check_slurm_job_id(job_id) for job_id in job_ids))
+
+
+def _starttime(starttime: str) -> str:
+    match = _STARTTIME_RE.fullmatch(starttime) if isinstance(starttime, str) else None
+    valid = match is not None
+    if match is not None and match.group(1):
+        try:
+            datetime.fromisoformat(match.group(1))
+        except ValueError:
+            valid = False
+    if not valid:
+        raise ValidationError(f"sacct start time {starttime!r} must look like 'now-2days' or '2024-05-01T00:00:00'")
+    return starttime
+
+
+def _mode(mode: str) -> str:
+    if not isinstance(mode, str) or not _MODE_RE.fullmatch(mode):
+        raise ValidationError(f"file mode {mode!r} must be 3 or 4 octal digits, e.g. '600'")
+    return mode
+
+
+def _names(values: Sequence[str], pattern: re.Pattern[str], what: str) -> list[str]:
+    if isinstance(values, str) or not values:
+        raise ValidationError(f"pass a non-empty list of {what}s, not {values!r}")
+    for value in values:
+        if not isinstance(value, str) or not pattern.fullmatch(value):
+            raise ValidationError(f"{what} {value!r} has characters a {what} cannot have")
+    return list(values)
+
+
+def _machine(machine: str) -> str:
+    return _names([machine], _MACHINE_RE, "registry host name")[0].lower()
+
+
+# ------------------------------------------------------------------ SLURM
+
+
+def sbatch_submit(script_path: str, *, parsable: bool = True, extra_args: Sequence[str] = ()) -> str:
+    """``sbatch [--parsable] [extra args] SCRIPT``.
+
+    sbatch takes the script as a positional argument and passes anything after it to the script,
+    so ``extra_args`` come first and must all be options (``--test-only``, ``--dependency=...``).
+
+    :param script_path: absolute path of the staged batch script.
+    :param parsable: print just ``<id>`` (or ``<id>;<cluster>``); read it with ``states.parse_sbatch_reply``.
+    :param extra_args: more sbatch options, each one word starting with ``-``.
+    :returns: the command line.
+    :raises ValidationError: for a relative script path or an extra argument that is not an option.
+    """
+    for arg in extra_args:
+        if not isinstance(arg, str) or not arg.startswith("-"):
+            raise ValidationError(f"sbatch extra argument {arg!r} must be an option starting with '-'")
+    return join(["sbatch", *(["--parsable"] if parsable else []), *extra_args, _absolute(script_path, "script")])
+
+
+def squeue_states(job_ids: Sequence[str]) -> str:
+    """``squeue -h -t all -j ID,... -o SQUEUE_FORMAT``: every job's state in one query.
+
+    ``-t all`` keeps finished jobs visible until SLURM's ``MinJobAge`` purges them.
+
+    :param job_ids: SLURM job ids (duplicates are dropped).
+    :returns: the command line; parse its output with ``states.parse_squeue``.
+    :raises ValidationError: for an empty list or an id that is not a SLURM job id.
+    """
+    return join(["squeue", "-h", "-t", "all", "-j", ",".join(_slurm_job_ids(job_ids)), "-o", SQUEUE_FORMAT])
+
+
+def squeue_by_name(name: str) -> str:
+    """``squeue -h -t all --name=NAME -o SQUEUE_ID_FORMAT``: ids of the jobs named exactly ``name``.
+
+    :param name: the job name (a job id from ``records.mint_job_id``).
+    :returns: the command line; parse its output with ``states.parse_job_ids_by_name``.
+    :raises ValidationError: when ``name`` is not a safe job name.
+    """
+    return join(["squeue", "-h", "-t", "all", f"--name={check_job_id(name, 'job name')}", "-o", SQUEUE_ID_FORMAT])
+
+
+def sacct_states(job_ids: Sequence[str], starttime: str) -> str:
+    """``sacct -X -n -P -j ID,... -o SACCT_FIELDS --starttime=START``: final states and exit codes.
+
+    :param job_ids: SLURM job ids (duplicates are dropped).
+    :param starttime: ``now-<n><unit>`` or ``YYYY-MM-DDTHH:MM:SS``.
+    :returns: the command line; parse its output with ``states.parse_sacct``.
+    :raises ValidationError: for an empty list, a bad id or a bad start time.
+    """
+    return join(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            "-j",
+            ",".join(_slurm_job_ids(job_ids)),
+            "-o",
+            SACCT_FIELDS,
+            f"--starttime={_starttime(starttime)}",
+        ]
+    )
+
+
+def sacct_by_name(name: str, starttime: str) -> str:
+    """``sacct -X -n -P --name=NAME -o SACCT_ID_FIELDS --starttime=START``: ids of jobs named ``name``.
+
+    Without ``--starttime`` sacct would only look back to midnight.
+
+    :param name: the job name.
+    :param starttime: ``now-<n><unit>`` or ``YYYY-MM-DDTHH:MM:SS``.
+    :returns: the command line; parse its output with ``states.parse_job_ids_by_name``.
+    :raises ValidationError: for a bad name or start time.
+    """
+    return join(
+        [
+            "sacct",
+            "-X",
+            "-n",
+            "-P",
+            f"--name={check_job_id(name, 'job name')}",
+            "-o",
+            SACCT_ID_FIELDS,
+            f"--starttime={_starttime(starttime)}",
+        ]
+    )
+
+
+def scancel(job_ids: Sequence[str], *, name: str | None = None) -> str:
+    """``scancel -Q [--name=NAME] ID ...``: cancel jobs; already finished ones are not an error.
+
+    With ``name`` only jobs that carry exactly that name are cancelled, so a reused job id of
+    someone else's job is never hit. With ``name`` and no ids, every job of that name is cancelled.
+
+    :param job_ids: SLURM job ids.
+    :param name: our job name, to restrict the cancel to our own job.
+    :returns: the command line.
+    :raises ValidationError: with neither ids nor a name, or for a bad id or name.
+    """
+    guard = [] if name is None else [f"--name={check_job_id(name, 'job name')}"]
+    return join(["scancel", "-Q", *guard, *_slurm_job_ids(job_ids, allow_empty=bool(guard))])
+
+
+def sinfo_partitions() -> str:
+    """``sinfo -h -o '%P|%l'``: every partition and its time limit; read it with :func:`parse_sinfo_partitions`."""
+    return join(["sinfo", "-h", "-o", "%P|%l"])
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A partition as ``sinfo`` shows it.
+
+    :param name: partition name (without sinfo's ``*`` default marker).
+    :param max_time_seconds: wall-time limit, ``None`` when unlimited.
+    :param is_default: ``True`` for the cluster's default partition.
+    """
+
+    name: str
+    max_time_seconds: int | None
+    is_default: bool
+
+
+def _slurm_time(text: str) -> int | None:
+    if text.lower() in _UNLIMITED:
+        return None
+    match = _SLURM_TIME_RE.fullmatch(text)
+    if match is None:
+        raise RemoteCommandError(
+            f"sinfo printed time limit {text!r}, expected [D-]H:MM:SS or infinite; check the SLURM version"
+        )
+    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def parse_sinfo_partitions(stdout: str) -> list[Partition]:
+    """Parse :func:`sinfo_partitions` output (``PARTITION|TIMELIMIT`` lines).
+
+    :param stdout: sinfo's stdout; blank lines are skipped, repeated partitions kept once.
+    :returns: the partitions in sinfo's order.
+    :raises RemoteCommandError: for a line that is not ``name|limit``.
+    """
+    found: dict[str, Partition] = {}
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        name, sep, limit = line.strip().partition("|")
+        if not sep or not name.rstrip("*"):
+            raise RemoteCommandError(f"sinfo printed {line!r}, expected 'PARTITION|TIMELIMIT'")
+        partition = Partition(name.rstrip("*"), _slurm_time(limit.strip()), name.endswith("*"))
+        found.setdefault(partition.name, partition)
+    return list(found.values())
+
+
+def sacctmgr_assoc(user: str, account: str | None = None) -> str:
+    """``sacctmgr -n -P show associations where user=U [account=A] format=...``.
+
+    Prints ``Cluster|Account|User|Partition|QOS`` rows; no row means the user may not charge the account.
+
+    :param user: the SLURM user.
+    :param account: the account, or ``None`` for all of the user's associations.
+    :returns: the command line.
+    :raises ValidationError: for a user or account with characters SLURM names cannot have.
+    """
+    where = [f"user={_names([user], _SLURM_NAME_RE, 'SLURM user name')[0]}"]
+    if account is not None:
+        where.append(f"account={_names([account], _SLURM_NAME_RE, 'SLURM account name')[0]}")
+    return join(
+        ["sacctmgr", "-n", "-P", "show", "associations", "where", *where, "format=Cluster,Account,User,Partition,QOS"]
+    )
+
+
+# ------------------------------------------------------------------ per-item checks
+
+
+def _indexed_checks(condition: str, items: list[str]) -> str:
+    return (
+        f'i=0; for x in {join(items)}; do if {condition}; then echo "OK $i"; else echo "MISSING $i"; fi; '
+        "i=$((i+1)); done"
+    )
+
+
+def _parse_indexed(stdout: str, items: Sequence[str], what: str) -> list[str]:
+    seen: dict[int, bool] = {}
+    for line in stdout.splitlines():
+        match = _INDEXED_RE.fullmatch(line.strip())
+        if match and int(match.group(2)) < len(items):
+            seen[int(match.group(2))] = match.group(1) == "OK"
+    if len(seen) != len(items):
+        raise RemoteCommandError(
+            f"the {what} check answered for {len(seen)} of {len(items)} items; the login shell must be POSIX "
+            "sh or bash and the command must not be cut short: run it again"
+        )
+    return [item for index, item in enumerate(items) if not seen[index]]
+
+
+def test_paths(paths: Sequence[str]) -> str:
+    """Check that every path exists, in one round trip; read the answer with :func:`parse_test_paths`.
+
+    :param paths: absolute cluster paths.
+    :returns: the command line (prints ``OK <i>`` or ``MISSING <i>`` per path, in order).
+    :raises ValidationError: for an empty list or a relative path.
+    """
+    return _indexed_checks('[ -e "$x" ]', _absolute_all(paths))
+
+
+def parse_test_paths(stdout: str, paths: Sequence[str]) -> list[str]:
+    """The paths :func:`test_paths` found missing.
+
+    :param stdout: the command's stdout (unrelated lines, e.g. from shell start-up files, are ignored).
+    :param paths: the same paths, in the same order.
+    :returns: the missing paths, in order.
+    :raises RemoteCommandError: when some path got no answer.
+    """
+    return _parse_indexed(stdout, paths, "path")
+
+
+def which(tools: Sequence[str]) -> str:
+    """Check that every tool is on the login host's ``PATH``; read the answer with :func:`parse_which`.
+
+    :param tools: command names (``sbatch``, ``enroot``, ...).
+    :returns: the command line (prints ``OK <i>`` or ``MISSING <i>`` per tool, in order).
+    :raises ValidationError: for an empty list or a name that is not a plain command name.
+    """
+    return _indexed_checks('command -v "$x" >/dev/null 2>&1', _names(tools, _TOOL_RE, "command name"))
+
+
+def parse_which(stdout: str, tools: Sequence[str]) -> list[str]:
+    """The tools :func:`which` did not find.
+
+    :param stdout: the command's stdout.
+    :param tools: the same tools, in the same order.
+    :returns: the missing tools, in order.
+    :raises RemoteCommandError: when some tool got no answer.
+    """
+    return _parse_indexed(stdout, tools, "tool")
+
+
+# ------------------------------------------------------------------ files
+
+
+def mkdirs(paths: Sequence[str], mode: str | None = "700") -> str:
+    """``mkdir -p [-m MODE] -- DIR ...``.
+
+    ``mode`` applies to the last component of each path when it is created (``mkdir -m``); parents
+    and directories that already exist keep their permissions.
+
+    :param paths: absolute directories.
+    :param mode: octal mode such as ``"700"``, or ``None`` for the umask default.
+    :returns: the command line.
+    :raises ValidationError: for an empty list, a relative path or a bad mode.
+    """
+    dirs = _absolute_all(paths, "directory")
+    return join(["mkdir", "-p", *([] if mode is None else ["-m", _mode(mode)]), "--", *dirs])
+
+
+def write_file_from_stdin(path: str, mode: str = "600") -> str:
+    """Write stdin to ``path`` atomically: a private temp file in the same directory, then a rename.
+
+    The content never appears in the command line. Missing parent directories are created
+    (mode 700). On any failure the temp file is removed and ``path`` is left as it was.
+
+    :param path: absolute destination path.
+    :param mode: octal mode of the written file.
+    :returns: the command line; the hook sends the content on stdin.
+    :raises ValidationError: for a relative path, a path ending in ``/`` or a bad mode.
+    """
+    parent, name = posixpath.split(_absolute(path))
+    if not name:
+        raise ValidationError(f"file path {path!r} ends with '/'; name the file to write")
+    temp = posixpath.join(parent, f".{name}.XXXXXX")
+    return (
+        f"umask 077 && mkdir -p -- {quote(parent)} && t=$(mktemp {quote(temp)}) && "
+        f'{{ cat > "$t" && chmod {_mode(mode)} "$t" && mv -f -- "$t" {quote(path)} || '
+        '{ rm -f -- "$t"; false; }; }'
+    )
+
+
+def writable_dir(path: str) -> str:
+    """Prove that ``path`` is a directory we can create files in (creates and removes a temp file).
+
+    :param path: absolute directory.
+    :returns: the command line; exit status 0 means writable.
+    :raises ValidationError: for a relative path.
+    """
+    probe = posixpath.join(_absolute(path), ".tao-probe.XXXXXX")
+    return f'[ -d {quote(path)} ] && t=$(mktemp {quote(probe)}) && rm -f -- "$t"'
+
+
+def read_file(path: str, max_bytes: int) -> str:
+    """``head -c MAX -- PATH``: at most ``max_bytes`` of a file; non-zero exit status when it is missing.
+
+    :param path: absolute path.
+    :param max_bytes: the most bytes to read (at least 1).
+    :returns: the command line.
+    :raises ValidationError: for a relative path or a byte count below 1.
+    """
+    return join(["head", "-c", _count(max_bytes, "max_bytes", 1), "--", _absolute(path)])
+
+
+def remove_files(paths: Sequence[str]) -> str:
+    """``rm -f -- PATH ...``: remove files (never directories); missing files are fine.
+
+    :param paths: absolute paths.
+    :returns: the command line.
+    :raises ValidationError: for an empty list or a relative path.
+    """
+    return join(["rm", "-f", "--", *_absolute_all(paths)])
+
+
+def rename(src: str, dst: str) -> str:
+    """``mv -f -- SRC DST``: an atomic rename when both are on the same file system.
+
+    :param src: absolute source path.
+    :param dst: absolute destination path (replaced if it exists).
+    :returns: the command line.
+    :raises ValidationError: for a relative path.
+    """
+    return join(["mv", "-f", "--", _absolute(src, "source"), _absolute(dst, "destination")])
+
+
+def _count(value: int, what: str, minimum: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValidationError(f"{what} must be an integer of at least {minimum}, not {value!r}")
+    return value
+
+
+# ------------------------------------------------------------------ logs
+
+
+def tail_bytes(path: str, offset: int, max_bytes: int) -> str:
+    """Read at most ``max_bytes`` of a file from byte ``offset``; read the answer with :func:`parse_tail`.
+
+    Prints ``SIZE <size> LEN <n>`` and a newline, then exactly the ``n`` bytes read (``n`` is
+    computed from the size taken first, so bytes appended meanwhile wait for the next read), or
+    ``MISSING`` when there is no such file. ``n`` is 0 when the file is shorter than ``offset``.
+
+    :param path: absolute path of the log.
+    :param offset: bytes already read.
+    :param max_bytes: the most bytes to read (at least 1).
+    :returns: the command line.
+    :raises ValidationError: for a relative path or a bad offset or byte count.
+    """
+    start = _count(offset, "offset", 0) + 1
+    limit = _count(max_bytes, "max_bytes", 1)
+    file = quote(_absolute(path))
+    return (
+        f"if [ -f {file} ]; then s=$(wc -c < {file}); n=$((s - {offset})); "
+        f'if [ "$n" -gt {limit} ]; then n={limit}; fi; if [ "$n" -lt 0 ]; then n=0; fi; '
+        f'echo "SIZE $((s)) LEN $n"; tail -c +{start} -- {file} | head -c "$n"; else echo MISSING; fi'
+    )
+
+
+@dataclass(frozen=True)
+class TailChunk:
+    """What :func:`tail_bytes` read.
+
+    :param size: the file's size when read, ``None`` when it does not exist.
+    :param length: how many bytes were read (count offsets with this, not ``len(data)``).
+    :param data: the bytes read, as decoded by the caller.
+    """
+
+    size: int | None
+    length: int
+    data: str
+
+
+def parse_tail(stdout: str) -> TailChunk:
+    """Parse :func:`tail_bytes` output.
+
+    :param stdout: the command's stdout (decoded; a split multi-byte character is the caller's to replace).
+    :returns: the chunk.
+    :raises RemoteCommandError: when the header is missing.
+    """
+    header, _, data = stdout.partition("\n")
+    if header == "MISSING" and not data:
+        return TailChunk(None, 0, "")
+    match = _TAIL_HEADER_RE.fullmatch(header)
+    if match is None:
+        raise RemoteCommandError(f"log read printed {header[:200]!r} instead of 'SIZE <n> LEN <m>'; run it again")
+    return TailChunk(int(match.group(1)), int(match.group(2)), data)
+
+
+def next_offset(offset: int, size: int | None, length: int) -> tuple[int, bool]:
+    """Where the next :func:`tail_bytes` starts, and whether reading restarts from the beginning.
+
+    A file shorter than ``offset`` was truncated (a requeued job's rerun rewrites its log) or
+    replaced: reading restarts at 0. A file that disappeared after being read restarts at 0 too.
+
+    :param offset: the offset this read started at.
+    :param size: :attr:`TailChunk.size`.
+    :param length: :attr:`TailChunk.length`.
+    :returns: ``(next offset, restarted)``.
+    """
+    if size is None or size < offset:
+        return 0, offset > 0
+    return offset + length, False
+
+
+# ------------------------------------------------------------------ images
+
+
+def sqsh_check(path: str) -> str:
+    """Print ``SQSH <size> <first 4 bytes in hex>`` for a file, or ``MISSING``; see :func:`parse_sqsh_check`.
+
+    :param path: absolute path of the ``.sqsh`` file.
+    :returns: the command line.
+    :raises ValidationError: for a relative path.
+    """
+    file = quote(_absolute(path))
+    return (
+        f'if [ -f {file} ]; then echo "SQSH $(($(wc -c < {file}))) '
+        f"$(head -c 4 -- {file} | od -An -tx1 | tr -d ' \\n')\"; else echo MISSING; fi"
+    )
+
+
+def parse_sqsh_check(stdout: str) -> tuple[int, str] | None:
+    """Parse :func:`sqsh_check` output.
+
+    :param stdout: the command's stdout.
+    :returns: ``(size, magic hex)``, valid when the magic is :data:`SQUASHFS_MAGIC_HEX`; ``None`` when missing.
+    :raises RemoteCommandError: for any other output.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    if last == "MISSING":
+        return None
+    match = _SQSH_RE.fullmatch(last)
+    if match is None:
+        raise RemoteCommandError(f"image check printed {last[:200]!r} instead of 'SQSH <size> <hex>'; run it again")
+    return int(match.group(1)), match.group(2) or ""
+
+
+# ------------------------------------------------------------------ Enroot credentials
+
+
+def enroot_credential_machines(registry: str) -> tuple[str, ...]:
+    """The ``machine`` entries a registry needs in the Enroot credentials file.
+
+    :param registry: registry host (``nvcr.io``, ``ghcr.io``, ``registry.example.org:5000``).
+    :returns: both NGC hosts for ``nvcr.io``, else just the registry.
+    :raises ValidationError: when ``registry`` is not a host name.
+    """
+    machine = _machine(registry)
+    return NGC_MACHINES if machine == NGC_MACHINES[0] else (machine,)
+
+
+def _credentials_prefix(machine: str, login: str) -> str:
+    if not isinstance(login, str) or not login or any(c.isspace() or c == "\\" for c in login):
+        raise ValidationError(f"registry login {login!r} must be one word without spaces or backslashes")
+    return f"machine {_machine(machine)} login {login} password "
+
+
+def credentials_line(machine: str, login: str, password: str) -> str:
+    """The credentials-file line :func:`install_enroot_credentials` writes (netrc format).
+
+    The hook sends only ``password`` over stdin; the remote command writes this exact line.
+    Use this to check a password before sending it.
+
+    :param machine: registry host.
+    :param login: registry login (``$oauthtoken`` for NGC).
+    :param password: the secret; never part of an error message.
+    :returns: ``machine <m> login <l> password <p>`` and a newline.
+    :raises ValidationError: for a bad host or login, or an empty password or one with whitespace.
+    """
+    if not isinstance(password, str) or not password or any(c.isspace() or c == "\x00" for c in password):
+        raise ValidationError(
+            f"the password for {machine} must be non-empty and without whitespace (netrc format); check the secret"
+        )
+    return f"{_credentials_prefix(machine, login)}{password}\n"
+
+
+def install_enroot_credentials(machine: str, login: str) -> str:
+    """Install the credentials line for ``machine`` in ``~/.config/enroot/.credentials`` (mode 600).
+
+    The password is read from stdin only (one line, the trailing newline optional) and never
+    appears in the command line. The new line is checked (one ``machine ... password <p>`` line,
+    exactly as :func:`credentials_line` builds it), then merged: lines for other machines are
+    kept, an old line for ``machine`` is replaced, and the result is renamed into place atomically.
+    On failure the file is left as it was and the command exits non-zero.
+
+    :param machine: registry host.
+    :param login: registry login (``$oauthtoken`` for NGC).
+    :returns: the command line; the hook sends the password on stdin.
+    :raises ValidationError: for a bad host or login.
+    """
+    prefix = _credentials_prefix(machine, login)
+    host = _machine(machine)
+    return (
+        f'umask 077 && f="$HOME"/{quote(ENROOT_CREDENTIALS)} && mkdir -p -- "${{f%/*}}" && '
+        'n=$(mktemp "$f.new.XXXXXX") && '
+        f'if t=$(mktemp "$f.tmp.XXXXXX") && printf %s {quote(prefix)} > "$n" && cat >> "$n" && '
+        f"awk -v m={quote(host)} -v l={quote(login)} "
+        '\'NR == 1 && NF == 6 && $1 == "machine" && $2"" == m && $3 == "login" && $4"" == l '
+        '&& $5 == "password" { ok = 1 } END { exit !(ok && NR == 1) }\' "$n" && '
+        f'{{ [ ! -e "$f" ] || awk -v m={quote(host)} \'!($1 == "machine" && $2"" == m)\' "$f"; }} > "$t" && '
+        'awk 1 "$n" >> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; '
+        'then rm -f -- "$n"; else rm -f -- "$n" "$t"; false; fi'
+    )

@@ -1,0 +1,756 @@
+"""Remote command builders: golden command lines, validation, and a hostile-input corpus run through real shells.
+
+The builders' strings are executed here with ``bash -c`` and ``sh -c`` (dash on Debian) against
+temporary directories, and SLURM tools are replaced by stand-ins on ``PATH`` that print their argv,
+to prove that every value stays one word and nothing in it is ever executed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.commands import Partition, TailChunk
+from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
+
+SHELLS = [shell for shell in ("bash", "sh") if shutil.which(shell)]
+CANARY = "canary"
+INJECT = f"$(touch {CANARY})"
+
+# Values that a shell would split, expand or execute if they were not quoted. Each is a valid file
+# name (no '/', no NUL, at most 255 bytes) so the file-system tests can create it.
+HOSTILE = {
+    "space": "a b",
+    "single-quote": "it's",
+    "double-quote": 'say "hi"',
+    "semicolon": f"x; touch {CANARY}",
+    "and-and": f"x && touch {CANARY}",
+    "or-or": f"x || touch {CANARY}",
+    "pipe": f"x | touch {CANARY}",
+    "command-substitution": INJECT,
+    "backticks": f"`touch {CANARY}`",
+    "quote-breakout": f"'; touch {CANARY}; '",
+    "dquote-breakout": f'"; touch {CANARY}; "',
+    "variable": "$HOME",
+    "braced-variable": "${IFS}x",
+    "arithmetic": "$((1+1))",
+    "newline": f"first\ntouch {CANARY}",
+    "tab": "a\tb",
+    "carriage-return": "a\rb",
+    "star-glob": "star*",
+    "question-glob": "q?",
+    "bracket-glob": "br[ax]",
+    "brace-expansion": "{a,b}",
+    "tilde": "~root",
+    "leading-dash": "-rf",
+    "long-option": "--help",
+    "redirect": f"> {CANARY}",
+    "background": f"& touch {CANARY}",
+    "hash": "#comment",
+    "bang": "!!",
+    "backslash": "back\\slash",
+    "unicode": "ünïcødé-日本語-🚀",
+    "very-long": "L" * 200,
+    "only-dots": "...",
+    "percent": "%s%n",
+}
+# Decoys that an unquoted glob in HOSTILE would match.
+GLOB_DECOYS = ("starfish", "qx", "brx", "a")
+
+
+def run_shell(
+    shell: str,
+    command: str,
+    cwd: Path,
+    *,
+    stdin: bytes = b"",
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [shell, "-c", command],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A directory for hostile names; the shell runs in its parent, where the canary would appear."""
+    (tmp_path / "files").mkdir()
+    return tmp_path / "files"
+
+
+def assert_no_canary(work: Path) -> None:
+    assert not list(work.parent.rglob(CANARY)), "a hostile value was executed"
+    assert not (Path.cwd() / CANARY).exists()
+
+
+# ------------------------------------------------------------------ golden command lines
+
+GOLDEN: list[tuple[str, Callable[[], str], str]] = [
+    (
+        "sbatch",
+        lambda: commands.sbatch_submit("/lustre/jobs/j/sbatch/job_j.sbatch"),
+        "sbatch --parsable /lustre/jobs/j/sbatch/job_j.sbatch",
+    ),
+    (
+        "sbatch-extra",
+        lambda: commands.sbatch_submit("/s x.sbatch", parsable=False, extra_args=["--test-only"]),
+        "sbatch --test-only '/s x.sbatch'",
+    ),
+    (
+        "squeue-states",
+        lambda: commands.squeue_states(["12", "13_4", "14+0", "12"]),
+        "squeue -h -t all -j 12,13_4,14+0 -o '%i|%j|%T|%r|%N|%S|%e'",
+    ),
+    (
+        "squeue-by-name",
+        lambda: commands.squeue_by_name("tao-demo.train-0123"),
+        "squeue -h -t all --name=tao-demo.train-0123 -o %i",
+    ),
+    (
+        "sacct-states",
+        lambda: commands.sacct_states(["12", "13"], "now-2days"),
+        "sacct -X -n -P -j 12,13 -o JobIDRaw,JobName,State,ExitCode,Reason,NodeList,Start,End --starttime=now-2days",
+    ),
+    (
+        "sacct-by-name",
+        lambda: commands.sacct_by_name("tao-x", "2024-05-01T00:00:00"),
+        "sacct -X -n -P --name=tao-x -o JobIDRaw --starttime=2024-05-01T00:00:00",
+    ),
+    ("scancel", lambda: commands.scancel(["12", "13"]), "scancel -Q 12 13"),
+    ("scancel-guarded", lambda: commands.scancel(["12"], name="tao-x"), "scancel -Q --name=tao-x 12"),
+    ("scancel-by-name", lambda: commands.scancel([], name="tao-x"), "scancel -Q --name=tao-x"),
+    ("sinfo", commands.sinfo_partitions, "sinfo -h -o '%P|%l'"),
+    (
+        "sacctmgr",
+        lambda: commands.sacctmgr_assoc("alice", "proj_1"),
+        "sacctmgr -n -P show associations where user=alice account=proj_1 format=Cluster,Account,User,Partition,QOS",
+    ),
+    (
+        "sacctmgr-no-account",
+        lambda: commands.sacctmgr_assoc("alice"),
+        "sacctmgr -n -P show associations where user=alice format=Cluster,Account,User,Partition,QOS",
+    ),
+    (
+        "test-paths",
+        lambda: commands.test_paths(["/a b", "/c"]),
+        'i=0; for x in \'/a b\' /c; do if [ -e "$x" ]; then echo "OK $i"; else echo "MISSING $i"; fi; i=$((i+1)); done',
+    ),
+    (
+        "which",
+        lambda: commands.which(["sbatch", "enroot"]),
+        'i=0; for x in sbatch enroot; do if command -v "$x" >/dev/null 2>&1; then echo "OK $i"; '
+        'else echo "MISSING $i"; fi; i=$((i+1)); done',
+    ),
+    ("mkdirs", lambda: commands.mkdirs(["/r/jobs/j", "/r/logs"]), "mkdir -p -m 700 -- /r/jobs/j /r/logs"),
+    ("mkdirs-umask", lambda: commands.mkdirs(["/r"], mode=None), "mkdir -p -- /r"),
+    (
+        "write-file",
+        lambda: commands.write_file_from_stdin("/r/jobs/j/env", "640"),
+        "umask 077 && mkdir -p -- /r/jobs/j && t=$(mktemp /r/jobs/j/.env.XXXXXX) && "
+        '{ cat > "$t" && chmod 640 "$t" && mv -f -- "$t" /r/jobs/j/env || { rm -f -- "$t"; false; }; }',
+    ),
+    (
+        "writable-dir",
+        lambda: commands.writable_dir("/r"),
+        '[ -d /r ] && t=$(mktemp /r/.tao-probe.XXXXXX) && rm -f -- "$t"',
+    ),
+    ("read-file", lambda: commands.read_file("/r/status.json", 1024), "head -c 1024 -- /r/status.json"),
+    ("remove-files", lambda: commands.remove_files(["/r/a", "/r/b c"]), "rm -f -- /r/a '/r/b c'"),
+    ("rename", lambda: commands.rename("/i/.x.tmp", "/i/x.sqsh"), "mv -f -- /i/.x.tmp /i/x.sqsh"),
+    (
+        "tail-bytes",
+        lambda: commands.tail_bytes("/l/main.out", 100, 65536),
+        'if [ -f /l/main.out ]; then s=$(wc -c < /l/main.out); n=$((s - 100)); if [ "$n" -gt 65536 ]; then '
+        'n=65536; fi; if [ "$n" -lt 0 ]; then n=0; fi; echo "SIZE $((s)) LEN $n"; tail -c +101 -- /l/main.out '
+        '| head -c "$n"; else echo MISSING; fi',
+    ),
+    (
+        "sqsh-check",
+        lambda: commands.sqsh_check("/i/x.sqsh"),
+        'if [ -f /i/x.sqsh ]; then echo "SQSH $(($(wc -c < /i/x.sqsh))) $(head -c 4 -- /i/x.sqsh | od -An -tx1 '
+        "| tr -d ' \\n')\"; else echo MISSING; fi",
+    ),
+    (
+        "enroot-credentials",
+        lambda: commands.install_enroot_credentials("nvcr.io", "$oauthtoken"),
+        'umask 077 && f="$HOME"/.config/enroot/.credentials && mkdir -p -- "${f%/*}" && '
+        'n=$(mktemp "$f.new.XXXXXX") && if t=$(mktemp "$f.tmp.XXXXXX") && '
+        'printf %s \'machine nvcr.io login $oauthtoken password \' > "$n" && cat >> "$n" && '
+        'awk -v m=nvcr.io -v l=\'$oauthtoken\' \'NR == 1 && NF == 6 && $1 == "machine" && $2"" == m && '
+        '$3 == "login" && $4"" == l && $5 == "password" { ok = 1 } END { exit !(ok && NR == 1) }\' "$n" && '
+        '{ [ ! -e "$f" ] || awk -v m=nvcr.io \'!($1 == "machine" && $2"" == m)\' "$f"; } > "$t" && '
+        'awk 1 "$n" >> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; then rm -f -- "$n"; '
+        'else rm -f -- "$n" "$t"; false; fi',
+    ),
+]
+
+
+@pytest.mark.parametrize(("build", "expected"), [case[1:] for case in GOLDEN], ids=[case[0] for case in GOLDEN])
+def test_golden_command(build: Callable[[], str], expected: str) -> None:
+    assert build() == expected
+
+
+@pytest.mark.parametrize(("build", "expected"), [case[1:] for case in GOLDEN], ids=[case[0] for case in GOLDEN])
+@pytest.mark.parametrize("shell", SHELLS)
+def test_golden_command_is_valid_shell(shell: str, build: Callable[[], str], expected: str) -> None:
+    result = subprocess.run([shell, "-n", "-c", build()], capture_output=True, timeout=30, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+# ------------------------------------------------------------------ validation
+
+REJECTED: list[tuple[str, Callable[[], Any]]] = [
+    ("sbatch-relative", lambda: commands.sbatch_submit("job.sbatch")),
+    ("sbatch-leading-dash", lambda: commands.sbatch_submit("--wrap=id")),
+    ("sbatch-empty", lambda: commands.sbatch_submit("")),
+    ("sbatch-positional-extra", lambda: commands.sbatch_submit("/j.sbatch", extra_args=["/other.sbatch"])),
+    ("squeue-no-ids", lambda: commands.squeue_states([])),
+    ("squeue-string-ids", lambda: commands.squeue_states("123")),
+    ("squeue-hostile-id", lambda: commands.squeue_states([f"1 {INJECT}"])),
+    ("squeue-cluster-suffix", lambda: commands.squeue_states(["1;c"])),
+    ("squeue-by-bad-name", lambda: commands.squeue_by_name("a b")),
+    ("squeue-by-empty-name", lambda: commands.squeue_by_name("")),
+    ("sacct-bad-id", lambda: commands.sacct_states(["-1"], "now-2days")),
+    ("sacct-bad-start", lambda: commands.sacct_states(["1"], "now-2days; id")),
+    ("sacct-start-midnight", lambda: commands.sacct_states(["1"], "")),
+    ("sacct-start-impossible-date", lambda: commands.sacct_states(["1"], "2024-13-45T00:00:00")),
+    ("sacct-start-unit", lambda: commands.sacct_by_name("tao-x", "now-2fortnights")),
+    ("sacct-by-bad-name", lambda: commands.sacct_by_name("--all", "now-2days")),
+    ("scancel-nothing", lambda: commands.scancel([])),
+    ("scancel-bad-id", lambda: commands.scancel(["12 13"])),
+    ("scancel-bad-name", lambda: commands.scancel(["12"], name="x y")),
+    ("scancel-string-ids", lambda: commands.scancel("", name="tao-x")),
+    ("sacctmgr-bad-user", lambda: commands.sacctmgr_assoc("a b")),
+    ("sacctmgr-list-user", lambda: commands.sacctmgr_assoc("a,b")),
+    ("sacctmgr-bad-account", lambda: commands.sacctmgr_assoc("alice", "x where user=root")),
+    ("test-paths-empty", lambda: commands.test_paths([])),
+    ("test-paths-relative", lambda: commands.test_paths(["/ok", "data/x"])),
+    ("test-paths-string", lambda: commands.test_paths("/one/path")),
+    ("which-empty", lambda: commands.which([])),
+    ("which-path", lambda: commands.which(["/bin/sh"])),
+    ("which-option", lambda: commands.which(["-p"])),
+    ("mkdirs-relative", lambda: commands.mkdirs(["x"])),
+    ("mkdirs-bad-mode", lambda: commands.mkdirs(["/x"], mode="rwx")),
+    ("mkdirs-mode-injection", lambda: commands.mkdirs(["/x"], mode="700 /etc")),
+    ("write-relative", lambda: commands.write_file_from_stdin("x")),
+    ("write-directory", lambda: commands.write_file_from_stdin("/x/")),
+    ("write-bad-mode", lambda: commands.write_file_from_stdin("/x", mode="0600; id")),
+    ("writable-relative", lambda: commands.writable_dir("x")),
+    ("read-relative", lambda: commands.read_file("-n", 1)),
+    ("read-zero", lambda: commands.read_file("/x", 0)),
+    ("read-bool", lambda: commands.read_file("/x", True)),
+    ("remove-empty", lambda: commands.remove_files([])),
+    ("remove-relative", lambda: commands.remove_files(["-rf"])),
+    ("rename-relative-src", lambda: commands.rename("x", "/y")),
+    ("rename-relative-dst", lambda: commands.rename("/x", "-y")),
+    ("tail-relative", lambda: commands.tail_bytes("main.out", 0, 1)),
+    ("tail-negative-offset", lambda: commands.tail_bytes("/x", -1, 1)),
+    ("tail-zero-bytes", lambda: commands.tail_bytes("/x", 0, 0)),
+    ("tail-float", lambda: commands.tail_bytes("/x", 1.5, 1)),
+    ("sqsh-relative", lambda: commands.sqsh_check("x.sqsh")),
+    ("nul-byte", lambda: commands.test_paths(["/a\x00b"])),
+    ("registry-with-path", lambda: commands.enroot_credential_machines("nvcr.io/nvidia")),
+    ("registry-hostile", lambda: commands.enroot_credential_machines(INJECT)),
+    ("creds-bad-machine", lambda: commands.install_enroot_credentials("a b", "u")),
+    ("creds-login-space", lambda: commands.install_enroot_credentials("nvcr.io", "a b")),
+    ("creds-login-backslash", lambda: commands.install_enroot_credentials("nvcr.io", "a\\tb")),
+    ("creds-login-empty", lambda: commands.install_enroot_credentials("nvcr.io", "")),
+]
+
+
+@pytest.mark.parametrize("build", [case[1] for case in REJECTED], ids=[case[0] for case in REJECTED])
+def test_rejects(build: Callable[[], Any]) -> None:
+    with pytest.raises(ValidationError):
+        build()
+
+
+@pytest.mark.parametrize(
+    "password", ["", "two words", "tab\tsep", "new\nline", "nul\x00"], ids=["empty", "space", "tab", "newline", "nul"]
+)
+def test_credentials_line_rejects_without_echoing_the_secret(password: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        commands.credentials_line("nvcr.io", "$oauthtoken", password)
+    if password:
+        assert password not in str(info.value)
+
+
+def test_credentials_line() -> None:
+    assert commands.credentials_line("NVCR.io", "$oauthtoken", "k3y$(x)`y`'\"") == (
+        "machine nvcr.io login $oauthtoken password k3y$(x)`y`'\"\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("registry", "machines"),
+    [
+        ("nvcr.io", ("nvcr.io", "authn.nvidia.com")),
+        ("NVCR.IO", ("nvcr.io", "authn.nvidia.com")),
+        ("ghcr.io", ("ghcr.io",)),
+        ("registry.example.org:5000", ("registry.example.org:5000",)),
+    ],
+    ids=["ngc", "ngc-upper", "ghcr", "with-port"],
+)
+def test_enroot_credential_machines(registry: str, machines: tuple[str, ...]) -> None:
+    assert commands.enroot_credential_machines(registry) == machines
+
+
+# ------------------------------------------------------------------ parsers
+
+
+@pytest.mark.parametrize(
+    ("stdout", "missing"),
+    [
+        ("OK 0\nMISSING 1\nOK 2\n", ["/b"]),
+        ("MISSING 0\nMISSING 1\nMISSING 2\n", ["/a", "/b", "/c"]),
+        ("Welcome to the cluster!\nOK 0\r\nOK 1\n  OK 2  \nOK 7\n", []),
+        ("OK 2\nOK 1\nOK 0\n", []),
+    ],
+    ids=["one-missing", "all-missing", "banner-crlf-and-out-of-range", "any-order"],
+)
+def test_parse_test_paths(stdout: str, missing: list[str]) -> None:
+    assert commands.parse_test_paths(stdout, ["/a", "/b", "/c"]) == missing
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    ["", "OK 0\nOK 1\n", "OK 0\nOK 1\nOK two\n", "ok 0\nok 1\nok 2\n"],
+    ids=["empty", "cut-short", "garbled", "lowercase"],
+)
+def test_parse_test_paths_rejects_incomplete_output(stdout: str) -> None:
+    with pytest.raises(RemoteCommandError):
+        commands.parse_test_paths(stdout, ["/a", "/b", "/c"])
+
+
+def test_parse_which() -> None:
+    assert commands.parse_which("OK 0\nMISSING 1\n", ["sbatch", "enroot"]) == ["enroot"]
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        (
+            "polar*|4:00:00\ncpu_long|7-00:00:00\n",
+            [Partition("polar", 14400, True), Partition("cpu_long", 604800, False)],
+        ),
+        (
+            "debug|0:30:00\nbig|infinite\nx|UNLIMITED\n\n",
+            [Partition("debug", 1800, False), Partition("big", None, False), Partition("x", None, False)],
+        ),
+        ("polar|4:00:00\npolar|4:00:00\n", [Partition("polar", 14400, False)]),
+        ("", []),
+    ],
+    ids=["test-cluster", "unlimited", "repeated", "empty"],
+)
+def test_parse_sinfo_partitions(stdout: str, expected: list[Partition]) -> None:
+    assert commands.parse_sinfo_partitions(stdout) == expected
+
+
+@pytest.mark.parametrize(
+    "stdout", ["polar 4:00:00\n", "*|4:00:00\n", "polar|4 hours\n"], ids=["no-separator", "no-name", "bad-time"]
+)
+def test_parse_sinfo_partitions_rejects(stdout: str) -> None:
+    with pytest.raises(RemoteCommandError):
+        commands.parse_sinfo_partitions(stdout)
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        ("MISSING\n", TailChunk(None, 0, "")),
+        ("SIZE 10 LEN 0\n", TailChunk(10, 0, "")),
+        ("SIZE 10 LEN 5\nab\ncd", TailChunk(10, 5, "ab\ncd")),
+        ("SIZE 10 LEN 9\nSIZE 1 LEN 1\n", TailChunk(10, 9, "SIZE 1 LEN 1\n")),
+        ("SIZE 3 LEN 3\n\ufffd\ufffd\n", TailChunk(3, 3, "\ufffd\ufffd\n")),
+    ],
+    ids=["missing", "nothing-new", "chunk-with-newline", "chunk-looks-like-header", "undecodable-bytes"],
+)
+def test_parse_tail(stdout: str, expected: TailChunk) -> None:
+    assert commands.parse_tail(stdout) == expected
+
+
+@pytest.mark.parametrize("stdout", ["", "tail: cannot open\n", "SIZE x LEN 1\n"], ids=["empty", "error", "garbled"])
+def test_parse_tail_rejects(stdout: str) -> None:
+    with pytest.raises(RemoteCommandError):
+        commands.parse_tail(stdout)
+
+
+@pytest.mark.parametrize(
+    ("offset", "size", "length", "expected"),
+    [
+        (0, None, 0, (0, False)),
+        (0, 0, 0, (0, False)),
+        (0, 100, 60, (60, False)),
+        (60, 100, 40, (100, False)),
+        (100, 100, 0, (100, False)),
+        (100, 30, 0, (0, True)),
+        (100, None, 0, (0, True)),
+    ],
+    ids=["not-yet-created", "empty", "first-chunk", "rest", "caught-up", "truncated-by-requeue", "deleted"],
+)
+def test_next_offset(offset: int, size: int | None, length: int, expected: tuple[int, bool]) -> None:
+    assert commands.next_offset(offset, size, length) == expected
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        ("SQSH 4096 68737173\n", (4096, commands.SQUASHFS_MAGIC_HEX)),
+        ("SQSH 0 \n", (0, "")),
+        ("banner\nMISSING\n", None),
+        ("SQSH 2 6869\n", (2, "6869")),
+    ],
+    ids=["valid", "empty-file", "missing", "short-file"],
+)
+def test_parse_sqsh_check(stdout: str, expected: tuple[int, str] | None) -> None:
+    assert commands.parse_sqsh_check(stdout) == expected
+
+
+def test_parse_sqsh_check_rejects() -> None:
+    with pytest.raises(RemoteCommandError):
+        commands.parse_sqsh_check("head: error\n")
+
+
+# ------------------------------------------------------------------ SLURM tools under stand-ins
+
+STAND_IN = '#!/bin/sh\nprintf \'%s\\0\' "$(basename "$0")" "$@"\n'
+
+
+@pytest.fixture
+def stand_ins(tmp_path: Path) -> dict[str, str]:
+    """Put argv-printing stand-ins for the SLURM tools first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sbatch", "squeue", "sacct", "scancel", "sinfo", "sacctmgr"):
+        path = bin_dir / tool
+        path.write_text(STAND_IN)
+        path.chmod(0o755)
+    return {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def argv_of(shell: str, command: str, cwd: Path, env: dict[str, str]) -> list[str]:
+    result = run_shell(shell, command, cwd, env=env)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode().split("\0")[:-1]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("value", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_sbatch_hostile_values_stay_one_word(shell: str, value: str, work: Path, stand_ins: dict[str, str]) -> None:
+    script = f"/lustre/{value}.sbatch"
+    extra = [f"--comment={value}", f"--export={value}"]
+    argv = argv_of(shell, commands.sbatch_submit(script, extra_args=extra), work.parent, stand_ins)
+    assert argv == ["sbatch", "--parsable", *extra, script]
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_slurm_commands_argv(shell: str, work: Path, stand_ins: dict[str, str]) -> None:
+    cases = [
+        (
+            commands.squeue_states(["1", "2_3"]),
+            ["squeue", "-h", "-t", "all", "-j", "1,2_3", "-o", "%i|%j|%T|%r|%N|%S|%e"],
+        ),
+        (
+            commands.sacct_by_name("tao-a.b", "now-7days"),
+            ["sacct", "-X", "-n", "-P", "--name=tao-a.b", "-o", "JobIDRaw", "--starttime=now-7days"],
+        ),
+        (commands.scancel(["5"], name="tao-a"), ["scancel", "-Q", "--name=tao-a", "5"]),
+        (commands.sinfo_partitions(), ["sinfo", "-h", "-o", "%P|%l"]),
+        (
+            commands.sacctmgr_assoc("a.b@c", "acct"),
+            [
+                "sacctmgr",
+                "-n",
+                "-P",
+                "show",
+                "associations",
+                "where",
+                "user=a.b@c",
+                "account=acct",
+                "format=Cluster,Account,User,Partition,QOS",
+            ],
+        ),
+    ]
+    for command, expected in cases:
+        assert argv_of(shell, command, work.parent, stand_ins) == expected
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_very_long_value_stays_one_word(shell: str, work: Path, stand_ins: dict[str, str]) -> None:
+    value = "--comment=" + "x'y\"z $(a) " * 4000  # the quoted word must stay under Linux's 128 KiB per argument
+    argv = argv_of(shell, commands.sbatch_submit("/j.sbatch", extra_args=[value]), work.parent, stand_ins)
+    assert argv == ["sbatch", "--parsable", value, "/j.sbatch"]
+
+
+# ------------------------------------------------------------------ files under hostile names
+
+
+def _hostile_paths(work: Path) -> list[str]:
+    return [str(work / name) for name in HOSTILE.values()]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_test_paths_with_hostile_names(shell: str, work: Path) -> None:
+    paths = _hostile_paths(work)
+    for decoy in GLOB_DECOYS:
+        (work / decoy).write_text("decoy")
+    present = paths[::2]
+    for path in present:
+        Path(path).write_text("x")
+    paths.append(str(work / "no such dir" / "file"))
+    result = run_shell(shell, commands.test_paths(paths), work.parent)
+    assert result.returncode == 0, result.stderr
+    missing = commands.parse_test_paths(result.stdout.decode(), paths)
+    assert missing == [path for path in paths if path not in present]
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_which_finds_real_tools(shell: str, work: Path) -> None:
+    tools = ["sh", "definitely-not-a-tool-42", "awk"]
+    result = run_shell(shell, commands.which(tools), work)
+    assert commands.parse_which(result.stdout.decode(), tools) == ["definitely-not-a-tool-42"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_mkdirs_with_hostile_names(shell: str, work: Path) -> None:
+    paths = [f"{path}/nested/leaf" for path in _hostile_paths(work)]
+    result = run_shell(shell, commands.mkdirs(paths), work.parent)
+    assert result.returncode == 0, result.stderr
+    for path in paths:
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    assert sorted(p.name for p in work.iterdir()) == sorted(HOSTILE.values())
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_write_read_rename_remove_with_hostile_names(shell: str, name: str, work: Path) -> None:
+    target = str(work / "new dir" / name)
+    content = f"line 1\n{INJECT}\n`x` 'q' \"d\" \x01\xff".encode("utf-8", "surrogateescape") + b"\x00\xfe end"
+    result = run_shell(shell, commands.write_file_from_stdin(target, "640"), work.parent, stdin=content)
+    assert result.returncode == 0, result.stderr
+    assert Path(target).read_bytes() == content
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+    assert stat.S_IMODE(os.stat(work / "new dir").st_mode) == 0o700
+    assert os.listdir(work / "new dir") == [name], "the temp file was left behind"
+
+    result = run_shell(shell, commands.read_file(target, 9), work.parent)
+    assert (result.returncode, result.stdout) == (0, content[:9])
+
+    moved = str(work / f"moved {name}")
+    assert run_shell(shell, commands.rename(target, moved), work.parent).returncode == 0
+    assert Path(moved).read_bytes() == content
+    assert not Path(target).exists()
+
+    result = run_shell(shell, commands.remove_files([moved, str(work / "never existed")]), work.parent)
+    assert result.returncode == 0, result.stderr
+    assert not Path(moved).exists()
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_write_file_replaces_atomically_and_keeps_the_old_file_on_failure(shell: str, work: Path) -> None:
+    target = work / "spec.yaml"
+    target.write_text("old")
+    assert run_shell(shell, commands.write_file_from_stdin(str(target)), work, stdin=b"new").returncode == 0
+    assert target.read_text() == "new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    (work / "blocker").write_text("a file, not a directory")
+    result = run_shell(shell, commands.write_file_from_stdin(str(work / "blocker" / "x")), work, stdin=b"data")
+    assert result.returncode != 0
+    assert sorted(p.name for p in work.iterdir()) == ["blocker", "spec.yaml"]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_read_file_of_missing_file_fails(shell: str, work: Path) -> None:
+    assert run_shell(shell, commands.read_file(str(work / "nope"), 10), work).returncode != 0
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_writable_dir(shell: str, work: Path) -> None:
+    assert run_shell(shell, commands.writable_dir(str(work / INJECT)), work.parent).returncode != 0
+    (work / INJECT).mkdir()
+    assert run_shell(shell, commands.writable_dir(str(work / INJECT)), work.parent).returncode == 0
+    assert list((work / INJECT).iterdir()) == []
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["plain.sqsh", *HOSTILE.values()], ids=["plain", *HOSTILE])
+def test_sqsh_check(shell: str, name: str, work: Path) -> None:
+    path = work / name
+    result = run_shell(shell, commands.sqsh_check(str(path)), work.parent)
+    assert commands.parse_sqsh_check(result.stdout.decode()) is None
+    path.write_bytes(b"hsqs" + b"\x00" * 96)
+    result = run_shell(shell, commands.sqsh_check(str(path)), work.parent)
+    assert commands.parse_sqsh_check(result.stdout.decode()) == (100, commands.SQUASHFS_MAGIC_HEX)
+    path.write_bytes(b"<htm")
+    result = run_shell(shell, commands.sqsh_check(str(path)), work.parent)
+    assert commands.parse_sqsh_check(result.stdout.decode()) == (4, "3c68746d")
+    assert_no_canary(work)
+
+
+# ------------------------------------------------------------------ log tailing
+
+
+def _read_all(shell: str, path: Path, cwd: Path, offset: int, max_bytes: int) -> tuple[bytes, int, bool]:
+    """Read like a trigger does: chunk after chunk until nothing is new."""
+    data = b""
+    restarted = False
+    while True:
+        result = run_shell(shell, commands.tail_bytes(str(path), offset, max_bytes), cwd)
+        assert result.returncode == 0, result.stderr
+        raw = result.stdout.partition(b"\n")[2]
+        chunk = commands.parse_tail(result.stdout.decode("utf-8", "replace"))
+        assert len(raw) == chunk.length
+        offset, again = commands.next_offset(offset, chunk.size, chunk.length)
+        restarted |= again
+        if again:
+            continue
+        data += raw
+        if chunk.length == 0:
+            return data, offset, restarted
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("name", ["main.out", *HOSTILE.values()], ids=["plain", *HOSTILE])
+def test_tail_bytes_reads_everything_once(shell: str, name: str, work: Path) -> None:
+    log = work / name
+    content = "héllo wörld ✓ 日本\n".encode() * 7 + b"\xff\xfe raw"
+    log.write_bytes(content[:50])
+    first, offset, _ = _read_all(shell, log, work.parent, 0, 7)
+    assert (first, offset) == (content[:50], 50)
+    log.write_bytes(content)
+    rest, offset, restarted = _read_all(shell, log, work.parent, offset, 7)
+    assert first + rest == content
+    assert (offset, restarted) == (len(content), False)
+    assert_no_canary(work)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_tail_bytes_restarts_after_truncation_and_handles_missing(shell: str, work: Path) -> None:
+    log = work / "main.out"
+    result = run_shell(shell, commands.tail_bytes(str(log), 0, 10), work)
+    assert commands.parse_tail(result.stdout.decode()) == TailChunk(None, 0, "")
+    log.write_bytes(b"first run " * 10)
+    _, offset, _ = _read_all(shell, log, work, 0, 64)
+    assert offset == 100
+    log.write_bytes(b"rerun\n")
+    data, offset, restarted = _read_all(shell, log, work, offset, 64)
+    assert (data, offset, restarted) == (b"rerun\n", 6, True)
+
+
+# ------------------------------------------------------------------ Enroot credentials
+
+
+def _credentials(home: Path) -> Path:
+    return home / ".config" / "enroot" / ".credentials"
+
+
+def _install(shell: str, home: Path, machine: str, login: str, password: bytes) -> subprocess.CompletedProcess[bytes]:
+    return run_shell(
+        shell, commands.install_enroot_credentials(machine, login), home, stdin=password, env={"HOME": str(home)}
+    )
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    "password",
+    [
+        "nvapi-abc123",
+        INJECT.replace(" ", "${IFS}"),
+        "`touch${IFS}canary`",
+        "p;w&&x||y|z'\"",
+        "$NGC_API_KEY",
+        "ünïcødé",
+        "*?[x]",
+        "-rf",
+        "\\back",
+        "%s%n",
+        "k" * 4096,
+    ],
+    ids=[
+        "plain",
+        "command-substitution",
+        "backticks",
+        "metachars",
+        "env-reference",
+        "unicode",
+        "globs",
+        "leading-dash",
+        "backslash",
+        "percent",
+        "very-long",
+    ],
+)
+def test_install_enroot_credentials(shell: str, password: str, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    command = commands.install_enroot_credentials("nvcr.io", "$oauthtoken")
+    assert password not in command
+    result = _install(shell, home, "nvcr.io", "$oauthtoken", password.encode())
+    assert result.returncode == 0, result.stderr
+    path = _credentials(home)
+    assert path.read_text() == commands.credentials_line("nvcr.io", "$oauthtoken", password)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert os.listdir(path.parent) == [".credentials"]
+    assert password.encode() not in result.stdout + result.stderr
+    assert not list(tmp_path.rglob(CANARY))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_install_enroot_credentials_replaces_only_its_machine(shell: str, tmp_path: Path) -> None:
+    home = tmp_path
+    path = _credentials(home)
+    path.parent.mkdir(parents=True)
+    path.write_text(
+        "machine ghcr.io login bob password gh-old\n"
+        "machine nvcr.io login $oauthtoken password ngc-old\n"
+        "machine nvcr.io.example.org login x password keep-me"
+    )
+    path.chmod(0o644)
+    for machine in commands.enroot_credential_machines("nvcr.io"):
+        assert _install(shell, home, machine, "$oauthtoken", b"ngc-new\n").returncode == 0
+    assert path.read_text() == (
+        "machine ghcr.io login bob password gh-old\n"
+        "machine nvcr.io.example.org login x password keep-me\n"
+        "machine nvcr.io login $oauthtoken password ngc-new\n"
+        "machine authn.nvidia.com login $oauthtoken password ngc-new\n"
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert _install(shell, home, "nvcr.io", "$oauthtoken", b"ngc-newer").returncode == 0
+    assert path.read_text().count("machine nvcr.io ") == 1
+    assert path.read_text().endswith("machine nvcr.io login $oauthtoken password ngc-newer\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    "stdin",
+    [b"", b"\n", b"two words", b"line1\nline2", b"tab\tsep"],
+    ids=["empty", "blank-line", "space", "two-lines", "tab"],
+)
+def test_install_enroot_credentials_refuses_a_bad_secret_and_keeps_the_file(
+    shell: str, stdin: bytes, tmp_path: Path
+) -> None:
+    path = _credentials(tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text("machine nvcr.io login $oauthtoken password old\n")
+    result = _install(shell, tmp_path, "nvcr.io", "$oauthtoken", stdin)
+    assert result.returncode != 0
+    assert path.read_text() == "machine nvcr.io login $oauthtoken password old\n"
+    assert os.listdir(path.parent) == [".credentials"]
