@@ -9,6 +9,4 @@ _AIRFLOW_HOME = tempfile.mkdtemp(prefix="tao-slurm-airflow-")
 os.environ.setdefault("AIRFLOW_HOME", _AIRFLOW_HOME)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
-os.environ.setdefault(
-    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{os.environ['AIRFLOW_HOME']}/airflow.db"
-)
+os.environ.setdefault("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{os.environ['AIRFLOW_HOME']}/airflow.db")

@@ -158,9 +158,7 @@ def settings_from_connection(
         partitions=partitions,
         account=account,
         results_dir=results_dir,
-        container_mounts=(str(extra["container_mounts"]).strip() or None)
-        if extra.get("container_mounts")
-        else None,
+        container_mounts=(str(extra["container_mounts"]).strip() or None) if extra.get("container_mounts") else None,
         conversion_partition=conversion,
         max_time_hours=numbers["max_time_hours"],
         cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),

@@ -112,7 +112,8 @@ def parse_image(ref: str) -> ImageRef:
     bad = _BAD_CHAR_RE.search(ref)
     if bad:
         raise _fail(
-            ref, f"contains {bad.group()!a}, which is not allowed in an image reference "
+            ref,
+            f"contains {bad.group()!a}, which is not allowed in an image reference "
             "(only letters, digits and . _ - + / : # @)",
         )
     if ref.startswith("-"):
@@ -127,7 +128,7 @@ def parse_image(ref: str) -> ImageRef:
             raise _fail(ref, "is a web URL, not an image reference")
         if name != "docker":
             raise _fail(ref, f"uses the unsupported scheme {name}://")
-        body = ref[scheme.end():]
+        body = ref[scheme.end() :]
     if body.startswith(("/", ".")) or body.endswith(".sqsh"):
         if scheme:
             raise _fail(
@@ -145,7 +146,8 @@ def _sqsh_path(ref: str) -> str:
         )
     if not ref.endswith(".sqsh"):
         raise _fail(
-            ref, "is a path but not a .sqsh file",
+            ref,
+            "is a path but not a .sqsh file",
             "give a squashfs image ending in .sqsh, or a registry image to convert (nvcr.io#nvidia/x:tag)",
         )
     try:
@@ -166,7 +168,8 @@ def _parse_registry(ref: str, body: str) -> ImageRef:
     if registry is not None:
         if "@" in registry:
             raise _fail(
-                ref, "holds a user name or credentials",
+                ref,
+                "holds a user name or credentials",
                 "remove them; registry credentials belong in ~/.config/enroot/.credentials",
             )
         registry = registry.lower()
@@ -188,7 +191,8 @@ def _parse_registry(ref: str, body: str) -> ImageRef:
         )
     if tag is not None and not _TAG_RE.fullmatch(tag):
         raise _fail(
-            ref, f"has an invalid tag {display_value(tag)}",
+            ref,
+            f"has an invalid tag {display_value(tag)}",
             "a tag is up to 128 letters, digits, '_', '.' and '-', e.g. :5.5.0-pyt",
         )
     _check_repository(ref, repository)
@@ -210,12 +214,14 @@ def _check_repository(ref: str, repository: str) -> None:
             raise _fail(ref, f"has an empty, '.' or '..' component in {display_value(repository)}")
         if component != component.lower():
             raise _fail(
-                ref, "has upper-case letters in the repository (Docker allows only lower case)",
+                ref,
+                "has upper-case letters in the repository (Docker allows only lower case)",
                 f"write {display_value(repository.lower())}",
             )
         if not _COMPONENT_RE.fullmatch(component):
             raise _fail(
-                ref, f"has an invalid repository component {display_value(component)}",
+                ref,
+                f"has an invalid repository component {display_value(component)}",
                 "use lower-case letters and digits joined by '.', '_', '__' or '-', e.g. nvidia/tao/tao-toolkit",
             )
 
@@ -296,7 +302,7 @@ def check_sqsh_header(first_bytes: bytes, size: int) -> str | None:
         return f"the file has {size} bytes, fewer than the smallest squashfs image ({MIN_SQSH_BYTES}); {redo}"
     if first_bytes[: len(SQSH_MAGIC)] != SQSH_MAGIC:
         return (
-            f"the file starts with {first_bytes[:len(SQSH_MAGIC)]!r}, not the squashfs magic {SQSH_MAGIC!r}, "
+            f"the file starts with {first_bytes[: len(SQSH_MAGIC)]!r}, not the squashfs magic {SQSH_MAGIC!r}, "
             f"so it is not a squashfs image (or its conversion was interrupted); {redo}"
         )
     if len(first_bytes) >= SQSH_HEADER_BYTES:

@@ -29,9 +29,7 @@ def _check_base(base: str) -> str:
         raise ValidationError(f"results base dir {base!r} must be an absolute cluster path; set results_dir")
     normalised = posixpath.normpath(base)
     if normalised != base.rstrip("/") or "/../" in f"{base}/":
-        raise ValidationError(
-            f"results base dir {base!r} must be normalised (no '..', '.', '//'); fix results_dir"
-        )
+        raise ValidationError(f"results base dir {base!r} must be normalised (no '..', '.', '//'); fix results_dir")
     return normalised
 
 

@@ -95,10 +95,25 @@ SQUEUE_ID_FORMAT = "%i"
 #: ``sacct -X -n -P -o SACCT_ID_FIELDS``: job ids only (for reconciling by job name).
 SACCT_ID_FIELDS = "JobIDRaw"
 
-_SQUEUE_KEYS = {"%i": "job_id", "%j": "name", "%T": "state", "%r": "reason", "%N": "node_list",
-                "%S": "start", "%e": "end"}
-_SACCT_KEYS = {"JobIDRaw": "job_id", "JobName": "name", "State": "state", "ExitCode": "exit_code",
-               "Reason": "reason", "NodeList": "node_list", "Start": "start", "End": "end"}
+_SQUEUE_KEYS = {
+    "%i": "job_id",
+    "%j": "name",
+    "%T": "state",
+    "%r": "reason",
+    "%N": "node_list",
+    "%S": "start",
+    "%e": "end",
+}
+_SACCT_KEYS = {
+    "JobIDRaw": "job_id",
+    "JobName": "name",
+    "State": "state",
+    "ExitCode": "exit_code",
+    "Reason": "reason",
+    "NodeList": "node_list",
+    "Start": "start",
+    "End": "end",
+}
 _SQUEUE_COLUMNS = tuple(_SQUEUE_KEYS[code] for code in SQUEUE_FORMAT.split("|"))
 _SACCT_COLUMNS = tuple(_SACCT_KEYS[field] for field in SACCT_FIELDS.split(","))
 

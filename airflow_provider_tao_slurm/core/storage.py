@@ -58,14 +58,18 @@ def _check_segments(param: str, value: str, segments: Sequence[str]) -> None:
     """Refuse ``..`` and any segment character outside the safe set."""
     if ".." in segments:
         raise _fail(
-            param, value, "contains a '..' segment, which could leave the intended directory",
+            param,
+            value,
+            "contains a '..' segment, which could leave the intended directory",
             "remove the '..' segments and give the real absolute path",
         )
     for segment in segments:
         bad = _BAD_SEGMENT_CHAR_RE.search(segment)
         if bad:
             raise _fail(
-                param, value, f"contains {bad.group()!a}, which is not allowed in a cluster path",
+                param,
+                value,
+                f"contains {bad.group()!a}, which is not allowed in a cluster path",
                 "use only letters, digits and . _ - + @ = in directory and file names "
                 "(rename the directory or point to a symlink)",
             )
@@ -95,13 +99,13 @@ def resolve_cluster_path(value: str, *, param: str = "path") -> str:
     if "?" in value or "#" in value:
         raise _fail(param, value, "contains a query string or fragment ('?' or '#')", "give a plain path without them")
     if "%" in value:
-        raise _fail(
-            param, value, "contains '%': percent-encoding is not supported", "write the path literally"
-        )
+        raise _fail(param, value, "contains '%': percent-encoding is not supported", "write the path literally")
     path = _strip_scheme(param, value)
     if not path.startswith("/"):
         raise _fail(
-            param, value, "is a relative path",
+            param,
+            value,
+            "is a relative path",
             f"give an absolute path on shared storage, {_EXAMPLE}",
         )
     segments = [segment for segment in path.split("/") if segment not in ("", ".")]
@@ -119,13 +123,17 @@ def _strip_scheme(param: str, value: str) -> str:
     scheme, rest = match.group(1).lower(), match.group(2)
     if scheme == "file":
         raise _fail(
-            param, value, "is a file:// URI: datasets must already be on shared storage",
+            param,
+            value,
+            "is a file:// URI: datasets must already be on shared storage",
             "copy the data to Lustre and pass lustre:///path/on/lustre",
         )
     if scheme == "lustre":
         if not rest.startswith("/"):
             raise _fail(
-                param, value, "has a host part, but lustre URIs have none",
+                param,
+                value,
+                "has a host part, but lustre URIs have none",
                 "write lustre:///abs/path (three slashes)",
             )
         return rest
@@ -135,22 +143,23 @@ def _strip_scheme(param: str, value: str) -> str:
         host, slash, tail = rest.partition("/")
         if not _HOST_RE.fullmatch(host):
             raise _fail(
-                param, value, f"has an invalid host {display_value(host)}",
+                param,
+                value,
+                f"has an invalid host {display_value(host)}",
                 "write slurm:///abs/path or slurm://login-host/abs/path",
             )
         if not slash:
             raise _fail(param, value, "has no path after the host", "write slurm://login-host/abs/path")
         return "/" + tail
     raise _fail(
-        param, value, f"uses the unsupported scheme {scheme}://",
-        "copy the data to shared storage first and pass lustre:///abs/path, slurm:///abs/path "
-        "or an absolute path",
+        param,
+        value,
+        f"uses the unsupported scheme {scheme}://",
+        "copy the data to shared storage first and pass lustre:///abs/path, slurm:///abs/path or an absolute path",
     )
 
 
-def resolve_paths(
-    paths: Mapping[str, str] | Sequence[str], *, param: str = "paths"
-) -> dict[str, str] | list[str]:
+def resolve_paths(paths: Mapping[str, str] | Sequence[str], *, param: str = "paths") -> dict[str, str] | list[str]:
     """Resolve every path of a list or dict, keeping its shape, and report all bad entries at once.
 
     :param paths: a dict (keys kept) or a list of locations accepted by :func:`resolve_cluster_path`.

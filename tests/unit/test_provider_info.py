@@ -44,8 +44,19 @@ def test_connection_type_and_fields() -> None:
     hook_cls = getattr(importlib.import_module(module), cls)
     assert hook_cls.conn_type == "tao_slurm"
     assert hook_cls.default_conn_name == "slurm_default"
-    expected = {"partition", "account", "results_dir", "container_mounts", "conversion_partition",
-                "max_time_hours", "cluster_name", "key_file", "private_key", "host_key", "no_host_key_check"}
+    expected = {
+        "partition",
+        "account",
+        "results_dir",
+        "container_mounts",
+        "conversion_partition",
+        "max_time_hours",
+        "cluster_name",
+        "key_file",
+        "private_key",
+        "host_key",
+        "no_host_key_check",
+    }
     assert expected <= set(conn["conn-fields"])
     assert conn["conn-fields"]["private_key"]["schema"]["format"] == "password"
 

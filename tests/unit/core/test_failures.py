@@ -11,10 +11,12 @@ from airflow_provider_tao_slurm.exceptions import ValidationError
 INFRA, PROGRAM = ErrClass.ERR_INFRA, ErrClass.ERR_PROGRAM
 
 
-def _job(raw_state: str = "FAILED", exit_code: int | None = 1, signal: int | None = 0,
-         node_list: str | None = "n1") -> JobState:
-    return state_from_native("4242", raw_state, source="sacct", exit_code=exit_code, signal=signal,
-                             node_list=node_list, name="tao_job_1")
+def _job(
+    raw_state: str = "FAILED", exit_code: int | None = 1, signal: int | None = 0, node_list: str | None = "n1"
+) -> JobState:
+    return state_from_native(
+        "4242", raw_state, source="sacct", exit_code=exit_code, signal=signal, node_list=node_list, name="tao_job_1"
+    )
 
 
 # --- log corpus -----------------------------------------------------------------------------------
@@ -281,8 +283,13 @@ CORPUS = [
     # id, state, log, expected class, text the evidence must contain
     ("cuda-oom-torch-2", "FAILED", CUDA_OOM_NEW, PROGRAM, "line 9: torch.OutOfMemoryError: CUDA out of memory"),
     ("cuda-oom-old-runtimeerror", "FAILED", CUDA_OOM_OLD, PROGRAM, "line 3: RuntimeError: CUDA out of memory"),
-    ("cuda-error-out-of-memory", "FAILED", CUDA_OOM_CUDA_ERROR, PROGRAM,
-     "line 4: [rank0]: RuntimeError: CUDA error: out of memory"),
+    (
+        "cuda-error-out-of-memory",
+        "FAILED",
+        CUDA_OOM_CUDA_ERROR,
+        PROGRAM,
+        "line 4: [rank0]: RuntimeError: CUDA error: out of memory",
+    ),
     ("device-side-assert", "FAILED", DEVICE_ASSERT, PROGRAM, "line 5: RuntimeError: CUDA error: device-side assert"),
     ("plain-traceback", "FAILED", PLAIN_TRACEBACK, PROGRAM, "line 6: KeyError: 'pedestrian_'"),
     ("srun-prefixed-traceback", "FAILED", SRUN_PREFIXED_TRACEBACK, PROGRAM, "line 5: 0: FileNotFoundError"),
@@ -290,10 +297,14 @@ CORPUS = [
     ("chained-exceptions-first-wins", "FAILED", CHAINED_EXCEPTIONS, PROGRAM, "line 4: KeyError: 'resnet18'"),
     ("nccl-ib-error-12", "FAILED", NCCL_IB_ERROR_12, INFRA, "line 2: n2:41234:41310 [3] transport/net_ib.cc"),
     ("ibv-retry-exc-err", "FAILED", IBV_RETRY_EXC, INFRA, "line 2: n1:2211:2301 [0] transport/net_ib.cc:1512"),
-    ("remote-exited-no-earlier-error", "FAILED", REMOTE_EXITED_ONLY, INFRA,
-     "line 4: [rank0]: torch.distributed.DistBackendError"),
-    ("oom-then-remote-exited", "FAILED", OOM_THEN_REMOTE_EXITED, PROGRAM,
-     "line 4: [rank1]: torch.OutOfMemoryError"),
+    (
+        "remote-exited-no-earlier-error",
+        "FAILED",
+        REMOTE_EXITED_ONLY,
+        INFRA,
+        "line 4: [rank0]: torch.distributed.DistBackendError",
+    ),
+    ("oom-then-remote-exited", "FAILED", OOM_THEN_REMOTE_EXITED, PROGRAM, "line 4: [rank1]: torch.OutOfMemoryError"),
     ("watchdog-only", "FAILED", WATCHDOG_ONLY, INFRA, "line 1: [rank0]:[E501 10:42:17.512071"),
     ("oom-then-watchdogs", "FAILED", OOM_THEN_WATCHDOG, PROGRAM, "line 1: 1: torch.cuda.OutOfMemoryError"),
     ("traceback-then-watchdog", "FAILED", TRACEBACK_THEN_WATCHDOG, PROGRAM, "line 3: [rank3]: ValueError: image"),
@@ -314,26 +325,42 @@ CORPUS = [
     ("dcgm-xid-error-79", "FAILED", DCGM_XID, INFRA, "line 1: dcgm health: GPU 3 XID error 79"),
     ("gpu-is-lost", "FAILED", GPU_IS_LOST, INFRA, "line 1: Unable to determine the device handle"),
     ("uncorrectable-ecc", "FAILED", UNCORRECTABLE_ECC, INFRA, "line 3: RuntimeError: CUDA error: uncorrectable ECC"),
-    ("cuda-driver-init-failed", "FAILED", DRIVER_INIT_FAILED, INFRA,
-     "line 6: RuntimeError: CUDA driver initialization failed"),
+    (
+        "cuda-driver-init-failed",
+        "FAILED",
+        DRIVER_INIT_FAILED,
+        INFRA,
+        "line 6: RuntimeError: CUDA driver initialization failed",
+    ),
     ("ib-link-down", "FAILED", IB_LINK_DOWN, INFRA, "line 1: [Wed May  1 10:40:00 2024] mlx5_core 0000:5e:00.0 ib0"),
     ("nvlink-down", "FAILED", NVLINK_DOWN, INFRA, "line 1: nvidia-nvlink: NVLink link 2 is down"),
     ("slurmstepd-oom-kill", "FAILED", SLURM_OOM_KILL, PROGRAM, "line 2: slurmstepd: error: Detected 1 oom_kill event"),
     ("kernel-oom-killer", "FAILED", KERNEL_OOM, PROGRAM, "line 1: [Wed May  1 10:40:00 2024] Out of memory: Killed"),
     ("noise-only", "FAILED", NOISE_ONLY, PROGRAM, "State=FAILED ExitCode=1:0"),
     ("empty-log", "FAILED", "", PROGRAM, "State=FAILED ExitCode=1:0"),
-    ("tail-cut-at-traceback-header", "FAILED", TAIL_CUT_AT_HEADER, PROGRAM,
-     "line 2: Traceback (most recent call last):"),
-    ("torchrun-summary-after-oom", "FAILED", OOM_IN_TORCHRUN_SUMMARY, PROGRAM,
-     "line 1: [rank2]: torch.OutOfMemoryError"),
+    (
+        "tail-cut-at-traceback-header",
+        "FAILED",
+        TAIL_CUT_AT_HEADER,
+        PROGRAM,
+        "line 2: Traceback (most recent call last):",
+    ),
+    (
+        "torchrun-summary-after-oom",
+        "FAILED",
+        OOM_IN_TORCHRUN_SUMMARY,
+        PROGRAM,
+        "line 1: [rank2]: torch.OutOfMemoryError",
+    ),
     ("special-exit-with-ib-error", "SPECIAL_EXIT", IBV_RETRY_EXC, INFRA, "line 2: n1:2211:2301"),
     ("completed-but-status-failed", "COMPLETED", PLAIN_TRACEBACK, PROGRAM, "line 6: KeyError"),
     ("unknown-state-no-log", "WEIRD_STATE", "", PROGRAM, "State=WEIRD_STATE ExitCode=1:0"),
 ]
 
 
-@pytest.mark.parametrize(("raw_state", "log", "err_class", "evidence"), [row[1:] for row in CORPUS],
-                         ids=[row[0] for row in CORPUS])
+@pytest.mark.parametrize(
+    ("raw_state", "log", "err_class", "evidence"), [row[1:] for row in CORPUS], ids=[row[0] for row in CORPUS]
+)
 def test_classify_log_corpus(raw_state: str, log: str, err_class: ErrClass, evidence: str) -> None:
     verdict = classify(_job(raw_state), log)
     assert verdict.err_class is err_class
@@ -360,39 +387,108 @@ def test_reason_names_problem_and_fix(log: str, words: str) -> None:
 
 # --- decided by state alone ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("raw_state", "exit_code", "signal", "log", "expected"),
     [
-        pytest.param("NODE_FAIL", 0, 0, CUDA_OOM_NEW,
-                     Classification(INFRA, "a node of the allocation failed (NODE_FAIL on n1); retryable, "
-                                    "exclude the node if it recurs", "State=NODE_FAIL ExitCode=0:0", True),
-                     id="node-fail-beats-log"),
-        pytest.param("BOOT_FAIL", None, None, "",
-                     Classification(INFRA, "a node failed to boot (BOOT_FAIL on n1); retryable, exclude the "
-                                    "node if it recurs", "State=BOOT_FAIL", True), id="boot-fail"),
-        pytest.param("PREEMPTED", 0, 15, "",
-                     Classification(INFRA, "preempted by a higher-priority job and not requeued (PREEMPTED); "
-                                    "retryable", "State=PREEMPTED ExitCode=0:15", True),
-                     id="preempted-not-requeued"),
-        pytest.param("TIMEOUT", 0, 15, WATCHDOG_ONLY,
-                     Classification(PROGRAM, "wall-time limit reached (TIMEOUT): keep timeout_hours below "
-                                    "time_hours and checkpoint", "State=TIMEOUT ExitCode=0:15", False),
-                     id="timeout-beats-log"),
-        pytest.param("OUT_OF_MEMORY", 0, 125, XID79_AFTER_CUDA_ERROR,
-                     Classification(PROGRAM, "host memory limit exceeded (OUT_OF_MEMORY): request more memory "
-                                    "or reduce memory use", "State=OUT_OF_MEMORY ExitCode=0:125", False),
-                     id="out-of-memory"),
-        pytest.param("DEADLINE", 0, 0, "",
-                     Classification(PROGRAM, "the job's --deadline passed before it finished (DEADLINE)",
-                                    "State=DEADLINE ExitCode=0:0", False), id="deadline"),
-        pytest.param("FAILED", 3, 0, "",
-                     Classification(PROGRAM, "no infrastructure error in the state or the log tail (FAILED); "
-                                    "treated as a program error: read the job's logs and fix the program "
-                                    "or its inputs", "State=FAILED ExitCode=3:0", False), id="plain-failed"),
+        pytest.param(
+            "NODE_FAIL",
+            0,
+            0,
+            CUDA_OOM_NEW,
+            Classification(
+                INFRA,
+                "a node of the allocation failed (NODE_FAIL on n1); retryable, exclude the node if it recurs",
+                "State=NODE_FAIL ExitCode=0:0",
+                True,
+            ),
+            id="node-fail-beats-log",
+        ),
+        pytest.param(
+            "BOOT_FAIL",
+            None,
+            None,
+            "",
+            Classification(
+                INFRA,
+                "a node failed to boot (BOOT_FAIL on n1); retryable, exclude the node if it recurs",
+                "State=BOOT_FAIL",
+                True,
+            ),
+            id="boot-fail",
+        ),
+        pytest.param(
+            "PREEMPTED",
+            0,
+            15,
+            "",
+            Classification(
+                INFRA,
+                "preempted by a higher-priority job and not requeued (PREEMPTED); retryable",
+                "State=PREEMPTED ExitCode=0:15",
+                True,
+            ),
+            id="preempted-not-requeued",
+        ),
+        pytest.param(
+            "TIMEOUT",
+            0,
+            15,
+            WATCHDOG_ONLY,
+            Classification(
+                PROGRAM,
+                "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
+                "State=TIMEOUT ExitCode=0:15",
+                False,
+            ),
+            id="timeout-beats-log",
+        ),
+        pytest.param(
+            "OUT_OF_MEMORY",
+            0,
+            125,
+            XID79_AFTER_CUDA_ERROR,
+            Classification(
+                PROGRAM,
+                "host memory limit exceeded (OUT_OF_MEMORY): request more memory or reduce memory use",
+                "State=OUT_OF_MEMORY ExitCode=0:125",
+                False,
+            ),
+            id="out-of-memory",
+        ),
+        pytest.param(
+            "DEADLINE",
+            0,
+            0,
+            "",
+            Classification(
+                PROGRAM,
+                "the job's --deadline passed before it finished (DEADLINE)",
+                "State=DEADLINE ExitCode=0:0",
+                False,
+            ),
+            id="deadline",
+        ),
+        pytest.param(
+            "FAILED",
+            3,
+            0,
+            "",
+            Classification(
+                PROGRAM,
+                "no infrastructure error in the state or the log tail (FAILED); "
+                "treated as a program error: read the job's logs and fix the program "
+                "or its inputs",
+                "State=FAILED ExitCode=3:0",
+                False,
+            ),
+            id="plain-failed",
+        ),
     ],
 )
-def test_classify_by_state(raw_state: str, exit_code: int | None, signal: int | None, log: str,
-                           expected: Classification) -> None:
+def test_classify_by_state(
+    raw_state: str, exit_code: int | None, signal: int | None, log: str, expected: Classification
+) -> None:
     assert classify(_job(raw_state, exit_code, signal), log) == expected
 
 
@@ -423,6 +519,7 @@ def test_classify_refuses_bad_max_lines(max_lines: int) -> None:
 
 
 # --- bounds ----------------------------------------------------------------------------------------
+
 
 def _long_log() -> str:
     lines = [f"INFO step {n}" for n in range(1, 601)]

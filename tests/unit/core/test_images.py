@@ -101,7 +101,8 @@ ACCEPTED = [
         id="enroot-digest-form",
     ),
     pytest.param(
-        "a__b/c.d-e_f--g:T_a.g-1", _registry("a__b/c.d-e_f--g:T_a.g-1", None, "a__b/c.d-e_f--g", "T_a.g-1"),
+        "a__b/c.d-e_f--g:T_a.g-1",
+        _registry("a__b/c.d-e_f--g:T_a.g-1", None, "a__b/c.d-e_f--g", "T_a.g-1"),
         id="repository-separators",
     ),
 ]
@@ -152,7 +153,7 @@ HOSTILE = [
     pytest.param("ubuntu\r", "contains '\\r'", id="carriage-return"),
     pytest.param("ubu\x00ntu", "contains '\\x00'", id="nul"),
     pytest.param("ubuntu\x1b[0m", "contains '\\x1b'", id="ansi-escape"),
-    pytest.param("ubu'ntu", "contains \"'\"", id="single-quote"),
+    pytest.param("ubu'ntu", 'contains "\'"', id="single-quote"),
     pytest.param('ubu"ntu', "contains '\"'", id="double-quote"),
     pytest.param("ubuntu*", "contains '*'", id="glob-star"),
     pytest.param("ubuntu?", "contains '?'", id="glob-question"),

@@ -9,13 +9,36 @@ import pytest
 
 CORE = Path(__file__).resolve().parents[3] / "airflow_provider_tao_slurm" / "core"
 FORBIDDEN_MODULES = {
-    "airflow", "paramiko", "asyncssh", "socket", "subprocess", "requests", "urllib.request",
-    "http", "ftplib", "shutil", "tempfile", "pathlib", "glob", "io", "asyncio", "threading", "time",
+    "airflow",
+    "paramiko",
+    "asyncssh",
+    "socket",
+    "subprocess",
+    "requests",
+    "urllib.request",
+    "http",
+    "ftplib",
+    "shutil",
+    "tempfile",
+    "pathlib",
+    "glob",
+    "io",
+    "asyncio",
+    "threading",
+    "time",
 }
 FORBIDDEN_CALLS = {"open", "exec", "eval", "input", "print", "__import__"}
 FORBIDDEN_ATTRS = {
-    ("os", "system"), ("os", "popen"), ("os", "environ"), ("os", "getenv"), ("os", "remove"),
-    ("os", "makedirs"), ("os", "listdir"), ("os", "stat"), ("datetime", "now"), ("datetime", "utcnow"),
+    ("os", "system"),
+    ("os", "popen"),
+    ("os", "environ"),
+    ("os", "getenv"),
+    ("os", "remove"),
+    ("os", "makedirs"),
+    ("os", "listdir"),
+    ("os", "stat"),
+    ("datetime", "now"),
+    ("datetime", "utcnow"),
 }
 SOURCES = sorted(CORE.glob("*.py"))
 
@@ -54,8 +77,14 @@ def test_core_module_is_pure(source: Path) -> None:
 
 @pytest.mark.parametrize(
     "snippet",
-    ["import airflow", "from paramiko import SSHClient", "open('x')", "import os\nos.environ['A']",
-     "from datetime import datetime\ndatetime.now()", "import subprocess"],
+    [
+        "import airflow",
+        "from paramiko import SSHClient",
+        "open('x')",
+        "import os\nos.environ['A']",
+        "from datetime import datetime\ndatetime.now()",
+        "import subprocess",
+    ],
 )
 def test_checker_catches_violations(snippet: str) -> None:
     assert _violations(ast.parse(snippet))

@@ -19,8 +19,14 @@ from airflow_provider_tao_slurm.core.states import (
     state_from_native,
 )
 
-P, R, C, E, X, U = (TaoState.PENDING, TaoState.RUNNING, TaoState.COMPLETE, TaoState.ERROR,
-                    TaoState.CANCELED, TaoState.UNKNOWN)
+P, R, C, E, X, U = (
+    TaoState.PENDING,
+    TaoState.RUNNING,
+    TaoState.COMPLETE,
+    TaoState.ERROR,
+    TaoState.CANCELED,
+    TaoState.UNKNOWN,
+)
 
 
 @pytest.mark.parametrize(
@@ -80,15 +86,13 @@ def test_native_table_covers_every_slurm_state_and_nothing_else() -> None:
     assert set(NATIVE_TO_TAO) == {row[0] for row in NATIVE_TABLE}
 
 
-@pytest.mark.parametrize(("native", "tao", "terminal", "err_class"), NATIVE_TABLE,
-                         ids=[row[0] for row in NATIVE_TABLE])
+@pytest.mark.parametrize(("native", "tao", "terminal", "err_class"), NATIVE_TABLE, ids=[row[0] for row in NATIVE_TABLE])
 @pytest.mark.parametrize("source", ["squeue", "sacct"])
 def test_every_native_state(
     native: str, tao: TaoState, terminal: bool, err_class: ErrClass | None, source: Source
 ) -> None:
     state = state_from_native("42", native, source=source)
-    assert (state.native, state.tao_state, state.is_terminal, state.err_class) == (native, tao, terminal,
-                                                                                  err_class)
+    assert (state.native, state.tao_state, state.is_terminal, state.err_class) == (native, tao, terminal, err_class)
     assert state.message.startswith(native)
     assert NATIVE_TO_TAO[native] is tao
 
@@ -183,12 +187,24 @@ SQUEUE_TEXT = (
 @pytest.mark.parametrize(
     ("job_id", "expected"),
     [
-        pytest.param("101", {"tao_state": R, "node_list": "n1", "reason": None, "name": "tao_train_a",
-                             "start": "2024-05-01T10:00:00", "end": "2024-05-01T14:00:00"}, id="running"),
-        pytest.param("102", {"tao_state": P, "node_list": None, "reason": "Priority", "start": None},
-                     id="pending-no-nodes"),
-        pytest.param("103", {"tao_state": P, "reason": "BeginTime", "start": "2024-05-01T10:02:00"},
-                     id="requeued-waiting"),
+        pytest.param(
+            "101",
+            {
+                "tao_state": R,
+                "node_list": "n1",
+                "reason": None,
+                "name": "tao_train_a",
+                "start": "2024-05-01T10:00:00",
+                "end": "2024-05-01T14:00:00",
+            },
+            id="running",
+        ),
+        pytest.param(
+            "102", {"tao_state": P, "node_list": None, "reason": "Priority", "start": None}, id="pending-no-nodes"
+        ),
+        pytest.param(
+            "103", {"tao_state": P, "reason": "BeginTime", "start": "2024-05-01T10:02:00"}, id="requeued-waiting"
+        ),
         pytest.param("104", {"tao_state": R, "native": "COMPLETING"}, id="completing"),
         pytest.param("105", {"tao_state": R, "native": "SUSPENDED", "end": None}, id="suspended"),
         pytest.param("106", {"tao_state": P, "native": "REQUEUE_HOLD", "reason": "JobHeldUser"}, id="held"),
@@ -208,7 +224,17 @@ def test_parse_squeue(job_id: str, expected: dict[str, object]) -> None:
 
 def test_parse_squeue_returns_every_job_once() -> None:
     assert list(parse_squeue(SQUEUE_TEXT)) == [
-        "101", "102", "103", "104", "105", "106", "107_3", "108+0", "109", "110", "111",
+        "101",
+        "102",
+        "103",
+        "104",
+        "105",
+        "106",
+        "107_3",
+        "108+0",
+        "109",
+        "110",
+        "111",
     ]
 
 
@@ -254,30 +280,38 @@ SACCT_TEXT = (
 @pytest.mark.parametrize(
     ("job_id", "expected"),
     [
-        pytest.param("201", {"tao_state": C, "exit_code": 0, "signal": 0, "end": "2024-05-01T10:05:00"},
-                     id="completed"),
-        pytest.param("202", {"tao_state": E, "exit_code": 3, "signal": 0, "reason": "NonZeroExitCode",
-                             "node_list": "n2"}, id="failed-exit-3"),
-        pytest.param("203", {"tao_state": E, "native": "TIMEOUT", "exit_code": 0, "signal": 15},
-                     id="timeout-sigterm"),
-        pytest.param("204", {"tao_state": X, "native": "CANCELLED", "raw_state": "CANCELLED by 1001",
-                             "message": "CANCELLED by 1001"}, id="cancelled-by-uid"),
+        pytest.param(
+            "201", {"tao_state": C, "exit_code": 0, "signal": 0, "end": "2024-05-01T10:05:00"}, id="completed"
+        ),
+        pytest.param(
+            "202",
+            {"tao_state": E, "exit_code": 3, "signal": 0, "reason": "NonZeroExitCode", "node_list": "n2"},
+            id="failed-exit-3",
+        ),
+        pytest.param("203", {"tao_state": E, "native": "TIMEOUT", "exit_code": 0, "signal": 15}, id="timeout-sigterm"),
+        pytest.param(
+            "204",
+            {"tao_state": X, "native": "CANCELLED", "raw_state": "CANCELLED by 1001", "message": "CANCELLED by 1001"},
+            id="cancelled-by-uid",
+        ),
         pytest.param("205", {"tao_state": X, "native": "CANCELLED", "signal": 15}, id="cancelled-plus"),
         pytest.param("206", {"tao_state": C, "native": "COMPLETED"}, id="state-width-30-padding"),
-        pytest.param("207", {"tao_state": E, "err_class": ErrClass.ERR_INFRA, "reason": "NodeDown"},
-                     id="node-fail-infra"),
-        pytest.param("208", {"tao_state": P, "placeholder": True, "name": None, "start": None},
-                     id="placeholder-row"),
-        pytest.param("209", {"tao_state": C, "node_list": "n2", "start": "2024-05-01T09:12:03"},
-                     id="duplicates-last-row-wins"),
+        pytest.param(
+            "207", {"tao_state": E, "err_class": ErrClass.ERR_INFRA, "reason": "NodeDown"}, id="node-fail-infra"
+        ),
+        pytest.param("208", {"tao_state": P, "placeholder": True, "name": None, "start": None}, id="placeholder-row"),
+        pytest.param(
+            "209", {"tao_state": C, "node_list": "n2", "start": "2024-05-01T09:12:03"}, id="duplicates-last-row-wins"
+        ),
         pytest.param("210", {"tao_state": E, "native": "OUT_OF_MEMORY", "signal": 125}, id="oom"),
         pytest.param("211", {"tao_state": R, "end": None, "placeholder": False}, id="running"),
         pytest.param("212_4", {"tao_state": E, "exit_code": 1}, id="array-id-kept"),
         pytest.param("213+1", {"tao_state": C}, id="het-id-kept"),
         pytest.param("214", {"tao_state": E, "exit_code": 0, "signal": 9}, id="killed-by-signal"),
         pytest.param("215", {"tao_state": E, "exit_code": None, "signal": None}, id="bad-exit-code"),
-        pytest.param("216", {"tao_state": P, "placeholder": False, "name": "tao_pending"},
-                     id="real-pending-not-placeholder"),
+        pytest.param(
+            "216", {"tao_state": P, "placeholder": False, "name": "tao_pending"}, id="real-pending-not-placeholder"
+        ),
     ],
 )
 def test_parse_sacct(job_id: str, expected: dict[str, object]) -> None:
@@ -288,20 +322,43 @@ def test_parse_sacct(job_id: str, expected: dict[str, object]) -> None:
 
 def test_parse_sacct_drops_step_rows() -> None:
     assert list(parse_sacct(SACCT_TEXT)) == [
-        "201", "202", "203", "204", "205", "206", "207", "208", "209", "210", "211", "212_4", "213+1",
-        "214", "215", "216",
+        "201",
+        "202",
+        "203",
+        "204",
+        "205",
+        "206",
+        "207",
+        "208",
+        "209",
+        "210",
+        "211",
+        "212_4",
+        "213+1",
+        "214",
+        "215",
+        "216",
     ]
 
 
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        pytest.param("7|n|REQUEUED|0:0|None|n1|a|b\n7|n|PENDING|0:0|BeginTime||Unknown|Unknown\n",
-                     ("PENDING", "BeginTime"), id="requeue-then-pending"),
-        pytest.param("7|n|PENDING|0:0|None||Unknown|Unknown\n7|n|REQUEUED|0:0|None|n1|a|b\n",
-                     ("REQUEUED", None), id="order-decides-not-severity"),
-        pytest.param("7|n|PREEMPTED|0:15|None|n1|a|b\n7|n|RUNNING|0:0|None|n2|c|Unknown\n",
-                     ("RUNNING", None), id="preempted-then-rerun"),
+        pytest.param(
+            "7|n|REQUEUED|0:0|None|n1|a|b\n7|n|PENDING|0:0|BeginTime||Unknown|Unknown\n",
+            ("PENDING", "BeginTime"),
+            id="requeue-then-pending",
+        ),
+        pytest.param(
+            "7|n|PENDING|0:0|None||Unknown|Unknown\n7|n|REQUEUED|0:0|None|n1|a|b\n",
+            ("REQUEUED", None),
+            id="order-decides-not-severity",
+        ),
+        pytest.param(
+            "7|n|PREEMPTED|0:15|None|n1|a|b\n7|n|RUNNING|0:0|None|n2|c|Unknown\n",
+            ("RUNNING", None),
+            id="preempted-then-rerun",
+        ),
     ],
 )
 def test_parse_sacct_duplicates_last_row_wins(text: str, expected: tuple[str, str | None]) -> None:
@@ -322,32 +379,56 @@ def _sa(job_id: str, native: str, name: str = "job", exit_code: int = 0) -> JobS
     [
         pytest.param([_sq("1", "RUNNING")], [], {"1": ("squeue", "RUNNING")}, id="squeue-only"),
         pytest.param([], [_sa("1", "COMPLETED")], {"1": ("sacct", "COMPLETED")}, id="sacct-fills-gone-job"),
-        pytest.param([_sq("1", "RUNNING")], [_sa("1", "PENDING", name="allocation")],
-                     {"1": ("squeue", "RUNNING")}, id="placeholder-loses-to-squeue"),
-        pytest.param([], [_sa("1", "PENDING", name="allocation")], {"1": ("sacct", "PENDING")},
-                     id="placeholder-alone-is-pending"),
-        pytest.param([_sq("1", "RUNNING")], [_sa("1", "PENDING")], {"1": ("squeue", "RUNNING")},
-                     id="sacct-lags"),
-        pytest.param([_sq("1", "PENDING")], [_sa("1", "PREEMPTED")], {"1": ("squeue", "PENDING")},
-                     id="requeued-after-preemption-stays-pending"),
-        pytest.param([_sq("1", "PENDING")], [_sa("1", "REQUEUED")], {"1": ("squeue", "PENDING")},
-                     id="requeued"),
-        pytest.param([_sq("1", "COMPLETING")], [_sa("1", "FAILED", exit_code=2)],
-                     {"1": ("squeue", "COMPLETING")}, id="completing-still-live"),
-        pytest.param([_sq("1", "FAILED")], [_sa("1", "FAILED", exit_code=2)], {"1": ("sacct", "FAILED")},
-                     id="both-terminal-sacct-has-exit-code"),
-        pytest.param([_sq("1", "COMPLETED")], [_sa("1", "RUNNING")], {"1": ("squeue", "COMPLETED")},
-                     id="squeue-terminal-sacct-lags"),
-        pytest.param([_sq("1", "RUNNING"), _sq("2", "PENDING")],
-                     [_sa("2", "PENDING"), _sa("3", "TIMEOUT"), _sa("4", "CANCELLED by 1001")],
-                     {"1": ("squeue", "RUNNING"), "2": ("squeue", "PENDING"), "3": ("sacct", "TIMEOUT"),
-                      "4": ("sacct", "CANCELLED")}, id="many-jobs"),
+        pytest.param(
+            [_sq("1", "RUNNING")],
+            [_sa("1", "PENDING", name="allocation")],
+            {"1": ("squeue", "RUNNING")},
+            id="placeholder-loses-to-squeue",
+        ),
+        pytest.param(
+            [], [_sa("1", "PENDING", name="allocation")], {"1": ("sacct", "PENDING")}, id="placeholder-alone-is-pending"
+        ),
+        pytest.param([_sq("1", "RUNNING")], [_sa("1", "PENDING")], {"1": ("squeue", "RUNNING")}, id="sacct-lags"),
+        pytest.param(
+            [_sq("1", "PENDING")],
+            [_sa("1", "PREEMPTED")],
+            {"1": ("squeue", "PENDING")},
+            id="requeued-after-preemption-stays-pending",
+        ),
+        pytest.param([_sq("1", "PENDING")], [_sa("1", "REQUEUED")], {"1": ("squeue", "PENDING")}, id="requeued"),
+        pytest.param(
+            [_sq("1", "COMPLETING")],
+            [_sa("1", "FAILED", exit_code=2)],
+            {"1": ("squeue", "COMPLETING")},
+            id="completing-still-live",
+        ),
+        pytest.param(
+            [_sq("1", "FAILED")],
+            [_sa("1", "FAILED", exit_code=2)],
+            {"1": ("sacct", "FAILED")},
+            id="both-terminal-sacct-has-exit-code",
+        ),
+        pytest.param(
+            [_sq("1", "COMPLETED")],
+            [_sa("1", "RUNNING")],
+            {"1": ("squeue", "COMPLETED")},
+            id="squeue-terminal-sacct-lags",
+        ),
+        pytest.param(
+            [_sq("1", "RUNNING"), _sq("2", "PENDING")],
+            [_sa("2", "PENDING"), _sa("3", "TIMEOUT"), _sa("4", "CANCELLED by 1001")],
+            {
+                "1": ("squeue", "RUNNING"),
+                "2": ("squeue", "PENDING"),
+                "3": ("sacct", "TIMEOUT"),
+                "4": ("sacct", "CANCELLED"),
+            },
+            id="many-jobs",
+        ),
         pytest.param([], [], {}, id="nothing-known"),
     ],
 )
-def test_merge_states(
-    squeue: list[JobState], sacct: list[JobState], expected: dict[str, tuple[str, str]]
-) -> None:
+def test_merge_states(squeue: list[JobState], sacct: list[JobState], expected: dict[str, tuple[str, str]]) -> None:
     merged = merge_states({s.job_id: s for s in squeue}, {s.job_id: s for s in sacct})
     assert {job_id: (s.source, s.native) for job_id, s in merged.items()} == expected
 
