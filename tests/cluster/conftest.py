@@ -1,0 +1,131 @@
+"""Fixtures for tests against the local SLURM test cluster built by ``tests/cluster/harness.py``.
+
+``cluster`` describes the running cluster (read from ``<state>/cluster.json``) and fails the test,
+never skips it, when the cluster is not up. ``ssh_run`` runs a command on the login node as the
+cluster user through the real OpenSSH client with strict host-key checking.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Protocol
+
+import pytest
+
+CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
+NOT_UP = "the local SLURM test cluster is not up: run `python3 tests/cluster/harness.py up` (or make test)"
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    """The environment JSON written by ``harness.py up`` / ``harness.py env``."""
+
+    host: str
+    port: int
+    fault_port: int
+    closed_port: int
+    user: str
+    uid: int
+    key_file: str
+    known_hosts: str
+    host_key: str
+    shared_dir: str
+    results_dir: str
+    containers_dir: str
+    cluster_name: str
+    account: str
+    gpu_partition: str
+    cpu_partition: str
+    nodes: tuple[str, ...]
+    gpus_per_node: int
+    state_dir: str
+    enroot_conf: str
+    enroot_imports_log: str
+    pyxis_registry_log: str
+    fault_sbatch_log: str
+
+
+class SshRun(Protocol):
+    """Signature of the ``ssh_run`` fixture."""
+
+    def __call__(
+        self, command: str, *, port: int | None = None, stdin: str | None = None, timeout: float = 60
+    ) -> tuple[int, str, str]:
+        """Run ``command`` on the login node; return ``(rc, stdout, stderr)``."""
+        ...
+
+
+@pytest.fixture(scope="session")
+def cluster() -> ClusterEnv:
+    """Return the running cluster's environment; fail (never skip) when it is not up."""
+    try:
+        data = json.loads(CLUSTER_JSON.read_text())
+    except (OSError, ValueError) as exc:
+        problem = f"{CLUSTER_JSON}: {exc}"
+    else:
+        problem = ""
+    if problem:
+        pytest.fail(f"{NOT_UP} ({problem})", pytrace=False)
+    missing = [field.name for field in fields(ClusterEnv) if field.name not in data]
+    if missing:
+        pytest.fail(f"{NOT_UP} ({CLUSTER_JSON} lacks {', '.join(missing)})", pytrace=False)
+    data["nodes"] = tuple(data["nodes"])
+    env = ClusterEnv(**{field.name: data[field.name] for field in fields(ClusterEnv)})
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        if sock.connect_ex((env.host, env.port)) != 0:
+            pytest.fail(f"{NOT_UP} (nothing listens on {env.host}:{env.port})", pytrace=False)
+    return env
+
+
+@pytest.fixture(scope="session")
+def ssh_run(cluster: ClusterEnv) -> SshRun:
+    """Return a function running a shell command as the cluster user over real OpenSSH.
+
+    The client reads no config files, uses only the harness key, ``BatchMode=yes`` and
+    ``StrictHostKeyChecking=yes`` against the harness's known_hosts file. ``port`` defaults to the
+    login sshd (pass ``cluster.fault_port`` for the fault one); ``stdin`` is fed to the command.
+    """
+
+    def run(
+        command: str, *, port: int | None = None, stdin: str | None = None, timeout: float = 60
+    ) -> tuple[int, str, str]:
+        argv = [
+            "ssh",
+            "-F",
+            "none",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={cluster.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "ConnectTimeout=10",
+            "-i",
+            cluster.key_file,
+            "-p",
+            str(port or cluster.port),
+            f"{cluster.user}@{cluster.host}",
+            command,
+        ]
+        proc = subprocess.run(
+            argv,
+            input=stdin,
+            stdin=subprocess.DEVNULL if stdin is None else None,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        return proc.returncode, proc.stdout, proc.stderr
+
+    return run

@@ -1,0 +1,1186 @@
+#!/usr/bin/env python3
+"""Local SLURM test cluster for the provider's cluster tests (standard library only, run as root).
+
+Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
+
+- ``up``: install the Debian packages if missing, write the configuration, start every daemon that
+  is not running or whose configuration changed, wait until both nodes are usable and the cluster
+  user can log in, then print the environment JSON (also written to ``<state>/cluster.json``).
+  Idempotent; a second ``up`` restarts nothing and takes about a second.
+- ``down``: cancel all jobs, then stop the daemons ``up`` started (by pid file, after checking the
+  process name). Nothing else is touched.
+- ``status``: one line per daemon, then the node states. Exit 1 if a daemon is not running.
+- ``env``: print (and write) the environment JSON.
+- fault injection: ``restart-sshd``, ``stop-slurmdbd``, ``start-slurmdbd``, ``restart-slurmctld``,
+  ``node-down NODE``, ``node-resume NODE``, ``drain NODE``.
+
+The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
+127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
+four fake GPUs (char devices, GRES); partitions ``polar`` (default, 4 h) and ``cpu_long`` (7 days);
+account ``gpu_proj``. The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
+"fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
+then cuts the connection before the reply. ``/usr/local/bin/enroot`` and the SPANK plugin
+``fakepyxis.so`` stand in for Enroot and Pyxis (see those files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+HERE = Path(__file__).resolve().parent
+
+STATE = Path("/var/lib/slurmtest")
+RUN = STATE / "run"
+LOG = STATE / "log"
+CONF = STATE / "conf"
+HASHES = RUN / "hashes"
+DEV = STATE / "dev"
+EVIDENCE = STATE / "evidence"
+FAULTBIN = STATE / "faultbin"
+SSH_DIR = STATE / "ssh"
+CLIENT_DIR = STATE / "client"
+MYSQL_DATA = STATE / "mysql"
+MYSQL_CNF = CONF / "mariadb.cnf"
+MYSQL_SOCKET = RUN / "mysql" / "mysqld.sock"
+DB_PASSWORD_FILE = CONF / "db.password"
+PLUGIN_STAMP = CONF / "fakepyxis.src.sha256"
+HOST_KEY = SSH_DIR / "ssh_host_ed25519_key"
+CLIENT_KEY = CLIENT_DIR / "id_ed25519"
+KNOWN_HOSTS = CLIENT_DIR / "known_hosts"
+CLUSTER_JSON = STATE / "cluster.json"
+ENROOT_LOG = EVIDENCE / "enroot-imports.log"
+PYXIS_LOG = EVIDENCE / "pyxis-registry-images.log"
+FAULT_LOG = EVIDENCE / "fault-sbatch.log"
+
+ETC_SLURM = Path("/etc/slurm")
+SLURM_CONF = ETC_SLURM / "slurm.conf"
+GRES_CONF = ETC_SLURM / "gres.conf"
+SLURMDBD_CONF = ETC_SLURM / "slurmdbd.conf"
+PLUGSTACK_CONF = ETC_SLURM / "plugstack.conf.d" / "fakepyxis.conf"
+PLUGIN_SO = Path("/usr/local/lib/slurm/fakepyxis.so")
+ENROOT_BIN = Path("/usr/local/bin/enroot")
+MUNGE_KEY = Path("/etc/munge/munge.key")
+HOSTS_FILE = Path("/etc/hosts")
+LOCK_FILE = Path("/run/slurmtest-harness.lock")
+
+SHARED = Path("/srv/lustre")
+CONTAINERS = SHARED / "containers"
+ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
+
+USER = "slurmuser"
+PREFERRED_UID = 1001
+CLUSTER = "mini"
+ACCOUNT = "gpu_proj"
+GPU_PARTITION = "polar"
+CPU_PARTITION = "cpu_long"
+NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832)}
+GPUS_PER_NODE = 4
+GPU_MAJOR = 195
+HOST = "127.0.0.1"
+SSH_PORT = 22022
+FAULT_PORT = 22023
+FIRST_CLOSED_PORT = 22029
+DB_PORT = 3307
+CTLD_PORT = 6817
+DBD_PORT = 6819
+
+PACKAGES = (
+    "munge",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "slurmdbd",
+    "mariadb-server",
+    "openssh-server",
+    "openssh-client",
+    "squashfs-tools",
+    "libslurm-dev",
+    "gcc",
+    "make",
+    "libc6-dev",
+)
+READY_TIMEOUT = 30.0
+STOP_GRACE = 10.0
+NODE_READY = {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
+NODE_RESUMABLE = {"down", "drained", "draining", "fail", "failing"}
+HOSTS_BEGIN = "# BEGIN slurmtest nodes (tests/cluster/harness.py)"
+HOSTS_END = "# END slurmtest nodes"
+
+
+def step(message: str) -> None:
+    """Print one progress line."""
+    print(f"harness: {message}", flush=True)
+
+
+def fail(message: str) -> NoReturn:
+    """Stop the harness with ``message`` on stderr and exit status 1."""
+    raise SystemExit(f"harness: ERROR: {message}")
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    """Return the last ``lines`` lines of a log file, framed for an error message."""
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as exc:
+        return f"\n--- {path}: unreadable ({exc.strerror})"
+    return f"\n--- last {len(text)} lines of {path}:\n" + "\n".join(text)
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    check: bool = True,
+    stdin: str | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command and capture its output.
+
+    :param argv: the command.
+    :param check: fail the harness (with the command's stderr) when it exits non-zero.
+    :param stdin: text fed to the command's standard input.
+    :param timeout: seconds before the command is killed and the harness fails.
+    :param env: the environment (default: inherited).
+    :returns: the completed process.
+    """
+    try:
+        proc = subprocess.run(
+            list(argv), input=stdin, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
+    except subprocess.TimeoutExpired:
+        fail(f"`{' '.join(argv)}` did not finish within {timeout:.0f} s")
+    except FileNotFoundError:
+        fail(f"`{argv[0]}` is not installed; run `python3 tests/cluster/harness.py up` as root")
+    if check and proc.returncode != 0:
+        output = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
+        fail(f"`{' '.join(argv)}` exited {proc.returncode}: {output}")
+    return proc
+
+
+def sha256(*parts: bytes) -> str:
+    """Return the hex SHA-256 of ``parts`` (each length-prefixed, so boundaries count)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(8, "big"))
+        digest.update(part)
+    return digest.hexdigest()
+
+
+def port_open(port: int, host: str = HOST) -> bool:
+    """Return True when something accepts TCP connections on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_until(what: str, probe: Callable[[], bool], logs: Sequence[Path], timeout: float = READY_TIMEOUT) -> None:
+    """Poll ``probe`` every 0.1 s until it returns True; fail with the logs' tails after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not probe():
+        if time.monotonic() > deadline:
+            fail(f"{what} not ready after {timeout:.0f} s" + "".join(tail(log) for log in logs))
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# files, users, directories
+
+
+def chown(path: Path, owner: str) -> None:
+    """Give ``path`` to ``owner`` and the owner's primary group."""
+    entry = pwd.getpwnam(owner)
+    os.chown(path, entry.pw_uid, entry.pw_gid)
+
+
+def write_file(path: Path, content: str, *, mode: int = 0o644, owner: str = "root") -> bool:
+    """Write ``content`` atomically unless the file already holds it; always fix owner and mode.
+
+    :returns: True when the content changed.
+    """
+    try:
+        changed = path.read_text() != content
+    except (FileNotFoundError, UnicodeDecodeError):
+        changed = True
+    if changed:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(content)
+        os.replace(tmp, path)
+    chown(path, owner)
+    path.chmod(mode)
+    return changed
+
+
+def ensure_dir(path: Path, owner: str, mode: int) -> None:
+    """Create ``path`` (and parents) and set its owner and mode."""
+    path.mkdir(parents=True, exist_ok=True)
+    chown(path, owner)
+    path.chmod(mode)
+
+
+def ensure_packages() -> None:
+    """Install the Debian packages the cluster needs when any is missing (apt-get update once)."""
+    if shutil.which("dpkg-query") is None:
+        fail("this harness needs Debian 12 (dpkg-query not found)")
+    proc = run(["dpkg-query", "-W", "-f=${Package} ${db:Status-Status}\n", *PACKAGES], check=False)
+    installed = {line.split()[0] for line in proc.stdout.splitlines() if line.endswith(" installed")}
+    missing = [name for name in PACKAGES if name not in installed]
+    if not missing:
+        step(f"packages: all {len(PACKAGES)} installed")
+        return
+    step(f"packages: installing {' '.join(missing)}")
+    policy = Path("/usr/sbin/policy-rc.d")
+    deny_service_start = not policy.exists()
+    if deny_service_start:
+        write_file(policy, "#!/bin/sh\nexit 101\n", mode=0o755)
+    try:
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        run(["apt-get", "update"], timeout=900, env=env)
+        run(["apt-get", "install", "-y", "--no-install-recommends", *missing], timeout=1800, env=env)
+    finally:
+        if deny_service_start:
+            policy.unlink()
+
+
+def ensure_user() -> pwd.struct_passwd:
+    """Create the cluster user (uid 1001 when free) and make sure key logins are not locked out."""
+    try:
+        entry = pwd.getpwnam(USER)
+    except KeyError:
+        uid_free = all(other.pw_uid != PREFERRED_UID for other in pwd.getpwall())
+        uid_args = ["-u", str(PREFERRED_UID)] if uid_free else []
+        run(["useradd", "-m", "-s", "/bin/bash", *uid_args, USER])
+        entry = pwd.getpwnam(USER)
+        step(f"user: created {USER} (uid {entry.pw_uid})")
+    shadow = {line.split(":")[0]: line.split(":")[1] for line in Path("/etc/shadow").read_text().splitlines()}
+    if shadow.get(USER) != "*":
+        run(["usermod", "-p", "*", USER])
+        step(f"user: {USER} unlocked for key login (password field '*')")
+    return entry
+
+
+def ensure_layout() -> None:
+    """Create the state, runtime and shared directories with their owners and modes."""
+    dirs: list[tuple[Path, str, int]] = [
+        (STATE, "root", 0o755),
+        (RUN, "root", 0o755),
+        (LOG, "root", 0o755),
+        (CONF, "root", 0o700),
+        (HASHES, "root", 0o700),
+        (RUN / "munge", "munge", 0o755),
+        (LOG / "munge", "munge", 0o700),
+        (RUN / "mysql", "mysql", 0o755),
+        (LOG / "mysql", "mysql", 0o750),
+        (MYSQL_DATA, "mysql", 0o750),
+        (RUN / "slurm", "slurm", 0o755),
+        (LOG / "slurm", "slurm", 0o755),
+        (STATE / "spool", "root", 0o755),
+        (STATE / "spool" / "ctld", "slurm", 0o700),
+        *[(STATE / "spool" / node, "root", 0o755) for node in NODES],
+        (DEV, "root", 0o755),
+        (SSH_DIR, "root", 0o700),
+        (CLIENT_DIR, "root", 0o755),
+        (EVIDENCE, "root", 0o755),
+        (FAULTBIN, "root", 0o755),
+        (Path("/run/munge"), "munge", 0o755),
+        (Path("/run/sshd"), "root", 0o755),
+        (PLUGIN_SO.parent, "root", 0o755),
+        (PLUGSTACK_CONF.parent, "root", 0o755),
+        (SHARED, "root", 0o1777),
+        (CONTAINERS, "root", 0o1777),
+        (SHARED / USER, USER, 0o755),
+        (ENROOT_KNOBS.parent, "root", 0o755),
+    ]
+    for path, owner, mode in dirs:
+        ensure_dir(path, owner, mode)
+    for log in (ENROOT_LOG, PYXIS_LOG, FAULT_LOG):
+        log.touch(exist_ok=True)
+        chown(log, USER)
+        log.chmod(0o644)
+    step(f"layout: {len(dirs)} directories and 3 evidence logs under {STATE}, {SHARED}")
+
+
+def ensure_hosts() -> None:
+    """Keep a marked block with the node addresses in /etc/hosts (rewritten in place: same inode)."""
+    text = HOSTS_FILE.read_text()
+    kept: list[str] = []
+    inside = False
+    for line in text.splitlines(keepends=True):
+        if line.rstrip("\n") == HOSTS_BEGIN:
+            inside = True
+        elif inside:
+            inside = line.rstrip("\n") != HOSTS_END
+        else:
+            kept.append(line)
+    head = "".join(kept)
+    if head and not head.endswith("\n"):
+        head += "\n"
+    block = "\n".join([HOSTS_BEGIN, *(f"{addr} {node}" for node, (addr, _) in NODES.items()), HOSTS_END])
+    wanted = f"{head}{block}\n"
+    if wanted == text:
+        step("hosts: node block present in /etc/hosts")
+        return
+    with HOSTS_FILE.open("r+") as handle:
+        handle.write(wanted)
+        handle.truncate()
+    step("hosts: node block written to /etc/hosts")
+
+
+def ensure_gpu_devices() -> None:
+    """Create the fake GPU char devices (major 195, like NVIDIA's) used as GRES files."""
+    for index in range(GPUS_PER_NODE):
+        path = DEV / f"nvidia{index}"
+        wanted = os.makedev(GPU_MAJOR, index)
+        try:
+            info = path.lstat()
+            if stat.S_ISCHR(info.st_mode) and info.st_rdev == wanted:
+                continue
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        os.mknod(path, 0o666 | stat.S_IFCHR, wanted)
+        path.chmod(0o666)
+    step(f"gpus: {GPUS_PER_NODE} fake devices {DEV}/nvidia[0-{GPUS_PER_NODE - 1}]")
+
+
+def ensure_munge_key() -> None:
+    """Make sure the munge key exists (Debian's postinst normally creates it)."""
+    if not MUNGE_KEY.exists():
+        run(["mungekey", "--create", f"--keyfile={MUNGE_KEY}"])
+        step(f"munge: created {MUNGE_KEY}")
+    chown(MUNGE_KEY, "munge")
+    MUNGE_KEY.chmod(0o600)
+
+
+def db_password() -> str:
+    """Return the slurmdbd database password, created once and kept in the state dir (0600)."""
+    if not DB_PASSWORD_FILE.exists():
+        write_file(DB_PASSWORD_FILE, secrets.token_hex(16), mode=0o600)
+    return DB_PASSWORD_FILE.read_text().strip()
+
+
+# --------------------------------------------------------------------------------------------------
+# configuration
+
+
+def short_hostname() -> str:
+    """Return this machine's short hostname (what slurmctld compares SlurmctldHost with)."""
+    return socket.gethostname().split(".")[0]
+
+
+def slurm_conf() -> str:
+    """Return slurm.conf for the two-node cluster."""
+    host = short_hostname()
+    try:
+        loopback_name = socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        loopback_name = False
+    lines = [
+        f"ClusterName={CLUSTER}",
+        f"SlurmctldHost={host}({HOST})",
+        f"SlurmctldPort={CTLD_PORT}",
+        "SlurmUser=slurm",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        *(["CommunicationParameters=NoCtldInAddrAny"] if loopback_name else []),
+        f"StateSaveLocation={STATE}/spool/ctld",
+        f"SlurmdSpoolDir={STATE}/spool/%n",
+        f"SlurmctldPidFile={RUN}/slurm/slurmctld.pid",
+        f"SlurmdPidFile={RUN}/slurm/slurmd-%n.pid",
+        f"SlurmctldLogFile={LOG}/slurm/slurmctld.log",
+        f"SlurmdLogFile={LOG}/slurm/slurmd-%n.log",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "MpiDefault=none",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core_Memory",
+        "DefMemPerCPU=1024",
+        "SlurmdParameters=config_overrides",
+        "ReturnToService=2",
+        "SlurmdTimeout=60",
+        "KillWait=5",
+        "EnforcePartLimits=ALL",
+        "JobRequeue=1",
+        "MailProg=/bin/true",
+        "AccountingStorageType=accounting_storage/slurmdbd",
+        "AccountingStorageHost=localhost",
+        f"AccountingStoragePort={DBD_PORT}",
+        "AccountingStorageTRES=gres/gpu",
+        "AccountingStorageEnforce=associations",
+        "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherFrequency=30",
+        "GresTypes=gpu",
+        *(
+            f"NodeName={node} NodeHostname={node} NodeAddr={addr} Port={port} CPUs=8 RealMemory=8192 "
+            f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+            for node, (addr, port) in NODES.items()
+        ),
+        f"PartitionName={GPU_PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=04:00:00 "
+        "DefaultTime=01:00:00 State=UP",
+        f"PartitionName={CPU_PARTITION} Nodes={','.join(NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
+    ]
+    return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
+
+
+def gres_conf() -> str:
+    """Return gres.conf: four file-backed GPUs per node (22.05 drops file-less GPUs)."""
+    return f"AutoDetect=off\nNodeName={','.join(NODES)} Name=gpu File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+
+
+def slurmdbd_conf() -> str:
+    """Return slurmdbd.conf (holds the database password: written 0600 slurm:slurm)."""
+    return (
+        "\n".join(
+            [
+                "AuthType=auth/munge",
+                "DbdHost=localhost",
+                f"DbdAddr={HOST}",
+                f"DbdPort={DBD_PORT}",
+                "SlurmUser=slurm",
+                f"LogFile={LOG}/slurm/slurmdbd.log",
+                f"PidFile={RUN}/slurm/slurmdbd.pid",
+                "StorageType=accounting_storage/mysql",
+                f"StorageHost={HOST}",
+                f"StoragePort={DB_PORT}",
+                "StorageUser=slurm",
+                f"StoragePass={db_password()}",
+                "StorageLoc=slurm_acct_db",
+            ]
+        )
+        + "\n"
+    )
+
+
+def mariadb_cnf() -> str:
+    """Return the option file of the private MariaDB instance (TCP on loopback only)."""
+    return (
+        "\n".join(
+            [
+                "[mysqld]",
+                "user=mysql",
+                f"datadir={MYSQL_DATA}",
+                f"socket={MYSQL_SOCKET}",
+                f"pid-file={RUN}/mysql/mariadbd.pid",
+                f"log-error={LOG}/mysql/error.log",
+                f"bind-address={HOST}",
+                f"port={DB_PORT}",
+                "skip-name-resolve",
+                "innodb_buffer_pool_size=128M",
+                "innodb_log_file_size=64M",
+                "innodb_lock_wait_timeout=900",
+                "performance_schema=OFF",
+            ]
+        )
+        + "\n"
+    )
+
+
+def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = ()) -> str:
+    """Return the config of a key-only loopback sshd for the cluster user."""
+    return (
+        "\n".join(
+            [
+                f"Port {port}",
+                f"ListenAddress {HOST}",
+                f"HostKey {HOST_KEY}",
+                f"PidFile {pidfile}",
+                f"AllowUsers {USER}",
+                "PermitRootLogin no",
+                "PubkeyAuthentication yes",
+                "AuthorizedKeysFile .ssh/authorized_keys",
+                "PasswordAuthentication no",
+                "KbdInteractiveAuthentication no",
+                "UsePAM no",
+                "X11Forwarding no",
+                "PrintMotd no",
+                "MaxStartups 100:30:200",
+                "MaxSessions 100",
+                "AcceptEnv LANG LC_*",
+                "Subsystem sftp /usr/lib/openssh/sftp-server",
+                *extra,
+            ]
+        )
+        + "\n"
+    )
+
+
+def write_configs() -> None:
+    """Write every configuration file; report which ones changed."""
+    files: list[tuple[Path, str, int, str]] = [
+        (SLURM_CONF, slurm_conf(), 0o644, "root"),
+        (GRES_CONF, gres_conf(), 0o644, "root"),
+        (SLURMDBD_CONF, slurmdbd_conf(), 0o600, "slurm"),
+        (MYSQL_CNF, mariadb_cnf(), 0o644, "root"),
+        (SSH_DIR / "sshd_config", sshd_config(SSH_PORT, RUN / "sshd.pid"), 0o600, "root"),
+        (
+            SSH_DIR / "sshd_fault_config",
+            sshd_config(FAULT_PORT, RUN / "sshd-fault.pid", [f"SetEnv PATH={FAULTBIN}:/usr/local/bin:/usr/bin:/bin"]),
+            0o600,
+            "root",
+        ),
+        (ENROOT_BIN, (HERE / "enroot").read_text().replace("@STATE_DIR@", str(STATE)), 0o755, "root"),
+        (
+            FAULTBIN / "sbatch",
+            (HERE / "faultbin" / "sbatch").read_text().replace("@STATE_DIR@", str(STATE)),
+            0o755,
+            "root",
+        ),
+    ]
+    changed = [str(path) for path, content, mode, owner in files if write_file(path, content, mode=mode, owner=owner)]
+    if not ENROOT_KNOBS.exists():
+        write_file(ENROOT_KNOBS, "DELAY=2\nPAD_KIB=0\n")
+        changed.append(str(ENROOT_KNOBS))
+    step("config: " + (f"wrote {', '.join(changed)}" if changed else f"{len(files) + 1} files unchanged"))
+
+
+def build_plugin() -> None:
+    """Compile fakepyxis.c when its source changed, then register it in plugstack.conf.d."""
+    source = HERE / "fakepyxis.c"
+    digest = sha256(source.read_bytes())
+    stamp = PLUGIN_STAMP.read_text() if PLUGIN_STAMP.exists() else ""
+    if PLUGIN_SO.exists() and stamp == digest:
+        step(f"pyxis stand-in: {PLUGIN_SO} up to date")
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(tmp) / "fakepyxis.so"
+            run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(built), str(source)])
+            staged = PLUGIN_SO.with_name(".fakepyxis.so.new")
+            shutil.copyfile(built, staged)
+            staged.chmod(0o755)
+            os.replace(staged, PLUGIN_SO)
+        write_file(PLUGIN_STAMP, digest, mode=0o600)
+        step(f"pyxis stand-in: compiled {PLUGIN_SO}")
+    write_file(
+        PLUGSTACK_CONF,
+        "# Pyxis stand-in (tests/cluster/fakepyxis.c), written by tests/cluster/harness.py. `required`, as\n"
+        "# sites run Pyxis: a failing check must fail the step; Slurm ignores an `optional` plugin's errors.\n"
+        f"required {PLUGIN_SO} registry_log={PYXIS_LOG}\n",
+    )
+
+
+def public_key(private_key: Path) -> str:
+    """Return ``"ssh-ed25519 AAAA..."`` (no comment) for a private key file."""
+    return " ".join(run(["ssh-keygen", "-y", "-f", str(private_key)]).stdout.split()[:2])
+
+
+def ensure_ssh_keys(user: pwd.struct_passwd) -> None:
+    """Create the stable host key and the client key once; write known_hosts and authorized_keys."""
+    created = []
+    for key, comment in ((HOST_KEY, "slurmtest-host"), (CLIENT_KEY, "slurmtest-client")):
+        if not key.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
+            created.append(str(key))
+        key.chmod(0o600)
+    host_key = public_key(HOST_KEY)
+    write_file(KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT)))
+    ssh_dir = Path(user.pw_dir) / ".ssh"
+    ensure_dir(ssh_dir, USER, 0o700)
+    write_file(ssh_dir / "authorized_keys", public_key(CLIENT_KEY) + " slurmtest-client\n", mode=0o600, owner=USER)
+    step("ssh keys: " + (f"created {', '.join(created)}" if created else "host and client keys kept"))
+
+
+# --------------------------------------------------------------------------------------------------
+# daemons
+
+
+@dataclass(frozen=True)
+class Daemon:
+    """A daemon the harness starts and stops by hand.
+
+    :param key: short name used in messages and for the config-hash file.
+    :param comm: the process name expected in /proc/PID/comm.
+    :param pidfile: where the daemon writes its pid.
+    :param argv: how to start it.
+    :param configs: files whose content decides a restart.
+    :param logs: logs whose tail explains a failure.
+    :param ready: probe telling that the daemon serves requests.
+    :param ports: TCP ports on 127.0.0.1 it listens on (must be free before it starts).
+    :param marker: text that must appear (as whole words) in /proc/PID/cmdline.
+    :param foreground: True when the program does not daemonize itself.
+    :param prepare: run before each start (config test, one-time initialisation).
+    """
+
+    key: str
+    comm: str
+    pidfile: Path
+    argv: tuple[str, ...]
+    configs: tuple[Path, ...]
+    logs: tuple[Path, ...]
+    ready: Callable[[], bool]
+    ports: tuple[int, ...] = ()
+    marker: str = ""
+    foreground: bool = False
+    prepare: Callable[[], None] | None = None
+
+
+def munge_works() -> bool:
+    """Return True when a munge credential round-trips through munged."""
+    cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, check=False)
+    if cred.returncode != 0:
+        return False
+    return subprocess.run(["unmunge"], input=cred.stdout, capture_output=True, timeout=10, check=False).returncode == 0
+
+
+def mariadb_argv(*args: str) -> list[str]:
+    """Return the MariaDB client command for root over the private instance's socket."""
+    return ["mariadb", "--no-defaults", f"--socket={MYSQL_SOCKET}", "-uroot", *args]
+
+
+def mariadb_works() -> bool:
+    """Return True when MariaDB answers a query."""
+    return run(mariadb_argv("-e", "select 1"), check=False, timeout=10).returncode == 0
+
+
+def slurmctld_works() -> bool:
+    """Return True when ``scontrol ping`` reports the controller UP."""
+    return "is UP" in run(["scontrol", "ping"], check=False, timeout=20).stdout
+
+
+def init_mariadb() -> None:
+    """Initialise the MariaDB data directory on first start."""
+    if (MYSQL_DATA / "mysql").is_dir():
+        return
+    started = time.monotonic()
+    run(
+        [
+            "mariadb-install-db",
+            f"--defaults-file={MYSQL_CNF}",
+            "--auth-root-authentication-method=socket",
+            "--skip-test-db",
+        ],
+        timeout=300,
+    )
+    step(f"mariadb: initialised {MYSQL_DATA} ({time.monotonic() - started:.1f} s)")
+
+
+def check_sshd_config(config: Path) -> Callable[[], None]:
+    """Return a prepare hook that validates an sshd config with ``sshd -t``."""
+
+    def prepare() -> None:
+        run(["/usr/sbin/sshd", "-t", "-f", str(config)])
+
+    return prepare
+
+
+def daemons() -> dict[str, Daemon]:
+    """Return every daemon in start order, keyed by :attr:`Daemon.key`."""
+    listed: list[Daemon] = [
+        Daemon(
+            key="munged",
+            comm="munged",
+            pidfile=RUN / "munge" / "munged.pid",
+            argv=(
+                "runuser",
+                "-u",
+                "munge",
+                "--",
+                "/usr/sbin/munged",
+                "--force",
+                f"--pid-file={RUN}/munge/munged.pid",
+                f"--log-file={LOG}/munge/munged.log",
+            ),
+            configs=(MUNGE_KEY,),
+            logs=(LOG / "munge" / "munged.log",),
+            ready=munge_works,
+            marker=f"--pid-file={RUN}/munge/munged.pid",
+        ),
+        Daemon(
+            key="mariadb",
+            comm="mariadbd",
+            pidfile=RUN / "mysql" / "mariadbd.pid",
+            argv=("/usr/sbin/mariadbd", f"--defaults-file={MYSQL_CNF}"),
+            configs=(MYSQL_CNF,),
+            logs=(LOG / "mysql" / "error.log",),
+            ready=mariadb_works,
+            ports=(DB_PORT,),
+            marker=f"--defaults-file={MYSQL_CNF}",
+            foreground=True,
+            prepare=init_mariadb,
+        ),
+        Daemon(
+            key="slurmdbd",
+            comm="slurmdbd",
+            pidfile=RUN / "slurm" / "slurmdbd.pid",
+            argv=("/usr/sbin/slurmdbd",),
+            configs=(SLURMDBD_CONF,),
+            logs=(LOG / "slurm" / "slurmdbd.log",),
+            ready=lambda: port_open(DBD_PORT),
+            ports=(DBD_PORT,),
+        ),
+        Daemon(
+            key="slurmctld",
+            comm="slurmctld",
+            pidfile=RUN / "slurm" / "slurmctld.pid",
+            argv=("/usr/sbin/slurmctld",),
+            configs=(SLURM_CONF, GRES_CONF),
+            logs=(LOG / "slurm" / "slurmctld.log",),
+            ready=slurmctld_works,
+            ports=(CTLD_PORT,),
+        ),
+    ]
+    for node, (_, port) in NODES.items():
+        pidfile = RUN / "slurm" / f"slurmd-{node}.pid"
+        listed.append(
+            Daemon(
+                key=f"slurmd-{node}",
+                comm="slurmd",
+                pidfile=pidfile,
+                argv=("unshare", "--uts", "/bin/sh", "-c", f"hostname {node} && exec /usr/sbin/slurmd -N {node}"),
+                configs=(SLURM_CONF, GRES_CONF, PLUGSTACK_CONF, PLUGIN_SO),
+                logs=(LOG / "slurm" / f"slurmd-{node}.log",),
+                ready=lambda pidfile=pidfile: pidfile.exists(),
+                ports=(port,),
+                marker=f"-N {node}",
+            )
+        )
+    for key, port, config, pidfile in (
+        ("sshd", SSH_PORT, SSH_DIR / "sshd_config", RUN / "sshd.pid"),
+        ("sshd-fault", FAULT_PORT, SSH_DIR / "sshd_fault_config", RUN / "sshd-fault.pid"),
+    ):
+        listed.append(
+            Daemon(
+                key=key,
+                comm="sshd",
+                pidfile=pidfile,
+                argv=("/usr/sbin/sshd", "-f", str(config), "-E", str(LOG / f"{key}.log")),
+                configs=(config, HOST_KEY),
+                logs=(LOG / f"{key}.log",),
+                ready=lambda port=port: port_open(port),
+                ports=(port,),
+                marker=str(config),
+                prepare=check_sshd_config(config),
+            )
+        )
+    return {daemon.key: daemon for daemon in listed}
+
+
+def process_state(pid: int) -> str | None:
+    """Return the one-letter state of a process, or None when it does not exist."""
+    try:
+        stat_line = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat_line.rsplit(")", 1)[1].split()[0]
+
+
+def pid_of(daemon: Daemon) -> int | None:
+    """Return the pid of the running daemon, checked against /proc (name, command line, not a zombie)."""
+    try:
+        pid = int(daemon.pidfile.read_text().split()[0])
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except (OSError, ValueError, IndexError):
+        return None
+    if comm != daemon.comm or (daemon.marker and f" {daemon.marker} " not in f" {cmdline.strip()} "):
+        return None
+    return pid if process_state(pid) not in (None, "Z") else None
+
+
+def config_hash(daemon: Daemon) -> str:
+    """Return the hash of what a daemon was (or would be) started with: argv and config files."""
+    parts = [" ".join(daemon.argv).encode()]
+    for path in daemon.configs:
+        try:
+            parts.append(path.read_bytes())
+        except FileNotFoundError:
+            parts.append(b"<missing>")
+    return sha256(*parts)
+
+
+def hash_file(daemon: Daemon) -> Path:
+    """Return where the config hash of a running daemon is kept."""
+    return HASHES / f"{daemon.key}.sha256"
+
+
+def start_daemon(daemon: Daemon) -> None:
+    """Start a daemon and wait until it is ready; record its config hash."""
+    for port in daemon.ports:
+        if port_open(port):
+            fail(
+                f"{daemon.key}: port {port} on {HOST} is already in use by a process this harness did not "
+                f"start; stop it (see `ss -ltnp 'sport = :{port}'`) and run `up` again"
+            )
+    if daemon.prepare is not None:
+        daemon.prepare()
+    daemon.pidfile.unlink(missing_ok=True)
+    started = time.monotonic()
+    start_log = LOG / f"{daemon.key}.start.log"
+    with start_log.open("ab") as out:
+        if daemon.foreground:
+            subprocess.Popen(
+                daemon.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        else:
+            proc = subprocess.run(
+                daemon.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, timeout=60, check=False
+            )
+            if proc.returncode != 0:
+                fail(
+                    f"{daemon.key}: start exited {proc.returncode}" + tail(start_log) + "".join(map(tail, daemon.logs))
+                )
+    wait_until(daemon.key, lambda: pid_of(daemon) is not None and daemon.ready(), [start_log, *daemon.logs])
+    write_file(hash_file(daemon), config_hash(daemon), mode=0o600)
+    step(f"{daemon.key}: started (pid {pid_of(daemon)}, {time.monotonic() - started:.1f} s)")
+
+
+def stop_daemon(daemon: Daemon) -> int | None:
+    """Stop a daemon by its pid file: TERM, then KILL after 10 s (a zombie counts as exited).
+
+    :returns: the pid stopped, or None when it was not running.
+    """
+    pid = pid_of(daemon)
+    hash_file(daemon).unlink(missing_ok=True)
+    if pid is None:
+        daemon.pidfile.unlink(missing_ok=True)
+        return None
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE), (signal.SIGKILL, 5.0)):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace
+        while process_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if process_state(pid) in (None, "Z"):
+            break
+    else:
+        fail(f"{daemon.key}: pid {pid} survived SIGKILL")
+    daemon.pidfile.unlink(missing_ok=True)
+    return pid
+
+
+def ensure_daemon(daemon: Daemon) -> None:
+    """Start a daemon unless it runs with its current config; restart it when the config changed."""
+    pid = pid_of(daemon)
+    recorded = hash_file(daemon).read_text() if hash_file(daemon).exists() else ""
+    if pid is not None and recorded == config_hash(daemon):
+        wait_until(daemon.key, daemon.ready, daemon.logs)
+        step(f"{daemon.key}: running (pid {pid})")
+        return
+    if pid is not None:
+        step(f"{daemon.key}: configuration changed, restarting (pid {pid})")
+        stop_daemon(daemon)
+    start_daemon(daemon)
+
+
+def restart_daemon(daemon: Daemon) -> None:
+    """Stop (if running) and start a daemon."""
+    pid = stop_daemon(daemon)
+    step(f"{daemon.key}: stopped (pid {pid})" if pid else f"{daemon.key}: was not running")
+    start_daemon(daemon)
+
+
+# --------------------------------------------------------------------------------------------------
+# database, accounting, nodes, logins
+
+
+def ensure_database() -> None:
+    """Create the accounting database and the ``slurm`` user (both loopback host forms)."""
+    password = db_password()
+    statements = ["CREATE DATABASE IF NOT EXISTS slurm_acct_db;"]
+    for host in ("127.0.0.1", "localhost"):
+        statements += [
+            f"CREATE USER IF NOT EXISTS 'slurm'@'{host}' IDENTIFIED BY '{password}';",
+            f"ALTER USER 'slurm'@'{host}' IDENTIFIED BY '{password}';",
+            f"GRANT ALL ON slurm_acct_db.* TO 'slurm'@'{host}';",
+        ]
+    run(mariadb_argv(), stdin="\n".join(statements) + "\n")
+    step("database: slurm_acct_db and its user in place")
+
+
+def sacctmgr_list(*args: str) -> list[list[str]]:
+    """Return the rows of a parsable ``sacctmgr list`` query."""
+    proc = run(["sacctmgr", "-n", "-P", "list", *args])
+    return [line.split("|") for line in proc.stdout.splitlines() if line]
+
+
+def ensure_accounting() -> None:
+    """Create the cluster, the account and the user associations in slurmdbd when missing."""
+    wait_until(
+        "slurmdbd (sacctmgr)",
+        lambda: run(["sacctmgr", "-n", "list", "cluster"], check=False, timeout=20).returncode == 0,
+        [LOG / "slurm" / "slurmdbd.log"],
+    )
+    added = []
+    if [CLUSTER] not in sacctmgr_list("cluster", "format=cluster"):
+        run(["sacctmgr", "-i", "add", "cluster", CLUSTER])
+        added.append(f"cluster {CLUSTER}")
+    if [ACCOUNT] not in sacctmgr_list("account", "format=account"):
+        run(
+            [
+                "sacctmgr", "-i", "add", "account", ACCOUNT, f"Cluster={CLUSTER}",
+                "Description=GPU test project", "Organization=slurmtest",
+            ]
+        )  # fmt: skip
+        added.append(f"account {ACCOUNT}")
+    associations = sacctmgr_list("association", f"cluster={CLUSTER}", "format=account,user")
+    for user in ("root", USER):
+        if [ACCOUNT, user] not in associations:
+            run(
+                [
+                    "sacctmgr", "-i", "add", "user", user, f"Account={ACCOUNT}",
+                    f"DefaultAccount={ACCOUNT}", f"Cluster={CLUSTER}",
+                ]
+            )  # fmt: skip
+            added.append(f"user {user}")
+    step("accounting: " + (f"added {', '.join(added)}" if added else f"{CLUSTER}/{ACCOUNT}/root,{USER} present"))
+
+
+def node_states() -> dict[str, str]:
+    """Return each node's long state as sinfo prints it (``idle``, ``down*``, ``drained`` ...)."""
+    proc = run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, timeout=20)
+    return dict(line.split() for line in proc.stdout.splitlines() if len(line.split()) == 2)
+
+
+def ensure_nodes_ready() -> None:
+    """Wait until both nodes are usable; resume a node left down or drained."""
+    resumed: list[str] = []
+
+    def ready() -> bool:
+        states = node_states()
+        for node in NODES:
+            state = states.get(node, "unknown*")
+            if state.startswith("inval"):
+                fail(
+                    f"node {node} is INVAL (config rejected by slurmctld)"
+                    + tail(LOG / "slurm" / f"slurmd-{node}.log")
+                    + tail(LOG / "slurm" / "slurmctld.log")
+                )
+            if state in NODE_RESUMABLE and node not in resumed:
+                update_node(node, "resume")
+                resumed.append(node)
+        return all(states.get(node) in NODE_READY for node in NODES)
+
+    started = time.monotonic()
+    wait_until("nodes", ready, [LOG / "slurm" / "slurmctld.log", *(LOG / "slurm" / f"slurmd-{n}.log" for n in NODES)])
+    states = node_states()
+    summary = ", ".join(f"{node} {states.get(node, '?')}" for node in NODES)
+    step(
+        f"nodes: {summary}"
+        + (f" (resumed {', '.join(resumed)})" if resumed else "")
+        + f" ({time.monotonic() - started:.1f} s)"
+    )
+
+
+def update_node(node: str, state: str) -> None:
+    """Set a node's state with ``scontrol update`` (down and drain need a reason)."""
+    reason = [f"reason=harness {state}"] if state in ("down", "drain") else []
+    run(["scontrol", "update", f"nodename={node}", f"state={state}", *reason])
+    step(f"node {node}: state={state}")
+
+
+def ssh_argv(port: int) -> list[str]:
+    """Return the OpenSSH client command logging in as the cluster user with strict host-key checks."""
+    return [
+        "ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+        "-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", "-i", str(CLIENT_KEY),
+        "-p", str(port), f"{USER}@{HOST}",
+    ]  # fmt: skip
+
+
+def check_logins() -> None:
+    """Log in on both sshds and check which ``sbatch`` each one's PATH finds."""
+    for key, port, expected in (
+        ("sshd", SSH_PORT, "/usr/bin/sbatch"),
+        ("sshd-fault", FAULT_PORT, str(FAULTBIN / "sbatch")),
+    ):
+        proc = run([*ssh_argv(port), "command -v sbatch"], check=False, timeout=30)
+        found = proc.stdout.strip()
+        if proc.returncode != 0 or found != expected:
+            fail(
+                f"ssh login as {USER} on port {port}: rc {proc.returncode}, sbatch={found!r} (expected {expected}): "
+                f"{proc.stderr.strip()}" + tail(LOG / f"{key}.log")
+            )
+    step(f"ssh: key login as {USER} works on {SSH_PORT} (/usr/bin/sbatch) and {FAULT_PORT} ({FAULTBIN}/sbatch)")
+
+
+# --------------------------------------------------------------------------------------------------
+# environment JSON
+
+
+def closed_port() -> int:
+    """Return the first port from 22029 on where nothing listens (for failover tests)."""
+    port = FIRST_CLOSED_PORT
+    while port_open(port):
+        port += 1
+    return port
+
+
+def cluster_env() -> dict[str, object]:
+    """Return the environment the cluster tests read (also written to ``<state>/cluster.json``)."""
+    if not HOST_KEY.exists() or not CLIENT_KEY.exists():
+        fail(f"{STATE} is not set up; run `python3 tests/cluster/harness.py up` as root")
+    return {
+        "host": HOST,
+        "port": SSH_PORT,
+        "fault_port": FAULT_PORT,
+        "closed_port": closed_port(),
+        "user": USER,
+        "uid": pwd.getpwnam(USER).pw_uid,
+        "key_file": str(CLIENT_KEY),
+        "known_hosts": str(KNOWN_HOSTS),
+        "host_key": public_key(HOST_KEY),
+        "shared_dir": str(SHARED),
+        "results_dir": str(SHARED / USER),
+        "containers_dir": str(CONTAINERS),
+        "cluster_name": CLUSTER,
+        "account": ACCOUNT,
+        "gpu_partition": GPU_PARTITION,
+        "cpu_partition": CPU_PARTITION,
+        "nodes": list(NODES),
+        "gpus_per_node": GPUS_PER_NODE,
+        "state_dir": str(STATE),
+        "enroot_conf": str(ENROOT_KNOBS),
+        "enroot_imports_log": str(ENROOT_LOG),
+        "pyxis_registry_log": str(PYXIS_LOG),
+        "fault_sbatch_log": str(FAULT_LOG),
+    }
+
+
+def write_env() -> None:
+    """Write ``<state>/cluster.json`` (0644) and print it."""
+    text = json.dumps(cluster_env(), indent=2) + "\n"
+    write_file(CLUSTER_JSON, text)
+    print(text, end="", flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# commands
+
+
+def cmd_up() -> int:
+    """Bring the cluster up (idempotent) and print the environment JSON."""
+    started = time.monotonic()
+    ensure_packages()
+    user = ensure_user()
+    ensure_layout()
+    ensure_hosts()
+    ensure_gpu_devices()
+    ensure_munge_key()
+    write_configs()
+    build_plugin()
+    ensure_ssh_keys(user)
+    table = daemons()
+    for key in ("munged", "mariadb"):
+        ensure_daemon(table[key])
+    ensure_database()
+    ensure_daemon(table["slurmdbd"])
+    ensure_accounting()
+    for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
+        ensure_daemon(table[key])
+    ensure_nodes_ready()
+    for key in ("sshd", "sshd-fault"):
+        ensure_daemon(table[key])
+    check_logins()
+    step(f"up: cluster ready in {time.monotonic() - started:.1f} s")
+    write_env()
+    return 0
+
+
+def cancel_all_jobs() -> None:
+    """Cancel every job and wait (up to 15 s) until slurmctld forgets them."""
+    if pid_of(daemons()["slurmctld"]) is None:
+        step("jobs: slurmctld not running, nothing to cancel")
+        return
+    jobs = run(["squeue", "-h", "-o", "%i"], check=False, timeout=30).stdout.split()
+    if not jobs:
+        step("jobs: none")
+        return
+    run(["scancel", *jobs], check=False)
+    deadline = time.monotonic() + 15
+    while run(["squeue", "-h", "-o", "%i"], check=False).stdout.strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    step(f"jobs: cancelled {len(jobs)}")
+
+
+def cmd_down() -> int:
+    """Cancel all jobs, then stop the daemons ``up`` started, in reverse start order."""
+    started = time.monotonic()
+    cancel_all_jobs()
+    for daemon in reversed(daemons().values()):
+        pid = stop_daemon(daemon)
+        step(f"{daemon.key}: stopped (pid {pid})" if pid else f"{daemon.key}: not running")
+    step(f"down: done in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def cmd_status() -> int:
+    """Print each daemon's state and the node states; return 1 when a daemon is not running."""
+    all_running = True
+    for daemon in daemons().values():
+        pid = pid_of(daemon)
+        if pid is None:
+            all_running = False
+            print(f"{daemon.key}: stopped")
+            continue
+        recorded = hash_file(daemon).read_text() if hash_file(daemon).exists() else ""
+        stale = "" if recorded == config_hash(daemon) else " (configuration changed: run `up`)"
+        print(f"{daemon.key}: running (pid {pid}){stale}")
+    if all_running:
+        for node, state in node_states().items():
+            print(f"node {node}: {state}")
+    return 0 if all_running else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse the command line and run one command."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name in ("up", "down", "status", "env", "restart-sshd", "stop-slurmdbd", "start-slurmdbd", "restart-slurmctld"):
+        commands.add_parser(name)
+    for name in ("node-down", "node-resume", "drain"):
+        commands.add_parser(name).add_argument("node", choices=list(NODES))
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        fail("run the harness as root (it installs packages and starts system daemons)")
+    with LOCK_FILE.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return run_command(args)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run one parsed command (the caller holds the harness lock)."""
+    table = daemons()
+    if args.command == "up":
+        return cmd_up()
+    if args.command == "down":
+        return cmd_down()
+    if args.command == "status":
+        return cmd_status()
+    if args.command == "env":
+        write_env()
+    elif args.command == "restart-sshd":
+        restart_daemon(table["sshd"])
+    elif args.command == "restart-slurmctld":
+        restart_daemon(table["slurmctld"])
+    elif args.command == "stop-slurmdbd":
+        pid = stop_daemon(table["slurmdbd"])
+        step(f"slurmdbd: stopped (pid {pid})" if pid else "slurmdbd: was not running")
+    elif args.command == "start-slurmdbd":
+        ensure_daemon(table["slurmdbd"])
+    else:
+        update_node(args.node, {"node-down": "down", "node-resume": "resume", "drain": "drain"}[args.command])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
