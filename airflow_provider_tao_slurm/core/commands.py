@@ -122,6 +122,52 @@ def sbatch_submit(script_path: str, *, parsable: bool = True, extra_args: Sequen
     return join(["sbatch", *(["--parsable"] if parsable else []), *extra_args, _absolute(script_path, "script")])
 
 
+def sbatch_submit_held(script_path: str, *, log_dir: str, job_name: str, extra_args: Sequence[str] = ()) -> str:
+    """Submit held, create the job's log directory, release: one round trip.
+
+    ``--output=<log_dir>/%x-%j/main.out`` names a directory that only exists once the job id is known,
+    and SLURM does not create it (the job would fail with exit 0:53). So the job is submitted with
+    ``--hold``, ``<log_dir>/<job_name>-<id>`` is created, and the job released. The last stdout line
+    is sbatch's own reply (read it with ``states.parse_sbatch_reply``); a non-zero exit after a
+    reply means the job exists but is still held (:func:`prepare_job_logs` finishes the work).
+
+    :param script_path: absolute path of the staged batch script.
+    :param log_dir: absolute base log directory (``%x-%j`` lives under it).
+    :param job_name: the job's SLURM name (``%x``), also passed as ``--job-name``.
+    :param extra_args: more sbatch options (e.g. ``--exclude=n2``), each starting with ``-``.
+    """
+    name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
+    submit = sbatch_submit(script_path, extra_args=("--hold", f"--job-name={name}", *extra_args))
+    logs = _absolute(log_dir, "log dir")
+    return (
+        f"reply=$({submit}) || exit $?; "
+        "id=$(printf '%s\\n' \"$reply\" | tail -n 1); id=${id%%;*}; "
+        "case $id in ''|*[!0-9]*) printf '%s\\n' \"$reply\"; exit 3;; esac; "
+        f'mkdir -p -- {quote(logs)}/{quote(name)}-"$id" && scontrol release "$id"; rc=$?; '
+        "printf '%s\\n' \"$reply\"; exit $rc"
+    )
+
+
+def prepare_job_logs(log_dir: str, job_name: str, job_id: str) -> str:
+    """Create ``<log_dir>/<job_name>-<job_id>`` and release the job if it is still held (idempotent)."""
+    name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
+    (jid,) = _slurm_job_ids([job_id])
+    directory = f"{_absolute(log_dir, 'log dir')}/{name}-{jid}"
+    return f"mkdir -p -- {quote(directory)} && {{ scontrol release {quote(jid)} 2>/dev/null || true; }}"
+
+
+def extract_tar(base: str) -> str:
+    """Unpack a tar archive read from stdin under ``base`` (modes kept, owner ours).
+
+    The hook stages a job's files (spec, env, meta, script, the mode-600 secret sidecar, the
+    record) with one archive over stdin: one round trip, no content in argv.
+    """
+    return (
+        f"umask 077 && mkdir -p -- {quote(_absolute(base, 'base dir'))} && "
+        f"tar -x -p --no-same-owner --no-overwrite-dir -C {quote(base)} -f -"
+    )
+
+
 def squeue_states(job_ids: Sequence[str]) -> str:
     """``squeue -h -t all -j ID,... -o SQUEUE_FORMAT``: every job's state in one query.
 

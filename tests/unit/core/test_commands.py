@@ -754,3 +754,75 @@ def test_install_enroot_credentials_refuses_a_bad_secret_and_keeps_the_file(
     assert result.returncode != 0
     assert path.read_text() == "machine nvcr.io login $oauthtoken password old\n"
     assert os.listdir(path.parent) == [".credentials"]
+
+
+# ------------------------------------------------------------------ held submission and staging
+
+
+def _tool(bin_dir: Path, name: str, body: str) -> None:
+    path = bin_dir / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    ("reply", "expected_id"), [("42", "42"), ("banner line\n42;mini", "42")], ids=["plain", "banner-cluster"]
+)
+def test_sbatch_submit_held_creates_log_dir_then_releases(
+    shell: str, reply: str, expected_id: str, tmp_path: Path
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    _tool(bin_dir, "sbatch", f"printf '%s\\n' \"$*\" >> {calls}; printf '{reply}\\n'")
+    _tool(bin_dir, "scontrol", f"printf 'scontrol %s\\n' \"$*\" >> {calls}")
+    logs = tmp_path / "logs with space"
+    command = commands.sbatch_submit_held(
+        "/lustre/j.sbatch", log_dir=str(logs), job_name="tao-x", extra_args=["--exclude=n2"]
+    )
+    result = run_shell(shell, command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.decode().splitlines()[-1] == reply.splitlines()[-1]
+    assert (logs / f"tao-x-{expected_id}").is_dir()
+    assert calls.read_text().splitlines() == [
+        "--parsable --hold --job-name=tao-x --exclude=n2 /lustre/j.sbatch",
+        f"scontrol release {expected_id}",
+    ]
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_sbatch_submit_held_refusal_is_passed_through(shell: str, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "sbatch", "echo 'sbatch: error: invalid partition specified: x' >&2; exit 1")
+    _tool(bin_dir, "scontrol", f"touch {tmp_path}/released")
+    command = commands.sbatch_submit_held("/l/j.sbatch", log_dir=str(tmp_path), job_name="tao-x")
+    result = run_shell(shell, command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 1
+    assert b"invalid partition" in result.stderr
+    assert not (tmp_path / "released").exists()
+
+
+def test_extract_tar_keeps_modes(tmp_path: Path) -> None:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, mode in (("jobs/j1/.secrets.env", 0o600), ("jobs/j1/specs/spec.yaml", 0o644)):
+            info = tarfile.TarInfo(name)
+            info.size = 3
+            info.mode = mode
+            archive.addfile(info, io.BytesIO(b"abc"))
+    base = tmp_path / "base dir"
+    result = run_shell("bash", commands.extract_tar(str(base)), tmp_path, stdin=buffer.getvalue())
+    assert result.returncode == 0, result.stderr
+    assert (base / "jobs/j1/.secrets.env").stat().st_mode & 0o777 == 0o600
+    assert (base / "jobs/j1/specs/spec.yaml").read_bytes() == b"abc"
+
+
+def test_prepare_job_logs() -> None:
+    assert commands.prepare_job_logs("/l/logs", "tao-x", "12") == (
+        "mkdir -p -- /l/logs/tao-x-12 && { scontrol release 12 2>/dev/null || true; }"
+    )
