@@ -12,13 +12,15 @@ quoted); every output is parsed by the core. Secrets travel only over stdin.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import random
 import selectors
 import stat
+import tarfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -100,9 +102,7 @@ def check_key_file(path: str) -> None:
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
-        raise KeyFilePermissionError(
-            f"SSH key file {path!r} does not exist: fix key_file (or SSH_KEY_PATH)"
-        ) from None
+        raise KeyFilePermissionError(f"SSH key file {path!r} does not exist: fix key_file (or SSH_KEY_PATH)") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFilePermissionError(
             f"SSH key file {path!r} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
@@ -143,9 +143,7 @@ class SlurmHook(BaseHook):
     conn_type = "tao_slurm"
     hook_name = "TAO SLURM (over SSH)"
 
-    def __init__(
-        self, slurm_conn_id: str = default_conn_name, *, settings: ClusterSettings | None = None
-    ) -> None:
+    def __init__(self, slurm_conn_id: str = default_conn_name, *, settings: ClusterSettings | None = None) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
         self._explicit_settings = settings
@@ -315,7 +313,7 @@ class SlurmHook(BaseHook):
     def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
         """Read a log from a byte offset, at most ``max_bytes``; restarts at 0 if the file shrank."""
         result = self.run(commands.tail_bytes(path, offset, max_bytes), what=f"reading log {path}")
-        return _log_chunk(result.stdout, offset, max_bytes)
+        return _log_chunk(result.stdout, offset)
 
     def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
         """Read TAO ``status.json`` (JSON lines, or one JSON document); None when missing."""
@@ -324,51 +322,77 @@ class SlurmHook(BaseHook):
 
     # ------------------------------------------------------------------ jobs
 
+    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
+        """Write several files under ``base`` in one round trip: a tar archive sent over stdin.
+
+        :param files: ``{relative path: (content, mode)}``, content ``None`` for a directory; secrets
+            (the sidecar) go here too, never in argv.
+        """
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            for name, (content, mode) in files.items():
+                info = tarfile.TarInfo(name)
+                info.mode = mode
+                info.mtime = int(time.time())
+                if content is None:
+                    info.type = tarfile.DIRTYPE
+                    archive.addfile(info)
+                else:
+                    info.size = len(content)
+                    archive.addfile(info, io.BytesIO(content))
+        self.run(commands.extract_tar(base), stdin=buffer.getvalue(), check=True, what=f"staging files under {base}")
+
     def submit(
         self,
         script_path: str,
         job_name: str,
         *,
+        log_dir: str,
+        extra_args: Sequence[str] = (),
         reconcile_timeout: float = RECONCILE_TIMEOUT_S,
         reconcile_interval: float = RECONCILE_INTERVAL_S,
     ) -> str:
         """Submit a staged batch script once and return its SLURM job id.
 
-        When ``sbatch`` answers nothing usable or the connection drops after sending, the job may
-        exist: it is looked up by its exact ``job_name`` on every login host within
-        ``reconcile_timeout``. Exactly one match is adopted; several raise; only when none appears
-        is the script submitted again (once).
+        The job is submitted held, its log directory ``<log_dir>/<job_name>-<id>`` created, then
+        released (one round trip). When ``sbatch`` answers nothing usable or the connection drops
+        after sending, the job may exist: it is looked up by its exact ``job_name`` on every login
+        host within ``reconcile_timeout``. Exactly one match is adopted (and released); several
+        raise; only when none appears is the script submitted again (once).
 
         :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
         :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
         """
-        job_id = self._sbatch(script_path)
+        command = commands.sbatch_submit_held(script_path, log_dir=log_dir, job_name=job_name, extra_args=extra_args)
+        job_id = self._sbatch(command, script_path)
         if job_id is not None:
             return job_id
         self.log.warning("sbatch reply for job %s unclear: reconciling by exact job name", job_name)
         found = self.reconcile_by_name(job_name, timeout=reconcile_timeout, interval=reconcile_interval)
-        if found is not None:
+        if found is None:
+            self.log.warning("job %s not found after %.0f s: submitting it again", job_name, reconcile_timeout)
+            found = self._sbatch(command, script_path)
+            if found is None:
+                raise SubmissionError(
+                    f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
+                )
             return found
-        self.log.warning("job %s not found after %.0f s: submitting it again", job_name, reconcile_timeout)
-        job_id = self._sbatch(script_path)
-        if job_id is None:
-            raise SubmissionError(
-                f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
-            )
-        return job_id
+        self.run(commands.prepare_job_logs(log_dir, job_name, found), check=True, what="releasing the adopted job")
+        return found
 
-    def _sbatch(self, script_path: str) -> str | None:
+    def _sbatch(self, command: str, script_path: str) -> str | None:
         try:
-            result = self.run(commands.sbatch_submit(script_path), what="sbatch")
+            result = self.run(command, what="sbatch")
         except ConnectionLostError:
             return None
+        parsed = parse_sbatch_reply(result.stdout)
         if result.rc != 0:
+            held = f" (job {parsed[0]} exists but is held: scontrol release {parsed[0]})" if parsed else ""
             raise SubmissionError(
-                f"sbatch refused {script_path}: {result.stderr.strip()[-2000:]}",
+                f"sbatch refused {script_path}{held}: {result.stderr.strip()[-2000:]}",
                 rc=result.rc,
                 stderr=result.stderr,
             )
-        parsed = parse_sbatch_reply(result.stdout)
         return parsed[0] if parsed else None
 
     def reconcile_by_name(self, job_name: str, *, timeout: float, interval: float) -> str | None:
@@ -404,7 +428,7 @@ class SlurmHook(BaseHook):
             for host in self.settings.hosts:
                 try:
                     client = self._client if host == self._host and self._client else self._connect(host)
-                    rc, out, _ = _exec_channel(client, command, None, self.settings.cmd_timeout)
+                    _rc, out, _ = _exec_channel(client, command, None, self.settings.cmd_timeout)
                 except SlurmConnectionError as exc:
                     self.log.warning("reconcile: %s", exc)
                     continue
@@ -468,14 +492,10 @@ class SlurmHook(BaseHook):
 
     # ------------------------------------------------------------------ async twins (triggers)
 
-    async def a_run(
-        self, command: str, *, stdin: bytes | None = None, timeout: float | None = None
-    ) -> CommandResult:
+    async def a_run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
         """Async twin of :meth:`run` over the process-wide pooled connection."""
         settings = await self.a_settings()
-        return await _ASYNC_POOL.run(
-            settings, command, stdin, settings.cmd_timeout if timeout is None else timeout
-        )
+        return await _ASYNC_POOL.run(settings, command, stdin, settings.cmd_timeout if timeout is None else timeout)
 
     async def a_settings(self) -> ClusterSettings:
         """Settings read with the async connection API (safe inside the triggerer's event loop)."""
@@ -498,9 +518,7 @@ class SlurmHook(BaseHook):
             source=f"connection {self.slurm_conn_id!r}",
         )
 
-    async def a_get_states(
-        self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW
-    ) -> dict[str, JobState]:
+    async def a_get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         """Async twin of :meth:`get_states`."""
         ids = list(dict.fromkeys(job_ids))
         if not ids:
@@ -513,16 +531,14 @@ class SlurmHook(BaseHook):
     async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
         """Async twin of :meth:`read_log`."""
         result = await self.a_run(commands.tail_bytes(path, offset, max_bytes))
-        return _log_chunk(result.stdout, offset, max_bytes)
+        return _log_chunk(result.stdout, offset)
 
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Async twin of :meth:`cancel`."""
         if job_ids:
             result = await self.a_run(commands.scancel(job_ids, name=job_name))
             if result.rc != 0:
-                raise RemoteCommandError(
-                    f"scancel failed: {result.stderr.strip()}", rc=result.rc, stderr=result.stderr
-                )
+                raise RemoteCommandError(f"scancel failed: {result.stderr.strip()}", rc=result.rc, stderr=result.stderr)
 
 
 # ---------------------------------------------------------------------- helpers shared by both sides
@@ -552,11 +568,10 @@ def parse_status_lines(text: str) -> list[dict[str, Any]]:
     return entries
 
 
-def _log_chunk(stdout: str, offset: int, max_bytes: int) -> LogChunk:
-    size, data = commands.parse_tail(stdout)
-    start = commands.next_read_offset(size, offset)
-    restarted = start != offset
-    return LogChunk(size=size, data=data, next_offset=start + len(data.encode()), restarted=restarted)
+def _log_chunk(stdout: str, offset: int) -> LogChunk:
+    chunk = commands.parse_tail(stdout)
+    next_offset, restarted = commands.next_offset(offset, chunk.size, chunk.length)
+    return LogChunk(size=chunk.size or 0, data=chunk.data, next_offset=next_offset, restarted=restarted)
 
 
 def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
@@ -656,9 +671,7 @@ class _AsyncConnectionPool:
             self._sessions[key] = asyncio.Semaphore(ASYNC_MAX_SESSIONS)
             return conn
 
-    async def run(
-        self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None
-    ) -> CommandResult:
+    async def run(self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None) -> CommandResult:
         import asyncssh
 
         delay = 0.5
@@ -673,17 +686,15 @@ class _AsyncConnectionPool:
             except (OSError, asyncssh.Error) as exc:
                 conn.close()
                 if attempt == 3:
-                    raise ConnectionLostError(
-                        f"the SSH connection to {s.cluster_name} keeps dropping: {exc}"
-                    ) from None
+                    raise ConnectionLostError(f"the SSH connection to {s.cluster_name} keeps dropping: {exc}") from None
                 await asyncio.sleep(delay + random.uniform(0, delay))  # noqa: S311 - jitter, not crypto
                 delay *= 2
                 continue
             except TimeoutError:
                 raise RemoteCommandError(f"remote command did not finish within {timeout} s") from None
             rc = result.exit_status if result.exit_status is not None else -1
-            out = bytes(result.stdout or b"").decode("utf-8", "replace")
-            err = bytes(result.stderr or b"").decode("utf-8", "replace")
+            out = _decode(result.stdout)
+            err = _decode(result.stderr)
             return CommandResult(rc, out, redact_text(err), getattr(conn, "_tao_host", ""))
         raise AssertionError("unreachable")
 
@@ -692,6 +703,12 @@ class _AsyncConnectionPool:
         loop_id = id(asyncio.get_running_loop())
         for key in [k for k in self._conns if k[3] == loop_id]:
             self._conns.pop(key).close()
+
+
+def _decode(data: bytes | str | None) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data or ""
 
 
 async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:

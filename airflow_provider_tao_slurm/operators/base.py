@@ -1,0 +1,28 @@
+"""Shared base of the provider's operators: the connection id and a lazily created hook."""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+
+class SlurmBaseOperator(BaseOperator):
+    """Base class: every operator takes ``slurm_conn_id`` and talks to the cluster through :attr:`hook`.
+
+    :param slurm_conn_id: the ``tao_slurm`` connection (default ``slurm_default``).
+    """
+
+    ui_color = "#76b900"
+
+    def __init__(self, *, slurm_conn_id: str = SlurmHook.default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.slurm_conn_id = slurm_conn_id
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        """The hook, created on first use (never at DAG parse time)."""
+        return SlurmHook(self.slurm_conn_id)

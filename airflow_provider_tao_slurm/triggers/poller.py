@@ -1,0 +1,147 @@
+"""The shared status poller: one batched squeue/sacct query per cluster per interval.
+
+Every :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` of one cluster
+account in a triggerer process subscribes its job id here. One background task per (cluster
+account, event loop) asks the cluster about ALL subscribed jobs in one go over the hook's pooled
+SSH connection, and fans the answers out to the subscribers. A failed poll is retried with
+backoff; subscribers get an error notice but keep waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_tao_slurm.core.states import JobState
+
+log = logging.getLogger(__name__)
+
+#: Backoff after a failed poll: doubles up to this many seconds.
+MAX_BACKOFF_S = 60.0
+
+StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
+
+
+@dataclass(frozen=True)
+class PollUpdate:
+    """What one poll said about one job: its state, or None when no command knows it (yet)."""
+
+    job_id: str
+    state: JobState | None
+    polled_at: float
+    error: str | None = None
+
+
+@dataclass
+class _Stats:
+    polls: int = 0
+    failures: int = 0
+    durations: list[float] = field(default_factory=list)
+
+
+class StatusPoller:
+    """Poll many jobs of one cluster account with one query per interval.
+
+    :param key: identity of the cluster account (one poller per key and event loop).
+    :param fetch: coroutine returning the states of a list of job ids in one batched call.
+    :param interval: seconds between polls (the smallest interval any subscriber asked for).
+    """
+
+    def __init__(self, key: str, fetch: StatesFetcher, interval: float) -> None:
+        self.key = key
+        self._fetch = fetch
+        self.interval = interval
+        self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self.stats = _Stats()
+
+    @property
+    def job_ids(self) -> list[str]:
+        """The job ids currently watched."""
+        return list(self._subscribers)
+
+    def subscribe(self, job_id: str, interval: float) -> asyncio.Queue[PollUpdate]:
+        """Watch ``job_id``; updates arrive on the returned queue. Starts the poll loop if needed."""
+        queue: asyncio.Queue[PollUpdate] = asyncio.Queue()
+        self._subscribers.setdefault(job_id, set()).add(queue)
+        if interval < self.interval:
+            self.interval = interval
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"tao-slurm-poller-{self.key}")
+        self._wake.set()
+        return queue
+
+    def unsubscribe(self, job_id: str, queue: asyncio.Queue[PollUpdate]) -> None:
+        """Stop watching; the loop ends by itself when nobody is subscribed."""
+        queues = self._subscribers.get(job_id)
+        if queues is None:
+            return
+        queues.discard(queue)
+        if not queues:
+            del self._subscribers[job_id]
+        if not self._subscribers and self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _loop(self) -> None:
+        backoff = self.interval
+        while self._subscribers:
+            self._wake.clear()
+            ids = list(self._subscribers)
+            started = time.monotonic()
+            try:
+                states = await self._fetch(ids)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.stats.failures += 1
+                log.warning("status poll of %d job(s) on %s failed (retrying): %s", len(ids), self.key, exc)
+                self._publish(ids, {}, error=str(exc))
+                backoff = min(max(backoff, self.interval) * 2, MAX_BACKOFF_S)
+                await asyncio.sleep(backoff)
+                continue
+            backoff = self.interval
+            self.stats.polls += 1
+            self.stats.durations.append(time.monotonic() - started)
+            self._publish(ids, states)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._sleep_until_new_subscriber(ids), timeout=self.interval)
+
+    async def _sleep_until_new_subscriber(self, polled: list[str]) -> None:
+        """Return early when a job that was not in the last poll subscribes (first answer comes fast)."""
+        while True:
+            await self._wake.wait()
+            if set(self._subscribers) - set(polled):
+                return
+            self._wake.clear()
+
+    def _publish(self, ids: list[str], states: dict[str, JobState], error: str | None = None) -> None:
+        now = time.time()
+        for job_id in ids:
+            update = PollUpdate(job_id, states.get(job_id), now, error)
+            for queue in list(self._subscribers.get(job_id, ())):
+                queue.put_nowait(update)
+
+
+_POLLERS: dict[tuple[str, int], StatusPoller] = {}
+
+
+def get_poller(key: str, fetch: StatesFetcher, interval: float) -> StatusPoller:
+    """The poller of ``key`` in the running event loop (created on first use)."""
+    loop_key = (key, id(asyncio.get_running_loop()))
+    poller = _POLLERS.get(loop_key)
+    if poller is None:
+        poller = _POLLERS[loop_key] = StatusPoller(key, fetch, interval)
+    return poller
+
+
+def active_pollers() -> list[StatusPoller]:
+    """Every poller of the running event loop (benchmarks and tests)."""
+    loop_id = id(asyncio.get_running_loop())
+    return [p for (_, lid), p in _POLLERS.items() if lid == loop_id]
