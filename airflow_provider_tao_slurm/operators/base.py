@@ -1,4 +1,4 @@
-"""Shared base of the provider's operators: the connection id and a lazily created hook."""
+"""Shared base of the provider's operators and sensors: the connection id and a lazily created hook."""
 
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from airflow.sdk import BaseOperator
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 
-class SlurmBaseOperator(BaseOperator):
+class SlurmHookMixin:
+    """Gives an operator or sensor a :attr:`hook` built from ``self.slurm_conn_id`` on first use."""
+
+    slurm_conn_id: str
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        """The hook, created on first use (never at DAG parse time)."""
+        return SlurmHook(self.slurm_conn_id)
+
+
+class SlurmBaseOperator(SlurmHookMixin, BaseOperator):
     """Base class: every operator takes ``slurm_conn_id`` and talks to the cluster through :attr:`hook`.
 
     :param slurm_conn_id: the ``tao_slurm`` connection (default ``slurm_default``).
@@ -21,8 +32,3 @@ class SlurmBaseOperator(BaseOperator):
     def __init__(self, *, slurm_conn_id: str = SlurmHook.default_conn_name, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.slurm_conn_id = slurm_conn_id
-
-    @cached_property
-    def hook(self) -> SlurmHook:
-        """The hook, created on first use (never at DAG parse time)."""
-        return SlurmHook(self.slurm_conn_id)

@@ -1,0 +1,402 @@
+"""``SbatchSubmitOperator``: render, lint, stage and submit one training job, exactly once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+
+from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
+from airflow_provider_tao_slurm.core.images import parse_image
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources
+from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    ConnectionConfigError,
+    ImageReferenceError,
+    SecretLeakError,
+    TemplateRenderError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+
+_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+def utc_now() -> str:
+    """Now as the ISO-8601 UTC text records use."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resolve_secret(name: str, source: str) -> str:
+    """Resolve one ``secret_env`` value at run time and register it with Airflow's log masker.
+
+    ``env:VAR`` reads the worker's environment, ``conn:ID`` a connection's password,
+    ``var:KEY`` an Airflow Variable; anything else is the literal value.
+    """
+    from airflow.sdk.log import mask_secret
+
+    kind, _, ref = source.partition(":")
+    if kind == "env" and ref:
+        if ref not in os.environ:
+            raise ValidationError(f"secret_env[{name!r}] reads ${ref}, which is not set on the worker")
+        value = os.environ[ref]
+    elif kind == "conn" and ref:
+        from airflow.sdk import BaseHook
+
+        value = BaseHook.get_connection(ref).password or ""
+        if not value:
+            raise ValidationError(f"secret_env[{name!r}]: connection {ref!r} has no password; set it")
+    elif kind == "var" and ref:
+        from airflow.sdk import Variable
+
+        value = Variable.get(ref)
+    else:
+        value = source
+    if not value:
+        raise ValidationError(f"secret_env[{name!r}] is empty; give a value or an env:/conn:/var: reference")
+    mask_secret(value)
+    return value
+
+
+def lint_bash(script: str) -> None:
+    """``bash -n`` on the rendered script, locally, before anything is staged.
+
+    :raises TemplateRenderError: with bash's message when the script does not parse.
+    """
+    result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise TemplateRenderError(f"the rendered sbatch script does not parse (bash -n): {result.stderr.strip()}")
+
+
+def _check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
+    checked: dict[str, str] = {}
+    for key, value in env.items():
+        if not isinstance(key, str) or not key or key[0].isdigit() or not set(key) <= _ENV_NAME_CHARS:
+            raise ValidationError(
+                f"{param} name {key!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
+            )
+        if not isinstance(value, str):
+            raise ValidationError(f"{param}[{key!r}] must be a string (got {type(value).__name__}); quote it")
+        checked[key] = value
+    return checked
+
+
+class SbatchSubmitOperator(SlurmBaseOperator):
+    """Submit a containerised training job to SLURM and return its job handle.
+
+    The image must already be a ``.sqsh`` on shared storage (put :class:`EnrootImportOperator`
+    upstream); a multi-node job needs a probed or explicit ``nccl_env`` (put
+    :class:`NcclProbeOperator` upstream). In ``command``, ``env`` values and ``spec`` strings the
+    literal tokens ``{results_dir}``, ``{job_id}`` and ``{config_path}`` are bound after the job
+    record is opened. Exactly once: the job id (also the SLURM job name) comes from the DAG, task,
+    run and map index; a retry of this task adopts the job its earlier try submitted.
+
+    :param image: ``.sqsh`` path on the cluster.
+    :param command: the shell command run inside the container on every node.
+    :param num_nodes: nodes (one task per node).
+    :param gpus_per_node: GPUs per node (at most 8; 8 means exclusive nodes).
+    :param cpus_per_task: CPUs per task.
+    :param time_hours: wall-time limit (at most the partition's limit).
+    :param timeout_hours: the program's own timeout, below ``time_hours``.
+    :param partition: GPU partition(s); default from the connection.
+    :param account: SLURM account; default from the connection.
+    :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection.
+    :param spec: TAO spec (dict or YAML text), staged as ``specs/spec.yaml`` (``{config_path}``).
+    :param env: non-secret environment for the job.
+    :param secret_env: secret environment: ``{NAME: "env:VAR" | "conn:ID" | "var:KEY" | literal}``,
+        resolved at run time, written only to a mode-600 sidecar over stdin.
+    :param nccl_env: NCCL settings from :class:`NcclProbeOperator` (required for multi-node jobs).
+    :param requeue: let SLURM requeue the job after node failure or preemption.
+    :param exclude_nodes: nodes to avoid.
+    :param network_arch: TAO network architecture (recorded).
+    :param action: TAO action (recorded).
+    :param mem_mb: memory per node in MB (optional).
+    """
+
+    template_fields: Sequence[str] = (
+        "image",
+        "command",
+        "spec",
+        "env",
+        "nccl_env",
+        "partition",
+        "account",
+        "container_mounts",
+        "network_arch",
+        "action",
+    )
+    template_fields_renderers = {"spec": "yaml", "env": "json", "nccl_env": "json", "command": "bash"}
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        command: str,
+        num_nodes: int = 1,
+        gpus_per_node: int = 4,
+        cpus_per_task: int = 16,
+        time_hours: float = 4.0,
+        timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+        partition: str | None = None,
+        account: str | None = None,
+        container_mounts: str | None = None,
+        spec: Mapping[str, Any] | str | None = None,
+        env: Mapping[str, str] | None = None,
+        secret_env: Mapping[str, str] | None = None,
+        nccl_env: Mapping[str, str] | None = None,
+        requeue: bool = True,
+        exclude_nodes: Sequence[str] | None = None,
+        network_arch: str = "custom",
+        action: str = "train",
+        mem_mb: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.image = image
+        self.command = command
+        self.num_nodes = num_nodes
+        self.gpus_per_node = gpus_per_node
+        self.cpus_per_task = cpus_per_task
+        self.time_hours = time_hours
+        self.timeout_hours = timeout_hours
+        self.partition = partition
+        self.account = account
+        self.container_mounts = container_mounts
+        self.spec = spec
+        self.env = env
+        self.secret_env = secret_env
+        self.nccl_env = nccl_env
+        self.requeue = requeue
+        self.exclude_nodes = exclude_nodes
+        self.network_arch = network_arch
+        self.action = action
+        self.mem_mb = mem_mb
+
+    # ------------------------------------------------------------------ validation (no SSH)
+
+    def _validated(self) -> dict[str, Any]:
+        settings = self.hook.settings
+        image = parse_image(self.image)
+        if image.kind != "sqsh":
+            raise ImageReferenceError(
+                f"image {self.image!r} is a registry reference; GPU jobs only run .sqsh files. Put "
+                "EnrootImportOperator upstream and pass its output (the .sqsh path) as image"
+            )
+        resources = build_resources(
+            num_nodes=self.num_nodes,
+            gpus_per_node=self.gpus_per_node,
+            cpus_per_task=self.cpus_per_task,
+            time_hours=self.time_hours,
+            timeout_hours=self.timeout_hours,
+            partition=self.partition or settings.partitions,
+            account=self.account or settings.account,
+            max_time_hours=settings.max_time_hours,
+            requeue=self.requeue,
+            exclude_nodes=self.exclude_nodes,
+            mem_mb=self.mem_mb,
+        )
+        nccl_env = _check_env_names(self.nccl_env or {}, "nccl_env")
+        if resources.is_multi_node and not nccl_env:
+            raise ValidationError(
+                f"a {resources.num_nodes}-node job needs a working NCCL environment: put NcclProbeOperator "
+                "upstream and pass its output as nccl_env (or pass nccl_env explicitly)"
+            )
+        if not isinstance(self.command, str) or not self.command.strip():
+            raise ValidationError("command is empty; give the shell command to run inside the container")
+        if not settings.results_dir:
+            raise ConnectionConfigError(
+                f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
+                "(extra results_dir or SLURM_BASE_RESULTS_DIR)"
+            )
+        spec = self.spec
+        if isinstance(spec, str):
+            try:
+                spec = yaml.safe_load(spec)
+            except yaml.YAMLError as exc:
+                raise ValidationError(f"spec is not valid YAML: {exc}") from None
+        if spec is not None and not isinstance(spec, Mapping):
+            raise ValidationError("spec must be a mapping (a dict or YAML text of a mapping)")
+        return {
+            "settings": settings,
+            "image": image,
+            "resources": resources,
+            "env": _check_env_names(self.env or {}, "env"),
+            "secret_names": _check_env_names(self.secret_env or {}, "secret_env"),
+            "nccl_env": nccl_env,
+            "spec": spec,
+        }
+
+    # ------------------------------------------------------------------ execute
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING."""
+        checked = self._validated()
+        settings = checked["settings"]
+        ti = context["ti"]
+        secrets = {name: resolve_secret(name, source) for name, source in checked["secret_names"].items()}
+        secret_values = list(secrets.values())
+
+        job_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index)
+        layout = JobLayout(settings.results_dir, job_id)
+        adopted: str | None = None
+        retry_of: str | None = None
+        if ti.try_number > 1:
+            previous = self.hook.read_file(layout.record_path)
+            if previous is not None and from_json(previous).terminal_state is not None:
+                retry_of = job_id
+                job_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number)
+                layout = JobLayout(settings.results_dir, job_id)
+                self.log.info("Job %s already finished: this try submits a fresh job %s", retry_of, job_id)
+            else:
+                adopted = self._adopt(job_id)
+
+        values = binding_values(results_dir=layout.results_dir, job_id=job_id, config_path=layout.spec_path)
+        command = bind_text(self.command, values)
+        env = {key: bind_text(value, values) for key, value in checked["env"].items()}
+        spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
+        resources = checked["resources"]
+        script = render_sbatch(
+            SbatchSpec(
+                job_name=job_id,
+                partition=resources.partition,
+                account=resources.account,
+                num_nodes=resources.num_nodes,
+                gpus_per_node=resources.gpus_per_node,
+                cpus_per_task=resources.cpus_per_task,
+                time=resources.slurm_time,
+                timeout_seconds=resources.timeout_seconds,
+                exclusive=resources.exclusive,
+                requeue=resources.requeue,
+                exclude_nodes=resources.exclude_nodes,
+                mem_mb=resources.mem_mb,
+                log_dir=layout.log_dir,
+                job_dir=layout.job_dir,
+                image=checked["image"].path,
+                container_mounts=self.container_mounts or settings.container_mounts,
+                command=command,
+                env=env,
+                nccl_env=checked["nccl_env"],
+                sidecar=layout.sidecar_path if secrets else None,
+                exit_code_file=layout.exit_code_path,
+            )
+        )
+        spec_text = yaml.safe_dump(spec, sort_keys=False) if spec is not None else ""
+        env_text = json.dumps(env, separators=(",", ":"), sort_keys=True)
+        for where, text in (("the rendered sbatch script", script), ("spec", spec_text), ("env", env_text)):
+            assert_no_secrets(text, where)
+            if any(value in text for value in secret_values):
+                raise SecretLeakError(f"a secret_env value appears in {where}; reference it by name ($NAME) instead")
+        lint_bash(script)
+
+        now = utc_now()
+        record = open_record(
+            job_id=job_id,
+            cluster=settings.cluster_name,
+            image=checked["image"].path,
+            network_arch=self.network_arch,
+            action=self.action,
+            results_dir=layout.results_dir,
+            job_dir=layout.job_dir,
+            log_dir=layout.log_dir,
+            job_name=job_id,
+            now=now,
+            retry_of=retry_of,
+            secrets=secret_values,
+        )
+        if adopted is None:
+            meta = {
+                "job_id": job_id,
+                "dag_id": ti.dag_id,
+                "task_id": ti.task_id,
+                "run_id": ti.run_id,
+                "map_index": ti.map_index,
+                "image": checked["image"].path,
+                "nodes": resources.num_nodes,
+                "gpus_per_node": resources.gpus_per_node,
+                "partition": resources.partition,
+                "secret_names": sorted(secrets),
+            }
+            self.hook.stage_files(
+                settings.results_dir, _job_files(layout, script, spec_text, env_text, meta, secrets, record)
+            )
+            adopted = self.hook.submit(layout.script_path, job_id, log_dir=layout.log_dir)
+        record = mark(
+            record,
+            TaoState.RUNNING,
+            now=utc_now(),
+            message=f"submitted as SLURM job {adopted}",
+            source="submit",
+            backend_ref=adopted,
+            secrets=secret_values,
+        )
+        self.hook.write_file(layout.record_path, to_json(record, secret_values).encode(), "644")
+        out_log, err_log = layout.log_paths(adopted)
+        self.log.info("SLURM job %s (%s) submitted on %s", adopted, job_id, settings.cluster_name)
+        self.log.info(
+            "Logs: %s and %s; results: %s; record: %s", out_log, err_log, layout.results_dir, layout.record_path
+        )
+        return {
+            "job_id": job_id,
+            "slurm_job_id": adopted,
+            "job_dir": layout.job_dir,
+            "results_dir": layout.results_dir,
+            "log_dir": layout.job_log_dir(adopted),
+            "record_path": layout.record_path,
+            "cluster": settings.cluster_name,
+            "script_path": layout.script_path,
+            "sidecar_path": layout.sidecar_path if secrets else None,
+            "exit_code_path": layout.exit_code_path,
+            "results_base": settings.results_dir,
+            "submitted_at": now,
+        }
+
+    def _adopt(self, job_id: str) -> str | None:
+        """On a retry, the job an earlier try submitted (live or finished), if any."""
+        ids = self.hook.find_jobs_by_name(job_id, all_hosts=True)
+        if len(ids) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(ids)} SLURM jobs are named {job_id} ({', '.join(ids)}); cancel the extra ones", ids
+            )
+        if ids:
+            self.log.info("Adopting SLURM job %s submitted by an earlier try of this task", ids[0])
+            return ids[0]
+        return None
+
+
+def _job_files(
+    layout: JobLayout,
+    script: str,
+    spec_text: str,
+    env_text: str,
+    meta: Mapping[str, Any],
+    secrets: Mapping[str, str],
+    record: Any,
+) -> dict[str, tuple[bytes | None, int]]:
+    """The files (and directories: content None) staged for one job, relative to the results base."""
+
+    def rel(path: str) -> str:
+        return path[len(layout.base) + 1 :]
+
+    files: dict[str, tuple[bytes | None, int]] = {
+        rel(layout.results_dir): (None, 0o755),
+        rel(layout.spec_path): (spec_text.encode(), 0o644),
+        rel(layout.env_path): (env_text.encode(), 0o644),
+        rel(layout.meta_path): (json.dumps(meta, separators=(",", ":"), sort_keys=True).encode(), 0o644),
+        rel(layout.script_path): (script.encode(), 0o700),
+        rel(layout.record_path): (to_json(record, list(secrets.values())).encode(), 0o644),
+    }
+    if secrets:
+        lines = "".join(f"export {name}={quote(value)}\n" for name, value in sorted(secrets.items()))
+        files[rel(layout.sidecar_path)] = (lines.encode(), 0o600)
+    return files
