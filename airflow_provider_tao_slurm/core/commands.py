@@ -647,3 +647,120 @@ def install_enroot_credentials(machine: str, login: str) -> str:
         'awk 1 "$n" >> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; '
         'then rm -f -- "$n"; else rm -f -- "$n" "$t"; false; fi'
     )
+
+
+_NODELIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-\[\],]*")
+
+
+def existing_nodes(node_list: str) -> str:
+    """``sinfo -h -N -o %N -n LIST``: the nodes of a SLURM hostlist (``n[1-2]``) that exist, one per line.
+
+    :raises ValidationError: for a list with characters a hostlist cannot have.
+    """
+    if not _NODELIST_RE.fullmatch(node_list or ""):
+        raise ValidationError(f"node list {node_list!r} is not a SLURM hostlist such as n1 or n[1-3,5]")
+    return join(["sinfo", "-h", "-N", "-o", "%N", "-n", node_list])
+
+
+# ------------------------------------------------------------------ preflight
+
+#: The Pyxis options of ``srun`` that the provider's batch scripts rely on.
+PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")
+
+_SRUN_OPTION_RE = re.compile(r"--[a-z][a-z0-9-]*")
+_ASSOC_FIELDS = 5
+
+
+def srun_help() -> str:
+    """``srun --help``: lists every option, including those SPANK plugins such as Pyxis register.
+
+    :returns: the command line; read its stdout with :func:`missing_srun_options`.
+    """
+    return join(["srun", "--help"])
+
+
+def missing_srun_options(help_text: str, options: Sequence[str]) -> list[str]:
+    """The options that ``srun --help`` does not list.
+
+    :param help_text: the stdout of :func:`srun_help`.
+    :param options: long options such as ``--container-image``.
+    :returns: the options not listed, in order (all of them for an empty help text).
+    :raises ValidationError: for an empty list or a value that is not a long option.
+    """
+    wanted = _names(options, _SRUN_OPTION_RE, "srun option")
+    return [option for option in wanted if not re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", help_text)]
+
+
+def srun_probe(partition: str, command: Sequence[str], *, account: str | None = None, wait_seconds: int = 60) -> str:
+    """Run a tiny command as a one-task, one-minute job step on a node of ``partition``.
+
+    ``--immediate`` makes srun give up when no node is free within ``wait_seconds`` instead of
+    waiting in the queue; ``--input=none`` keeps srun from reading the SSH channel's stdin.
+
+    :param partition: the partition whose nodes are checked.
+    :param command: the command words, e.g. ``["enroot", "version"]`` (plain words only).
+    :param account: the SLURM account to charge, or ``None`` for the user's default.
+    :param wait_seconds: how long srun may wait for a node (at least 1).
+    :returns: the command line.
+    :raises ValidationError: for a bad partition, account, command word or wait time.
+    """
+    options = [f"--partition={_names([partition], _SLURM_NAME_RE, 'partition')[0]}"]
+    if account is not None:
+        options.append(f"--account={_names([account], _SLURM_NAME_RE, 'SLURM account name')[0]}")
+    options += ["--nodes=1", "--ntasks=1", "--time=1", f"--immediate={_count(wait_seconds, 'wait_seconds', 1)}"]
+    return join(["srun", *options, "--input=none", *_names(command, _TOOL_RE, "command word")])
+
+
+@dataclass(frozen=True)
+class Association:
+    """One row of :func:`sacctmgr_assoc`: the user may charge ``account`` (on ``partition``, or on all)."""
+
+    cluster: str
+    account: str
+    user: str
+    partition: str | None
+    qos: str
+
+
+def parse_sacctmgr_assoc(stdout: str) -> list[Association]:
+    """Parse :func:`sacctmgr_assoc` output (``Cluster|Account|User|Partition|QOS`` lines).
+
+    :param stdout: sacctmgr's stdout; blank lines are skipped.
+    :returns: the associations; an empty partition means every partition.
+    :raises RemoteCommandError: for a line without five ``|``-separated fields.
+    """
+    rows: list[Association] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        cells = line.strip().split("|")
+        if len(cells) != _ASSOC_FIELDS:
+            raise RemoteCommandError(f"sacctmgr printed {line[:200]!r}, expected 'Cluster|Account|User|Partition|QOS'")
+        cluster, account, user, partition, qos = cells
+        rows.append(Association(cluster, account, user, partition or None, qos))
+    return rows
+
+
+def enroot_credentials_present(machines: Sequence[str]) -> str:
+    """Check that ``~/.config/enroot/.credentials`` has a line for every machine; never prints a secret.
+
+    :param machines: registry hosts, e.g. from :func:`enroot_credential_machines`.
+    :returns: the command line (prints ``OK <i>`` or ``MISSING <i>`` per machine); read it with
+        :func:`parse_enroot_credentials_present`.
+    :raises ValidationError: for an empty list or a value that is not a host name.
+    """
+    if isinstance(machines, str) or not machines:
+        raise ValidationError(f"pass a non-empty list of registry host names, not {machines!r}")
+    condition = '[ -f "$f" ] && awk -v m="$x" \'$1 == "machine" && $2"" == m { found = 1 } END { exit !found }\' "$f"'
+    return f'f="$HOME"/{quote(ENROOT_CREDENTIALS)}; ' + _indexed_checks(condition, [_machine(m) for m in machines])
+
+
+def parse_enroot_credentials_present(stdout: str, machines: Sequence[str]) -> list[str]:
+    """The machines :func:`enroot_credentials_present` found no credentials line for.
+
+    :param stdout: the command's stdout.
+    :param machines: the same machines, in the same order.
+    :returns: the machines without a line, in order.
+    :raises RemoteCommandError: when some machine got no answer.
+    """
+    return _parse_indexed(stdout, machines, "credentials")

@@ -826,3 +826,135 @@ def test_prepare_job_logs() -> None:
     assert commands.prepare_job_logs("/l/logs", "tao-x", "12") == (
         "mkdir -p -- /l/logs/tao-x-12 && { scontrol release 12 2>/dev/null || true; }"
     )
+
+
+def test_existing_nodes() -> None:
+    assert commands.existing_nodes("n[1-2],gpu3") == "sinfo -h -N -o %N -n 'n[1-2],gpu3'"
+
+
+@pytest.mark.parametrize("bad", ["", "-n1", "n1;id", "n 1", "n1\nn2"])
+def test_existing_nodes_rejects(bad: str) -> None:
+    with pytest.raises(ValidationError):
+        commands.existing_nodes(bad)
+
+
+# ------------------------------------------------------------------ preflight builders
+
+SRUN_HELP = """Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]] [ : [OPTIONS(N)...]] executable(N) [args(N)...]
+      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH
+                              [pyxis] the image to use for the container
+      --container-mounts=SRC:DST[:FLAGS][,SRC:DST...]
+      --no-container-mount-home
+                              [pyxis] do not bind mount the user's home directory
+      --container-workdir-extra  not the option itself
+  -h, --help                  show this help message
+"""
+
+
+@pytest.mark.parametrize(
+    ("help_text", "options", "missing"),
+    [
+        (SRUN_HELP, list(commands.PYXIS_SRUN_OPTIONS), []),
+        (SRUN_HELP, ["--container-image", "--container-workdir"], ["--container-workdir"]),
+        (SRUN_HELP, ["--container-mount-home"], ["--container-mount-home"]),
+        ("", ["--container-image"], ["--container-image"]),
+    ],
+    ids=["all-present", "prefix-of-longer-option-is-not-enough", "no-prefix-is-not-enough", "empty-help"],
+)
+def test_missing_srun_options(help_text: str, options: list[str], missing: list[str]) -> None:
+    assert commands.missing_srun_options(help_text, options) == missing
+
+
+def test_srun_probe_and_help_command_lines() -> None:
+    assert commands.srun_help() == "srun --help"
+    assert commands.srun_probe("cpu_long", ["enroot", "version"], account="gpu_proj", wait_seconds=30) == (
+        "srun --partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=30 --input=none "
+        "enroot version"
+    )
+    assert commands.srun_probe("cpu", ["enroot", "version"]) == (
+        "srun --partition=cpu --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none enroot version"
+    )
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: commands.missing_srun_options("", []),
+        lambda: commands.missing_srun_options("", "--container-image"),
+        lambda: commands.missing_srun_options("", ["-c"]),
+        lambda: commands.missing_srun_options("", ["--container-image;id"]),
+        lambda: commands.srun_probe("cpu long", ["enroot"]),
+        lambda: commands.srun_probe("cpu", ["enroot"], account="a;b"),
+        lambda: commands.srun_probe("cpu", ["enroot", "$(id)"]),
+        lambda: commands.srun_probe("cpu", ["enroot"], wait_seconds=0),
+        lambda: commands.srun_probe("-p", ["enroot"]),
+        lambda: commands.enroot_credentials_present([]),
+        lambda: commands.enroot_credentials_present("nvcr.io"),
+        lambda: commands.enroot_credentials_present(["nvcr.io;id"]),
+    ],
+    ids=[
+        "no-options",
+        "option-string",
+        "short-option",
+        "option-with-metachar",
+        "partition-space",
+        "account-metachar",
+        "command-substitution",
+        "zero-wait",
+        "partition-dash",
+        "no-machines",
+        "machine-string",
+        "machine-metachar",
+    ],
+)
+def test_preflight_builders_reject(build: Callable[[], Any]) -> None:
+    with pytest.raises(ValidationError):
+        build()
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        ("", []),
+        (
+            "mini|gpu_proj|slurmuser||normal\n\nmini|gpu_proj|slurmuser|polar|high\n",
+            [
+                commands.Association("mini", "gpu_proj", "slurmuser", None, "normal"),
+                commands.Association("mini", "gpu_proj", "slurmuser", "polar", "high"),
+            ],
+        ),
+    ],
+    ids=["no-association", "two-rows"],
+)
+def test_parse_sacctmgr_assoc(stdout: str, expected: list[commands.Association]) -> None:
+    assert commands.parse_sacctmgr_assoc(stdout) == expected
+
+
+def test_parse_sacctmgr_assoc_rejects_other_output() -> None:
+    with pytest.raises(RemoteCommandError, match="Cluster\\|Account"):
+        commands.parse_sacctmgr_assoc("sacctmgr: error: something\n")
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    ("content", "missing"),
+    [
+        (None, ["nvcr.io", "authn.nvidia.com"]),
+        ("machine nvcr.io login $oauthtoken password s3cr3t\n", ["authn.nvidia.com"]),
+        (
+            "machine nvcr.io.evil login x password s3cr3t\nmachine authn.nvidia.com login a password s3cr3t\n",
+            ["nvcr.io"],
+        ),
+        ("machine nvcr.io login a password s3cr3t\nmachine authn.nvidia.com login a password s3cr3t", []),
+    ],
+    ids=["no-file", "one-of-two", "longer-name-does-not-count", "both"],
+)
+def test_enroot_credentials_present(shell: str, content: str | None, missing: list[str], tmp_path: Path) -> None:
+    machines = ["nvcr.io", "authn.nvidia.com"]
+    if content is not None:
+        _credentials(tmp_path).parent.mkdir(parents=True)
+        _credentials(tmp_path).write_text(content)
+    result = run_shell(shell, commands.enroot_credentials_present(machines), tmp_path, env={"HOME": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    assert commands.parse_enroot_credentials_present(result.stdout.decode(), machines) == missing
+    assert b"s3cr3t" not in result.stdout + result.stderr

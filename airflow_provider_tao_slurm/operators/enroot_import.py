@@ -1,0 +1,449 @@
+"""``EnrootImportOperator``: convert a registry image to ``.sqsh`` once, on a CPU partition, before any GPU job.
+
+The conversion is a batch job (template ``enroot_import.sbatch.j2``) that writes a temporary file,
+checks the squashfs magic and size, and renames it into place. While it runs the task is
+deferred on :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` (no SSH
+session is held). Concurrent runs for the same target take turns through a lock directory on
+shared storage (see :mod:`airflow_provider_tao_slurm.core.conversion`): one submits, the others
+adopt its job id. A failed or invalid conversion fails the task; a registry URI is never returned.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.conversion import (
+    LOCK_SUBMIT_GRACE_S,
+    ConversionJob,
+    LockAction,
+    acquire_lock,
+    conversion_job_name,
+    held_lock_action,
+    lock_dir,
+    owner_of_job,
+    parse_lock,
+    record_lock_job,
+    remove_lock,
+    render_conversion_script,
+    sqsh_target,
+)
+from airflow_provider_tao_slurm.core.images import (
+    ImageRef,
+    check_sqsh_header,
+    needs_conversion,
+    parse_image,
+    registry_host,
+    sqsh_cache_path,
+)
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import check_slurm_job_id
+from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
+from airflow_provider_tao_slurm.exceptions import (
+    ConnectionConfigError,
+    ImageConversionError,
+    RemoteCommandError,
+    TaoSlurmError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+from airflow_provider_tao_slurm.triggers.slurm_job import DEFAULT_NOT_FOUND_GRACE_S, SlurmJobTrigger, state_to_payload
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+#: The registry login NGC expects with an API key as the password.
+NGC_LOGIN = "$oauthtoken"
+#: Bytes of each conversion log quoted in a failure message.
+LOG_TAIL_BYTES = 4096
+#: Seconds between looks at a lock whose owner is still submitting its job.
+LOCK_POLL_S = 2.0
+#: How :meth:`EnrootImportOperator._sqsh_problem` describes a file that is not there.
+MISSING = "the file does not exist"
+
+
+def registry_credentials_from_connection(conn_id: str) -> tuple[str, str]:
+    """Read a registry login and key from an Airflow connection (password field) and mask the key in logs.
+
+    :param conn_id: the connection; its login defaults to ``$oauthtoken`` (NGC).
+    :returns: ``(login, password)``.
+    :raises ConnectionConfigError: when the connection has no password.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.log import mask_secret
+
+    conn = BaseHook.get_connection(conn_id)
+    if not conn.password:
+        raise ConnectionConfigError(
+            f"registry connection {conn_id!r} has no password; put the registry key (for nvcr.io: the NGC API "
+            "key) in its password field"
+        )
+    mask_secret(conn.password)
+    return conn.login or NGC_LOGIN, conn.password
+
+
+def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, password: str) -> list[str]:
+    """Install Enroot credentials for ``image``'s registry on the cluster (the key travels over stdin only).
+
+    :returns: the credentials-file machines written (both NGC hosts for nvcr.io); empty for a ``.sqsh`` image.
+    :raises ValidationError: for a login or key that cannot go in the credentials file (the key is not shown).
+    """
+    host = registry_host(image)
+    if host is None:
+        return []
+    commands.credentials_line(host, login, password)
+    hook.install_enroot_credentials(host, password, login)
+    return list(commands.enroot_credential_machines(host))
+
+
+@dataclass(frozen=True)
+class _Plan:
+    image: ImageRef
+    target: str
+    lock: str
+    partition: str
+    account: str | None
+    results_dir: str
+
+
+@dataclass(frozen=True)
+class _Job:
+    job_id: str
+    job_name: str
+    submitted_at: float
+
+
+class EnrootImportOperator(SlurmBaseOperator):
+    """Make a container image available as a ``.sqsh`` file on shared storage and return its path.
+
+    ``image`` may be an absolute ``.sqsh`` path (checked: it must exist and be a squashfs image,
+    then it is returned as it is), or a registry image (``registry#repo:tag``,
+    ``docker://registry#repo:tag``, ``registry/repo:tag``). A registry image is converted into
+    ``sqsh_path`` (default: its cache name in ``containers_dir``) unless a valid file is already
+    there; a ``:latest`` image is reused too unless ``force_reconvert_latest``. An invalid or
+    truncated file at the target is reported and replaced, never used.
+
+    :param image: the image; templated.
+    :param sqsh_path: where to write the converted image (absolute, ending in ``.sqsh``); templated.
+    :param force_reconvert_latest: convert a ``:latest`` image again even if a valid file exists.
+    :param partition: the CPU partition of the conversion job (default: the connection's
+        ``conversion_partition``); templated.
+    :param account: the SLURM account (default: the connection's); templated.
+    :param cpus: CPUs of the conversion job.
+    :param mem_mb: memory of the conversion job in MB.
+    :param time_minutes: wall-time limit of the conversion job in minutes.
+    :param deferrable: wait for the conversion job in the triggerer (default) instead of the worker.
+    :param containers_dir: the image cache directory (default ``<results_dir>/containers``); templated.
+    :param poke_interval: seconds between status polls of the conversion job.
+    :param registry_conn_id: an Airflow connection whose password is the registry key (login defaults
+        to ``$oauthtoken``); when given, Enroot credentials are installed before converting.
+    :param slurm_conn_id: the ``tao_slurm`` connection.
+    """
+
+    template_fields = ("image", "sqsh_path", "partition", "account", "containers_dir")
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        sqsh_path: str | None = None,
+        force_reconvert_latest: bool = False,
+        partition: str | None = None,
+        account: str | None = None,
+        cpus: int = 4,
+        mem_mb: int = 7200,
+        time_minutes: int = 120,
+        deferrable: bool = True,
+        containers_dir: str | None = None,
+        poke_interval: float = 10.0,
+        registry_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.image = image
+        self.sqsh_path = sqsh_path
+        self.force_reconvert_latest = force_reconvert_latest
+        self.partition = partition
+        self.account = account
+        self.cpus = cpus
+        self.mem_mb = mem_mb
+        self.time_minutes = time_minutes
+        self.deferrable = deferrable
+        self.containers_dir = containers_dir
+        self.poke_interval = poke_interval
+        self.registry_conn_id = registry_conn_id
+
+    # ------------------------------------------------------------------ entry points
+
+    def execute(self, context: Any) -> str:
+        """Return the ``.sqsh`` path: checked, reused, or converted (deferring while the job runs)."""
+        image = self._image()
+        if image.path is not None:
+            return self._existing_image(image.path)
+        owner = secrets.token_hex(8)
+        plan = self._plan(image)
+        script = render_conversion_script(
+            ConversionJob(
+                job_name=conversion_job_name(owner),
+                image=image,
+                target=plan.target,
+                partition=plan.partition,
+                account=plan.account,
+                cpus=self.cpus,
+                mem_mb=self.mem_mb,
+                time_minutes=self.time_minutes,
+                log_dir=JobLayout(plan.results_dir, conversion_job_name(owner)).log_dir,
+            )
+        )
+        started = self._start(plan, script, owner)
+        if isinstance(started, str):
+            return started
+        if self.deferrable:
+            self.defer(
+                trigger=SlurmJobTrigger(
+                    slurm_conn_id=self.slurm_conn_id,
+                    slurm_job_id=started.job_id,
+                    job_name=started.job_name,
+                    poll_interval=self.poke_interval,
+                    submitted_at=started.submitted_at,
+                ),
+                method_name="execute_complete",
+            )
+        return self.execute_complete(context, self._wait(started))
+
+    def execute_complete(self, context: Any, event: Any = None) -> str:
+        """Check the trigger's event and the converted file; fail with the conversion log's tail."""
+        plan = self._plan(self._image())
+        job_id, job_name, failure = self._read_event(event)
+        try:
+            if failure is None:
+                problem = self._sqsh_problem(plan.target)
+                if problem is None:
+                    self.log.info("Image %s converted by SLURM job %s: %s", plan.image.raw, job_id, plan.target)
+                    return plan.target
+                failure = f"completed, but {plan.target} is not a usable image: {problem}"
+            raise ImageConversionError(
+                f"converting image {display_value(plan.image.raw)} failed: SLURM job {job_id} ({job_name}) "
+                f"{failure}. Nothing usable is at {plan.target}, and no GPU job may fall back to the registry "
+                "image. Fix the cause shown in the conversion log below (image name and tag, registry credentials "
+                "via registry_conn_id, mem_mb, time_minutes) and run the task again.\n"
+                + self._log_tail(plan.results_dir, job_id, job_name)
+            )
+        finally:
+            self._remove_lock_quietly(plan.lock, owner_of_job(job_name))
+
+    # ------------------------------------------------------------------ validation (no SSH)
+
+    def _image(self) -> ImageRef:
+        for name in ("force_reconvert_latest", "deferrable"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValidationError(f"{name}={display_value(getattr(self, name))} must be True or False")
+        interval = self.poke_interval
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
+            raise ValidationError(f"poke_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
+        image = parse_image(self.image)
+        if image.path is not None and self.sqsh_path is not None:
+            raise ValidationError(
+                f"sqsh_path is only for registry images, but image={display_value(self.image)} is already a "
+                ".sqsh file; remove sqsh_path"
+            )
+        return image
+
+    def _plan(self, image: ImageRef) -> _Plan:
+        settings = self.hook.settings
+        if not settings.results_dir:
+            raise ConnectionConfigError(
+                f"connection {self.slurm_conn_id!r} has no results_dir: set it (the shared base directory, e.g. "
+                "/lustre/<user>); conversion scripts and logs go under it"
+            )
+        results_dir = resolve_cluster_path(settings.results_dir, param="results_dir")
+        if self.sqsh_path is not None:
+            target = sqsh_target(self.sqsh_path)
+        else:
+            containers = resolve_cluster_path(
+                self.containers_dir or f"{results_dir}/containers", param="containers_dir"
+            )
+            target = sqsh_cache_path(image, containers)
+        return _Plan(
+            image=image,
+            target=target,
+            lock=lock_dir(target),
+            partition=self.partition or settings.conversion_partition,
+            account=self.account or settings.account,
+            results_dir=results_dir,
+        )
+
+    # ------------------------------------------------------------------ on the cluster
+
+    def _sqsh_problem(self, path: str) -> str | None:
+        """Why ``path`` is not a usable squashfs image (:data:`MISSING` when absent), or None."""
+        found = commands.parse_sqsh_check(
+            self.hook.run(commands.sqsh_check(path), check=True, what="image check").stdout
+        )
+        if found is None:
+            return MISSING
+        size, magic = found
+        return check_sqsh_header(bytes.fromhex(magic), size)
+
+    def _existing_image(self, path: str) -> str:
+        problem = self._sqsh_problem(path)
+        if problem == MISSING:
+            raise ImageConversionError(
+                f"image {path} does not exist on cluster {self.hook.settings.cluster_name!r}; fix the path, or give "
+                "the registry image (e.g. nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt) to convert it"
+            )
+        if problem is not None:
+            raise ImageConversionError(f"image {path} is not usable: {problem}")
+        self.log.info("Using the existing image %s", path)
+        return path
+
+    def _start(self, plan: _Plan, script: str, owner: str) -> str | _Job:
+        """Reuse a valid file, or submit the conversion, or adopt the conversion another run started."""
+        problem = self._sqsh_problem(plan.target)
+        if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
+            self.log.info("Reusing the converted image %s", plan.target)
+            return plan.target
+        if problem not in (None, MISSING):
+            self.log.warning("%s is not a usable image (%s); converting again to replace it", plan.target, problem)
+        deadline = time.monotonic() + LOCK_SUBMIT_GRACE_S + 60
+        while time.monotonic() < deadline:
+            acquired = self.hook.run(acquire_lock(plan.lock, owner), check=True, what="taking the conversion lock")
+            lock = parse_lock(acquired.stdout)
+            if lock.acquired:
+                return self._convert(plan, script, owner)
+            holder = self.hook.get_states([lock.job_id]).get(lock.job_id) if lock.job_id else None
+            action = held_lock_action(lock, holder)
+            if action is LockAction.ADOPT and lock.owner and lock.job_id:
+                self.log.info(
+                    "Another run is converting %s with SLURM job %s: waiting for it", plan.target, lock.job_id
+                )
+                return _Job(lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds)
+            if action is LockAction.WAIT:
+                time.sleep(LOCK_POLL_S)
+                continue
+            if (
+                action is LockAction.FINISHED
+                and not self.force_reconvert_latest
+                and self._sqsh_problem(plan.target) is None
+            ):
+                self._remove_lock_quietly(plan.lock, lock.owner)
+                self.log.info("Reusing the image converted by SLURM job %s: %s", lock.job_id, plan.target)
+                return plan.target
+            self.log.warning("Removing the stale conversion lock %s (%s, job %s)", plan.lock, action, lock.job_id)
+            self._remove_lock(plan.lock, lock.owner)
+        raise ImageConversionError(
+            f"the conversion lock {plan.lock} stayed without a conversion job for {LOCK_SUBMIT_GRACE_S} s; if no "
+            f"conversion of this image is running (squeue --me), remove it by hand (rm -rf {plan.lock}) and retry"
+        )
+
+    def _convert(self, plan: _Plan, script: str, owner: str) -> str | _Job:
+        """Holding the lock: check the target once more, then stage and submit the conversion job."""
+        job_name = conversion_job_name(owner)
+        try:
+            problem = self._sqsh_problem(plan.target)
+            if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
+                self._remove_lock(plan.lock, owner)
+                self.log.info("Reusing the image another run converted meanwhile: %s", plan.target)
+                return plan.target
+            if self.registry_conn_id is not None:
+                login, password = registry_credentials_from_connection(self.registry_conn_id)
+                machines = install_registry_credentials(self.hook, plan.image, login, password)
+                self.log.info("Installed Enroot credentials for %s", ", ".join(machines))
+            layout = JobLayout(plan.results_dir, job_name)
+            self.hook.write_file(layout.script_path, script.encode(), mode="600")
+            job_id = self.hook.submit(layout.script_path, job_name, log_dir=layout.log_dir)
+        except Exception:
+            self._remove_lock_quietly(plan.lock, owner)
+            raise
+        recorded = self.hook.run(record_lock_job(plan.lock, owner, job_id), what="recording the conversion job")
+        if recorded.rc != 0:
+            self.log.warning("The conversion lock %s was taken over; SLURM job %s converts anyway", plan.lock, job_id)
+        self.log.info(
+            "Converting %s into %s with SLURM job %s on partition %s",
+            plan.image.raw,
+            plan.target,
+            job_id,
+            plan.partition,
+        )
+        return _Job(job_id, job_name, time.time())
+
+    def _wait(self, job: _Job) -> dict[str, Any]:
+        """Non-deferrable mode: poll until the job is terminal; return the event the trigger would send."""
+        last_seen = job.submitted_at
+        while True:
+            state = self.hook.get_states([job.job_id]).get(job.job_id)
+            if state is not None:
+                last_seen = time.time()
+                if state.is_terminal:
+                    return {
+                        "status": "terminal",
+                        "slurm_job_id": job.job_id,
+                        "job_name": job.job_name,
+                        "state": state_to_payload(state),
+                    }
+            elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
+                return {
+                    "status": "error",
+                    "slurm_job_id": job.job_id,
+                    "job_name": job.job_name,
+                    "message": f"is unknown to squeue and sacct; check `sacct -j {job.job_id}`",
+                }
+            time.sleep(self.poke_interval)
+
+    def _read_event(self, event: Any) -> tuple[str, str, str | None]:
+        """``(job id, job name, failure description or None)`` from a trigger event."""
+        try:
+            if not isinstance(event, dict):
+                raise ValidationError(f"the event is {display_value(event)}, not a dict")
+            job_id = check_slurm_job_id(str(event.get("slurm_job_id")))
+            job_name = str(event.get("job_name"))
+            owner_of_job(job_name)
+        except ValidationError as exc:
+            raise ImageConversionError(
+                f"the conversion trigger sent an unusable event ({exc}); check the triggerer's log and run the task "
+                "again"
+            ) from None
+        raw_state = event.get("state")
+        state: dict[str, Any] = raw_state if isinstance(raw_state, dict) else {}
+        if event.get("status") == "terminal" and state.get("tao_state") == TaoState.COMPLETE:
+            return job_id, job_name, None
+        if event.get("status") == "terminal":
+            return (
+                job_id,
+                job_name,
+                f"ended {state.get('message') or state.get('native')} (exit code {state.get('exit_code')})",
+            )
+        return job_id, job_name, str(event.get("message") or f"ended with event status {event.get('status')!r}")
+
+    def _log_tail(self, results_dir: str, job_id: str, job_name: str) -> str:
+        """The last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
+        out, err = JobLayout(results_dir, job_name).log_paths(job_id)
+        sections = []
+        for path in (err, out):
+            try:
+                size = self.hook.read_log(path, 0, 1).size
+                text = self.hook.read_log(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES).data if size else ""
+            except TaoSlurmError as exc:
+                text = f"(could not read it: {exc})"
+            sections.append(f"--- end of {path} ---\n{redact_text(text.strip()) or '(empty or missing)'}")
+        return "\n".join(sections)
+
+    def _remove_lock(self, lock: str, owner: str | None) -> None:
+        try:
+            self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
+        except RemoteCommandError as exc:
+            raise ImageConversionError(
+                f"cannot remove the stale conversion lock {lock} ({exc}); if no conversion of this image is "
+                f"running (squeue --me), remove it by hand: rm -rf {lock}"
+            ) from None
+
+    def _remove_lock_quietly(self, lock: str, owner: str | None) -> None:
+        try:
+            self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
+        except TaoSlurmError as exc:
+            self.log.warning("Could not remove the conversion lock %s (%s); the next run cleans it up", lock, exc)

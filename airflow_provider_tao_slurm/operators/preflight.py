@@ -1,0 +1,299 @@
+"""``SlurmPreflightOperator``: check everything a GPU training run needs from the cluster, before the GPU.
+
+Each check is one round trip over the hook's single SSH connection. Every problem found is
+collected with its fix; the task fails once, listing all of them (:class:`PreflightError`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.images import ImageRef, parse_image, registry_host
+from airflow_provider_tao_slurm.core.resources import parse_partitions
+from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
+from airflow_provider_tao_slurm.exceptions import (
+    ConnectionConfigError,
+    ConnectionLostError,
+    KeyFilePermissionError,
+    PreflightError,
+    SlurmConnectionError,
+    TaoSlurmError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+from airflow_provider_tao_slurm.operators.enroot_import import (
+    NGC_LOGIN,
+    install_registry_credentials,
+    registry_credentials_from_connection,
+)
+
+#: The SLURM commands the provider runs on the login host.
+SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun")
+#: Registries that always need Enroot credentials (NGC refuses anonymous pulls of most images).
+CREDENTIAL_REGISTRIES = frozenset({"nvcr.io"})
+
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class SlurmPreflightOperator(SlurmBaseOperator):
+    """Check that the cluster is ready for this provider; fail listing every problem with its fix.
+
+    Checks, in order: key-only login; ``sbatch``, ``squeue``, ``sacct``, ``scancel`` and ``srun`` on the
+    login host; the Pyxis options of ``srun`` (from ``srun --help``, which lists the options SPANK
+    plugins register); ``enroot version`` in a one-minute step on the conversion partition; the
+    results directory is writable; the partitions exist (``sinfo``); the account is usable by the user
+    (``sacctmgr``); Enroot credentials for ``image``'s registry when it needs them (installed first
+    from ``registry_conn_id`` or ``registry_secret_env`` when given).
+
+    :param partitions: GPU partitions to check (default: the connection's); templated.
+    :param conversion_partition: the CPU partition for image conversion (default: the connection's); templated.
+    :param account: the SLURM account (default: the connection's; none means the user's default); templated.
+    :param results_dir: the shared results directory (default: the connection's); templated.
+    :param image: the image the pipeline will use; its registry decides whether credentials are checked; templated.
+    :param registry_conn_id: Airflow connection whose password is the registry key (login defaults to
+        ``$oauthtoken``); the credentials are installed on the cluster before they are checked.
+    :param registry_secret_env: name of a worker environment variable holding the registry key (login
+        ``$oauthtoken``), as an alternative to ``registry_conn_id``.
+    :param pyxis_options: the ``srun`` options Pyxis must provide.
+    :param check_enroot: run the ``enroot version`` step on the conversion partition.
+    :param enroot_wait_seconds: how long that step may wait for a free node.
+    :param slurm_conn_id: the ``tao_slurm`` connection.
+    :returns: a report: ``cluster``, ``login_host``, ``user`` and ``checks`` (check name to what was found).
+    :raises PreflightError: listing every problem and its fix (``.problems``).
+    """
+
+    template_fields = ("partitions", "conversion_partition", "account", "results_dir", "image")
+
+    def __init__(
+        self,
+        *,
+        partitions: str | Sequence[str] | None = None,
+        conversion_partition: str | None = None,
+        account: str | None = None,
+        results_dir: str | None = None,
+        image: str | None = None,
+        registry_conn_id: str | None = None,
+        registry_secret_env: str | None = None,
+        pyxis_options: Sequence[str] = commands.PYXIS_SRUN_OPTIONS,
+        check_enroot: bool = True,
+        enroot_wait_seconds: int = 60,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.partitions = partitions
+        self.conversion_partition = conversion_partition
+        self.account = account
+        self.results_dir = results_dir
+        self.image = image
+        self.registry_conn_id = registry_conn_id
+        self.registry_secret_env = registry_secret_env
+        self.pyxis_options = pyxis_options
+        self.check_enroot = check_enroot
+        self.enroot_wait_seconds = enroot_wait_seconds
+
+    def execute(self, context: Any) -> dict[str, Any]:
+        """Run every check; return the report or raise :class:`PreflightError` listing all problems."""
+        image = self._validate()
+        settings = self.hook.settings
+        partitions = parse_partitions(self.partitions or settings.partitions)
+        conversion = parse_partitions([self.conversion_partition or settings.conversion_partition])[0]
+        account = self.account or settings.account
+        account_check = None if account is None else commands.sacctmgr_assoc(settings.user, account)
+        results_dir = self.results_dir or settings.results_dir
+        found = _Findings(settings.cluster_name)
+        try:
+            self.hook.get_conn()
+        except (SlurmConnectionError, KeyFilePermissionError) as exc:
+            found.problems.append(
+                f"login: {exc} (fix the connection {self.slurm_conn_id!r}: host, port, login, key_file, host_key); "
+                "the other checks need a login and were skipped"
+            )
+            found.fail()
+        found.checks["login"] = f"ok: {settings.user}@{self.hook.active_host} with a key, no password"
+        tools_ok = found.run("tools", self._tools)
+        if tools_ok:
+            found.run("pyxis", self._pyxis)
+        found.run("results_dir", lambda: self._results_dir(results_dir))
+        found.run("partitions", lambda: self._partitions([*partitions, conversion]))
+        account_ok = found.run("account", lambda: self._account(account, account_check))
+        if self.check_enroot and tools_ok:
+            found.run("enroot", lambda: self._enroot(conversion, account if account_ok else None))
+        if image is not None:
+            found.run("credentials", lambda: self._credentials(image))
+        if found.problems:
+            found.fail()
+        report = {
+            "cluster": settings.cluster_name,
+            "login_host": self.hook.active_host,
+            "user": settings.user,
+            "checks": found.checks,
+        }
+        self.log.info("Preflight passed on cluster %s: %s", settings.cluster_name, found.checks)
+        return report
+
+    # ------------------------------------------------------------------ validation (no SSH)
+
+    def _validate(self) -> ImageRef | None:
+        """Check every explicit input before the hook is created; returns the parsed image."""
+        if self.partitions:
+            parse_partitions(self.partitions)
+        if self.conversion_partition is not None:
+            parse_partitions([self.conversion_partition])
+        if self.results_dir is not None:
+            resolve_cluster_path(self.results_dir, param="results_dir")
+        commands.missing_srun_options("", self.pyxis_options)
+        if not isinstance(self.check_enroot, bool):
+            raise ValidationError(f"check_enroot={display_value(self.check_enroot)} must be True or False")
+        commands.srun_probe("any", ["enroot", "version"], account=self.account, wait_seconds=self.enroot_wait_seconds)
+        if self.registry_conn_id is not None and self.registry_secret_env is not None:
+            raise ValidationError("give registry_conn_id or registry_secret_env, not both")
+        if self.registry_secret_env is not None and not _ENV_NAME_RE.fullmatch(str(self.registry_secret_env)):
+            raise ValidationError(
+                f"registry_secret_env={display_value(self.registry_secret_env)} is not an environment variable name"
+            )
+        return None if self.image is None else parse_image(self.image)
+
+    # ------------------------------------------------------------------ checks: (ok, what was found or the problem)
+
+    def _tools(self) -> tuple[bool, str]:
+        result = self.hook.run(commands.which(SLURM_TOOLS), what="tool check")
+        missing = commands.parse_which(result.stdout, SLURM_TOOLS)
+        if missing:
+            return False, (
+                f"{', '.join(missing)} not found on the login host {self.hook.active_host}; install the SLURM client "
+                "tools there or add their directory to PATH for non-interactive SSH logins"
+            )
+        return True, "ok: " + " ".join(SLURM_TOOLS)
+
+    def _pyxis(self) -> tuple[bool, str]:
+        result = self.hook.run(commands.srun_help(), what="srun --help")
+        missing = commands.missing_srun_options(result.stdout, self.pyxis_options)
+        if missing:
+            return False, (
+                f"srun does not offer {', '.join(missing)}, so Pyxis is missing or too old; install the Pyxis SPANK "
+                "plugin (https://github.com/NVIDIA/pyxis) on the login and compute nodes and list it in plugstack.conf"
+            )
+        return True, "ok: srun offers " + " ".join(self.pyxis_options)
+
+    def _results_dir(self, results_dir: str | None) -> tuple[bool, str]:
+        if not results_dir:
+            return False, "none is set; set results_dir on the connection (a shared directory, e.g. /lustre/<user>)"
+        path = resolve_cluster_path(results_dir, param="results_dir")
+        if self.hook.run(commands.writable_dir(path), what="results dir check").rc != 0:
+            user = self.hook.settings.user
+            return False, (
+                f"{path} is not a directory that {user} can write; create it (mkdir -p {path}) and make it writable "
+                f"for {user}, or point results_dir at such a directory"
+            )
+        return True, f"ok: {path} is writable"
+
+    def _partitions(self, wanted: list[str]) -> tuple[bool, str]:
+        result = self.hook.run(commands.sinfo_partitions(), check=True, what="sinfo")
+        known = {partition.name for partition in commands.parse_sinfo_partitions(result.stdout)}
+        names = list(dict.fromkeys(wanted))
+        missing = [name for name in names if name not in known]
+        if missing:
+            return False, (
+                f"{', '.join(missing)} do(es) not exist (sinfo lists {', '.join(sorted(known)) or 'none'}); fix "
+                "partition / conversion_partition on the connection or the operator"
+            )
+        return True, "ok: " + ", ".join(names)
+
+    def _account(self, account: str | None, command: str | None) -> tuple[bool, str]:
+        if account is None or command is None:
+            return True, "ok: none set, jobs use the user's default account"
+        result = self.hook.run(command, what="sacctmgr")
+        if result.rc != 0:
+            return True, f"not verified: sacctmgr failed ({result.stderr.strip()[-200:]})"
+        user = self.hook.settings.user
+        if not commands.parse_sacctmgr_assoc(result.stdout):
+            return False, (
+                f"user {user} has no association with account {account} (sacctmgr lists none), so sbatch would "
+                "refuse the jobs; fix account on the connection or the operator, or ask the cluster admins to add it"
+            )
+        return True, f"ok: {user} may charge {account}"
+
+    def _enroot(self, partition: str, account: str | None) -> tuple[bool, str]:
+        wait = self.enroot_wait_seconds
+        command = commands.srun_probe(partition, ["enroot", "version"], account=account, wait_seconds=wait)
+        result = self.hook.run(command, what="enroot check", timeout=wait + 120)
+        lines = result.stdout.strip().splitlines()
+        if result.rc != 0 or not lines:
+            return False, (
+                f"`enroot version` did not run on partition {partition} (exit status {result.rc}: "
+                f"{result.stderr.strip()[-500:]}); install Enroot on its nodes, or set conversion_partition to a CPU "
+                "partition whose nodes have it (on a busy partition, run the preflight again later)"
+            )
+        return True, f"ok: enroot {lines[-1]} on partition {partition}"
+
+    def _credentials(self, image: ImageRef) -> tuple[bool, str]:
+        host = registry_host(image)
+        secret = self._registry_secret()
+        if host is None or (host not in CREDENTIAL_REGISTRIES and secret is None):
+            return True, "ok: not needed for this image"
+        if secret is not None:
+            install_registry_credentials(self.hook, image, *secret)
+        machines = list(commands.enroot_credential_machines(host))
+        result = self.hook.run(commands.enroot_credentials_present(machines), what="credentials check")
+        missing = commands.parse_enroot_credentials_present(result.stdout, machines)
+        if missing:
+            return False, (
+                f"no Enroot credentials for {', '.join(missing)} in ~/.config/enroot/.credentials; pass "
+                "registry_conn_id (a connection with the registry key as password) or registry_secret_env to install "
+                f"them, or add lines like 'machine {missing[0]} login $oauthtoken password <key>' (mode 600) yourself"
+            )
+        return True, f"ok: present for {', '.join(machines)}" + (" (installed now)" if secret else "")
+
+    def _registry_secret(self) -> tuple[str, str] | None:
+        """``(login, key)`` from ``registry_conn_id`` or ``registry_secret_env``; None when neither is given."""
+        if self.registry_conn_id is not None:
+            return registry_credentials_from_connection(self.registry_conn_id)
+        if self.registry_secret_env is None:
+            return None
+        from airflow.sdk.log import mask_secret
+
+        value = os.environ.get(self.registry_secret_env)
+        if not value:
+            raise ConnectionConfigError(
+                f"environment variable {self.registry_secret_env} is not set on the worker; export the registry key "
+                "in it, or use registry_conn_id"
+            )
+        mask_secret(value)
+        return NGC_LOGIN, value
+
+
+@dataclass
+class _Findings:
+    """What the checks found: a line per passed check, and every problem with its fix."""
+
+    cluster: str
+    checks: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    def run(self, name: str, check: Callable[[], tuple[bool, str]]) -> bool:
+        """Run one check and record its outcome; a lost connection ends the preflight."""
+        try:
+            ok, text = check()
+        except ConnectionLostError:
+            raise
+        except TaoSlurmError as exc:
+            ok, text = (
+                False,
+                f"the check could not run ({exc}); run the preflight again, and check the login host if it repeats",
+            )
+        self.checks[name] = text if ok else "FAILED"
+        if not ok:
+            self.problems.append(f"{name}: {text}")
+        return ok
+
+    def fail(self) -> NoReturn:
+        """Raise :class:`PreflightError` listing every problem."""
+        listing = "\n".join(f"- {problem}" for problem in self.problems)
+        raise PreflightError(
+            f"preflight found {len(self.problems)} problem(s) on cluster {self.cluster!r}:\n{listing}", self.problems
+        )

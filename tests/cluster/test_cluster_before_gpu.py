@@ -1,0 +1,466 @@
+"""Before the GPU, on the local SLURM test cluster: preflight, dataset check and image import.
+
+Deferrable operators run without a scheduler: ``execute`` raises ``TaskDeferred``; the trigger is
+rebuilt from its ``serialize()`` output (as the triggerer does) and run until its first event in one
+background event loop shared by the whole module (like one triggerer process); then
+``execute_complete`` gets the event. Image names carry a per-run token, so reruns never hit an old
+cache file; the files, locks, scripts and logs of this module are removed at the end. The Enroot
+stand-in's pull delay is set to 1 s for the module (restored afterwards).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import threading
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao_slurm.core.images import parse_image, sqsh_cache_name
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.exceptions import (
+    ImageConversionError,
+    ImageReferenceError,
+    MissingPathsError,
+    PreflightError,
+    StoragePathError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
+from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
+from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
+from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("slurm_connection_env")]
+
+TOKEN = uuid.uuid4().hex[:8]
+CANARY = f"/tmp/tao-canary-{TOKEN}"
+REGISTRY_SECRET = f"robot-key-{TOKEN}-do-not-log"
+
+
+class Triggerer:
+    """One event loop in a background thread, as in a triggerer process: every trigger runs in it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="triggerer", daemon=True)
+        self.thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def first_event(self, trigger: Any, timeout: float = 120) -> dict[str, Any]:
+        """Rebuild ``trigger`` from ``serialize()`` and return the payload of its first event."""
+        classpath, kwargs = trigger.serialize()
+        module, _, name = classpath.rpartition(".")
+        rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
+
+        async def first() -> dict[str, Any]:
+            async for event in rebuilt.run():
+                return dict(event.payload)
+            raise AssertionError("the trigger ended without an event")
+
+        return dict(self.call(first(), timeout))
+
+    def close(self) -> None:
+        self.call(async_pool().close_all(), 10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def triggerer() -> Iterator[Triggerer]:
+    runner = Triggerer()
+    yield runner
+    runner.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fast_enroot(cluster: ClusterEnv) -> Iterator[None]:
+    """Set the Enroot stand-in's pull delay to 1 s for this module; restore the knob file afterwards."""
+    knobs = Path(cluster.enroot_conf)
+    original = knobs.read_text()
+    set_delay(cluster, 1)
+    yield
+    knobs.write_text(original)
+
+
+def set_delay(cluster: ClusterEnv, seconds: int) -> None:
+    knobs = Path(cluster.enroot_conf)
+    lines = [line for line in knobs.read_text().splitlines() if not line.startswith("DELAY=")]
+    knobs.write_text("\n".join([f"DELAY={seconds}", *lines]) + "\n")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cleanup(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[None]:
+    """Remove this run's images, locks, datasets, conversion scripts and logs; check the canary never appeared."""
+    yield
+    rc, _, err = ssh_run(
+        f"rm -rf -- {quote(cluster.containers_dir)}/*{TOKEN}* {quote(cluster.results_dir)}/ds-{TOKEN}; "
+        f"for j in $(grep -l {TOKEN} {quote(cluster.results_dir)}/jobs/tao-enroot-*/sbatch/*.sbatch 2>/dev/null); do "
+        'n=${j%/sbatch/*}; n=${n##*/}; rm -rf -- "${j%/sbatch/*}" ' + f'{quote(cluster.results_dir)}/logs/"$n"-*; done'
+    )
+    assert rc == 0, err
+    assert not Path(CANARY).exists()
+
+
+@pytest.fixture
+def credentials_restored(ssh_run: SshRun) -> Iterator[None]:
+    """Keep the cluster user's Enroot credentials file as it was before the test."""
+    rc, before, _ = ssh_run("cat ~/.config/enroot/.credentials")
+    yield
+    if rc == 0:
+        ssh_run("umask 077 && cat > ~/.config/enroot/.credentials", stdin=before)
+    else:
+        ssh_run("rm -f ~/.config/enroot/.credentials")
+
+
+@pytest.fixture
+def registry_conn(monkeypatch: pytest.MonkeyPatch) -> str:
+    """An Airflow connection holding a (fake) registry key in its password field."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TEST_REGISTRY",
+        json.dumps({"conn_type": "generic", "login": "robot", "password": REGISTRY_SECRET}),
+    )
+    return "test_registry"
+
+
+def counting_hook(monkeypatch: pytest.MonkeyPatch) -> tuple[SlurmHook, list[str]]:
+    """A real hook on ``slurm_default`` that records every command it sends."""
+    hook = SlurmHook()
+    sent: list[str] = []
+    run_bytes = hook._run_bytes
+
+    def record(command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
+        sent.append(command)
+        return run_bytes(command, stdin, timeout)
+
+    monkeypatch.setattr(hook, "_run_bytes", record)
+    return hook, sent
+
+
+def image_name(kind: str, tag: str = "1") -> str:
+    return f"example.org/tao-test/{kind}-{TOKEN}:{tag}"
+
+
+def target_of(cluster: ClusterEnv, image: str) -> str:
+    return f"{cluster.containers_dir}/{sqsh_cache_name(parse_image(image))}"
+
+
+def imports_of(cluster: ClusterEnv, image: str) -> list[list[str]]:
+    """The Enroot stand-in's evidence lines (time, host, job id, URI) for ``image``."""
+    uri = parse_image(image).enroot_uri
+    lines = Path(cluster.enroot_imports_log).read_text().splitlines()
+    return [line.split("\t") for line in lines if line.endswith(f"\t{uri}")]
+
+
+def run_import(triggerer: Triggerer, operator: EnrootImportOperator) -> tuple[str, dict[str, Any] | None]:
+    """Run ``operator`` like Airflow: execute, and if it defers, trigger then execute_complete."""
+    try:
+        return operator.execute({}), None
+    except TaskDeferred as deferred:
+        trigger, method = deferred.trigger, deferred.method_name
+    assert method == "execute_complete"
+    event = triggerer.first_event(trigger)
+    return operator.execute_complete({}, event=event), event
+
+
+def sqsh_header(ssh_run: SshRun, path: str) -> str:
+    rc, out, err = ssh_run(f"head -c 4 -- {quote(path)}")
+    assert rc == 0, err
+    return out
+
+
+def importer(cluster: ClusterEnv, image: str, **kwargs: Any) -> EnrootImportOperator:
+    return EnrootImportOperator(
+        task_id="import", image=image, containers_dir=cluster.containers_dir, poke_interval=1, **kwargs
+    )
+
+
+# ------------------------------------------------------------------ preflight
+
+
+def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
+    report = SlurmPreflightOperator(task_id="preflight", image=image_name("preflight")).execute({})
+    assert report["cluster"] == cluster.cluster_name
+    assert report["user"] == cluster.user
+    assert report["checks"] == {
+        "login": f"ok: {cluster.user}@{cluster.host} with a key, no password",
+        "tools": "ok: sbatch squeue sacct scancel srun",
+        "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
+        "results_dir": f"ok: {cluster.results_dir} is writable",
+        "partitions": f"ok: {cluster.gpu_partition}, {cluster.cpu_partition}",
+        "account": f"ok: {cluster.user} may charge {cluster.account}",
+        "enroot": f"ok: enroot 3.4.1 on partition {cluster.cpu_partition}",
+        "credentials": "ok: not needed for this image",
+    }
+
+
+BAD_ACCOUNT = {"account": f"noacct{TOKEN}"}
+READ_ONLY_DIR = {"results_dir": "/srv/lustre/.harness"}
+# The Pyxis check asks `srun --help` for the options Pyxis registers. Asking for one more option
+# than the installed plugin provides is how a cluster without (or with an older) Pyxis looks to
+# the check, without touching the shared plugstack configuration that other tests rely on.
+NO_SUCH_PYXIS_OPTION = {"pyxis_options": ["--container-image", "--container-tao-selftest"]}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problems"),
+    [
+        (BAD_ACCOUNT, ["account"]),
+        (READ_ONLY_DIR, ["results_dir"]),
+        (NO_SUCH_PYXIS_OPTION, ["pyxis"]),
+        ({**BAD_ACCOUNT, **READ_ONLY_DIR, **NO_SUCH_PYXIS_OPTION}, ["pyxis", "results_dir", "account"]),
+    ],
+    ids=["wrong-account", "results-dir-not-writable", "pyxis-option-missing", "all-three-at-once"],
+)
+def test_preflight_reports_every_problem_with_its_fix(kwargs: dict[str, Any], problems: list[str]) -> None:
+    with pytest.raises(PreflightError) as info:
+        # The enroot step needs a free CPU node; it is covered by the passing preflight above.
+        SlurmPreflightOperator(task_id="preflight", check_enroot=False, **kwargs).execute({})
+    assert [problem.split(":", 1)[0] for problem in info.value.problems] == problems
+    text = str(info.value)
+    if "account" in problems:
+        assert f"has no association with account noacct{TOKEN}" in text
+    if "results_dir" in problems:
+        assert "/srv/lustre/.harness is not a directory that slurmuser can write; create it" in text
+    if "pyxis" in problems:
+        assert "srun does not offer --container-tao-selftest" in text
+        assert "install the Pyxis SPANK plugin" in text
+
+
+@pytest.mark.usefixtures("credentials_restored")
+def test_preflight_installs_registry_credentials_from_a_connection(ssh_run: SshRun, registry_conn: str) -> None:
+    operator = SlurmPreflightOperator(
+        task_id="preflight", image="registry.example.org/team/app:1", registry_conn_id=registry_conn, check_enroot=False
+    )
+    report = operator.execute({})
+    assert report["checks"]["credentials"] == "ok: present for registry.example.org (installed now)"
+    assert REGISTRY_SECRET not in json.dumps(report)
+    rc, out, err = ssh_run("stat -c %a ~/.config/enroot/.credentials && cat ~/.config/enroot/.credentials")
+    assert rc == 0, err
+    mode, *lines = out.splitlines()
+    assert mode == "600"
+    assert f"machine registry.example.org login robot password {REGISTRY_SECRET}" in lines
+
+
+# ------------------------------------------------------------------ StageDatasetCheckOperator
+
+
+@pytest.fixture(scope="module")
+def dataset(cluster: ClusterEnv, ssh_run: SshRun) -> str:
+    base = f"{cluster.results_dir}/ds-{TOKEN}"
+    rc, _, err = ssh_run(f"mkdir -p {base}/train/images && echo '{{}}' > {base}/val.json")
+    assert rc == 0, err
+    return base
+
+
+def test_dataset_check_returns_the_resolved_paths(dataset: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    hook, sent = counting_hook(monkeypatch)
+    paths = {"train": f"lustre://{dataset}/train/", "val": f"slurm://login{dataset}/val.json", "root": dataset}
+    operator = StageDatasetCheckOperator(task_id="check", paths=paths)
+    operator.__dict__["hook"] = hook
+    assert operator.execute({}) == {"train": f"{dataset}/train", "val": f"{dataset}/val.json", "root": dataset}
+    assert len(sent) == 1, "all paths are checked in one round trip"
+
+
+def test_dataset_check_names_every_missing_path_in_one_error(dataset: str) -> None:
+    paths = [f"{dataset}/train", f"{dataset}/test", f"lustre://{dataset}/labels.json"]
+    with pytest.raises(MissingPathsError) as info:
+        StageDatasetCheckOperator(task_id="check", paths=paths).execute({})
+    assert info.value.missing == [f"{dataset}/test", f"{dataset}/labels.json"]
+    assert f"paths[1] = {dataset}/test" in str(info.value)
+    assert f"paths[2] = {dataset}/labels.json" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [["file:///srv/lustre/slurmuser"], {"train": "/srv/lustre", "val": "file:///home/me/val"}, ["relative/path"]],
+    ids=["file-uri", "one-file-uri-among-good-paths", "relative"],
+)
+def test_dataset_check_refuses_local_paths_before_any_ssh(paths: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    hook, sent = counting_hook(monkeypatch)
+    operator = StageDatasetCheckOperator(task_id="check", paths=paths)
+    operator.__dict__["hook"] = hook
+    with pytest.raises(StoragePathError):
+        operator.execute({})
+    assert sent == []
+    assert hook.active_host is None, "no SSH connection was opened"
+
+
+# ------------------------------------------------------------------ EnrootImportOperator
+
+
+def test_first_import_converts_on_the_cpu_partition_and_the_second_reuses(
+    cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer
+) -> None:
+    image = image_name("first")
+    path, event = run_import(triggerer, importer(cluster, image))
+    assert path == target_of(cluster, image)
+    assert event is not None
+    job_id = event["slurm_job_id"]
+    assert sqsh_header(ssh_run, path) == "hsqs"
+    rc, out, err = ssh_run(f"sacct -j {job_id} -X -n -P -o JobName,Partition,State,AllocCPUS,ReqMem,Timelimit")
+    assert rc == 0, err
+    assert out.strip() == f"{event['job_name']}|{cluster.cpu_partition}|COMPLETED|4|7200M|02:00:00"
+    assert [line[2] for line in imports_of(cluster, image)] == [job_id], "enroot ran inside the conversion job"
+    rc, _, _ = ssh_run(f"ls -d {quote(path)}.lock {quote(path)}.tmp-* /tmp/enroot-{job_id}")
+    assert rc != 0, "the lock, the partial file and the node-local temp dir are gone"
+
+    again, second_event = run_import(triggerer, importer(cluster, image))
+    assert (again, second_event) == (path, None)
+    assert len(imports_of(cluster, image)) == 1, "the second run submitted nothing"
+
+
+def test_a_truncated_file_at_the_target_is_replaced(cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer) -> None:
+    image = image_name("damaged-target")
+    target = target_of(cluster, image)
+    rc, _, err = ssh_run(f"head -c 65536 /dev/zero > {quote(target)}")
+    assert rc == 0, err
+    path, event = run_import(triggerer, importer(cluster, image))
+    assert path == target
+    assert event is not None
+    assert sqsh_header(ssh_run, path) == "hsqs"
+    assert len(imports_of(cluster, image)) == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "log_line"),
+    [
+        ("nonexistent", "returned error code: 404 Not Found"),
+        ("truncated", "was interrupted; incomplete file left at"),
+    ],
+    ids=["registry-404", "interrupted-conversion"],
+)
+def test_a_failed_conversion_fails_with_the_log_tail_and_no_image(
+    cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer, kind: str, log_line: str
+) -> None:
+    image = image_name(kind)
+    operator = importer(cluster, image)
+    with pytest.raises(TaskDeferred) as deferred:
+        operator.execute({})
+    event = triggerer.first_event(deferred.value.trigger)
+    assert event["state"]["native"] == "FAILED"
+    with pytest.raises(ImageConversionError) as info:
+        operator.execute_complete({}, event=event)
+    text = str(info.value)
+    assert f"SLURM job {event['slurm_job_id']}" in text
+    assert log_line in text, "the tail of main.err is in the error"
+    assert "no GPU job may fall back to the registry image" in text
+    target = target_of(cluster, image)
+    rc, _, _ = ssh_run(f"ls -d {quote(target)} {quote(target)}.lock {quote(target)}.tmp-*")
+    assert rc != 0, "neither an image nor a lock nor a partial file is left"
+
+
+def test_two_concurrent_runs_share_one_conversion_job(cluster: ClusterEnv, triggerer: Triggerer) -> None:
+    image = image_name("concurrent")
+    set_delay(cluster, 4)
+    barrier = threading.Barrier(2)
+    outcomes: dict[int, tuple[str, dict[str, Any] | None] | BaseException] = {}
+
+    def one_run(index: int) -> None:
+        operator = importer(cluster, image)
+        try:
+            operator.hook.settings  # noqa: B018 - read the connection before the race starts
+            barrier.wait(10)
+            outcomes[index] = run_import(triggerer, operator)
+        except BaseException as exc:
+            outcomes[index] = exc
+        finally:
+            operator.hook.close()
+
+    threads = [threading.Thread(target=one_run, args=(index,)) for index in range(2)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(180)
+    finally:
+        set_delay(cluster, 1)
+    results = [outcomes[index] for index in range(2)]
+    assert not [result for result in results if isinstance(result, BaseException)], results
+    paths = {result[0] for result in results if not isinstance(result, BaseException)}
+    assert paths == {target_of(cluster, image)}
+    events = [result[1] for result in results if not isinstance(result, BaseException)]
+    job_ids = [event["slurm_job_id"] if event else None for event in events]
+    assert len(imports_of(cluster, image)) == 1, "exactly one enroot import ran"
+    assert job_ids[0] == job_ids[1] is not None, f"both runs deferred on the same conversion job, got {job_ids}"
+
+
+def test_non_deferrable_import_waits_in_the_worker(cluster: ClusterEnv, ssh_run: SshRun) -> None:
+    image = image_name("blocking")
+    path = importer(cluster, image, deferrable=False).execute({})
+    assert path == target_of(cluster, image)
+    assert sqsh_header(ssh_run, path) == "hsqs"
+
+
+def test_a_given_sqsh_path_is_checked_and_returned_as_is(
+    cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer
+) -> None:
+    good = f"{cluster.containers_dir}/given-{TOKEN}.sqsh"
+    run_import(triggerer, importer(cluster, image_name("given"), sqsh_path=good))
+    assert run_import(triggerer, importer(cluster, good)) == (good, None)
+    bad = f"{cluster.containers_dir}/bad-{TOKEN}.sqsh"
+    assert ssh_run(f"head -c 8192 /dev/urandom > {bad}")[0] == 0
+    with pytest.raises(ImageConversionError, match="not the squashfs magic"):
+        importer(cluster, bad).execute({})
+    with pytest.raises(ImageConversionError, match="does not exist"):
+        importer(cluster, f"{cluster.containers_dir}/absent-{TOKEN}.sqsh").execute({})
+
+
+HOSTILE: list[tuple[str, Callable[[ClusterEnv], EnrootImportOperator], type[ValidationError]]] = [
+    ("semicolon", lambda c: importer(c, f"nvcr.io/x;touch {CANARY}:1"), ImageReferenceError),
+    ("command-substitution", lambda c: importer(c, f"$(touch {CANARY})"), ImageReferenceError),
+    ("backticks", lambda c: importer(c, f"nvcr.io#x`touch {CANARY}`:1"), ImageReferenceError),
+    ("newline", lambda c: importer(c, f"nvcr.io#x:1\ntouch {CANARY}"), ImageReferenceError),
+    (
+        "sqsh-path",
+        lambda c: importer(c, "nvcr.io#x:1", sqsh_path=f"{c.containers_dir}/$(touch {CANARY}).sqsh"),
+        StoragePathError,
+    ),
+    (
+        "containers-dir",
+        lambda c: EnrootImportOperator(task_id="t", image="x:1", containers_dir=f"/srv/$(touch {CANARY})"),
+        StoragePathError,
+    ),
+    ("partition", lambda c: importer(c, image_name("hostile"), partition=f"cpu;touch {CANARY}"), ValidationError),
+]
+
+
+@pytest.mark.parametrize(("build", "error"), [case[1:] for case in HOSTILE], ids=[case[0] for case in HOSTILE])
+def test_hostile_inputs_are_refused_before_any_command(
+    cluster: ClusterEnv,
+    ssh_run: SshRun,
+    build: Callable[[ClusterEnv], EnrootImportOperator],
+    error: type[ValidationError],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hook, sent = counting_hook(monkeypatch)
+    operator = build(cluster)
+    operator.__dict__["hook"] = hook
+    with pytest.raises(error):
+        operator.execute({})
+    assert sent == []
+    assert ssh_run(f"test -e {CANARY}")[0] != 0
+    assert not Path(CANARY).exists()
+
+
+def test_an_odd_but_valid_image_name_is_quoted_all_the_way(
+    cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer
+) -> None:
+    image = f"localhost:5000/a__b.c-d/e-{TOKEN}:T.1-x_y"
+    path, event = run_import(triggerer, importer(cluster, image))
+    assert path == f"{cluster.containers_dir}/localhost_5000+a__b.c-d+e-{TOKEN}+T.1-x_y.sqsh"
+    assert event is not None
+    assert sqsh_header(ssh_run, path) == "hsqs"
+    assert [line[3] for line in imports_of(cluster, image)] == [f"docker://localhost:5000#a__b.c-d/e-{TOKEN}:T.1-x_y"]

@@ -1,0 +1,824 @@
+"""Before the GPU, without a cluster: preflight, dataset check and image import.
+
+Validation must happen in ``execute()`` before any SSH: those tests replace ``SlurmHook`` with a class
+that fails the test when it is even created. The other tests give the operator a :class:`LocalHook`,
+a real :class:`SlurmHook` whose commands run in a local bash instead of over SSH, with stand-ins
+for the SLURM tools on ``PATH``: the real command builders, parsers, lock protocol and conversion
+script run for real against a temporary directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao_slurm.core import conversion
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.conversion import (
+    ConversionJob,
+    LockAction,
+    LockState,
+    conversion_job_name,
+    held_lock_action,
+    owner_of_job,
+    render_conversion_script,
+)
+from airflow_provider_tao_slurm.core.images import parse_image
+from airflow_provider_tao_slurm.core.states import state_from_native
+from airflow_provider_tao_slurm.exceptions import (
+    ImageConversionError,
+    ImageReferenceError,
+    MissingPathsError,
+    PreflightError,
+    RemoteCommandError,
+    ResourceError,
+    SlurmConnectionError,
+    StoragePathError,
+    TemplateRenderError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
+from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
+from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
+
+OWNER = "0123456789abcdef"
+OTHER = "fedcba9876543210"
+VALID_SQSH = b"hsqs" + bytes(4092)
+SRUN_HELP = (
+    "Usage: srun [OPTIONS...] executable [args...]\n"
+    "      --container-image=[USER@][REGISTRY#]IMAGE[:TAG]|PATH\n"
+    "      --container-mounts=SRC:DST[:FLAGS][,SRC:DST...]\n"
+    "      --no-container-mount-home\n"
+)
+STUBS = {
+    "sbatch": 'printf \'%s\\n\' "$*" >> "$STUBS/sbatch.calls"; echo 4242',
+    "scontrol": "exit 0",
+    "scancel": "exit 0",
+    "squeue": 'cat "$STUBS/squeue.out" 2>/dev/null; exit 0',
+    "sacct": 'cat "$STUBS/sacct.out" 2>/dev/null; exit 0',
+    "srun": 'if [ "$1" = --help ]; then cat "$STUBS/srun-help.out"; else printf \'%s\\n\' "$*" >> "$STUBS/srun.calls"; '
+    'cat "$STUBS/srun-probe.out"; fi',
+    "sinfo": 'cat "$STUBS/sinfo.out"',
+    "sacctmgr": 'cat "$STUBS/sacctmgr.out"',
+}
+
+
+class LocalHook(SlurmHook):
+    """A :class:`SlurmHook` whose commands run in a local bash instead of over SSH; it records every command."""
+
+    def __init__(self, settings: ClusterSettings, env: dict[str, str]) -> None:
+        super().__init__("local", settings=settings)
+        self.env = env
+        self.commands: list[str] = []
+
+    def get_conn(self) -> Any:
+        self._host = "localhost"
+
+    def _run_bytes(self, command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
+        self.get_conn()
+        self.commands.append(command)
+        proc = subprocess.run(
+            ["bash", "-c", command], input=stdin or b"", capture_output=True, env=self.env, timeout=60
+        )
+        return proc.returncode, proc.stdout, proc.stderr, "localhost"
+
+
+class NoHook:
+    """Stands in for ``SlurmHook`` where validation must fail first: creating it fails the test."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a SlurmHook was created before the inputs were validated")
+
+
+@pytest.fixture
+def no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("airflow_provider_tao_slurm.operators.base.SlurmHook", NoHook)
+
+
+class Cluster:
+    """A temporary "cluster": shared dirs, a HOME, SLURM stand-ins and a :class:`LocalHook` on them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.results = root / "results"
+        self.containers = root / "containers"
+        self.home = root / "home"
+        self.stubs = root / "stubs"
+        for directory in (self.results, self.containers, self.home, self.stubs, root / "bin"):
+            directory.mkdir()
+        for tool, body in STUBS.items():
+            script = root / "bin" / tool
+            script.write_text(f"#!/bin/sh\nSTUBS={self.stubs}\n{body}\n")
+            script.chmod(0o755)
+        self.stub("srun-help.out", SRUN_HELP)
+        self.stub("srun-probe.out", "3.4.1\n")
+        self.stub("sinfo.out", "polar*|4:00:00\ncpu_long|7-00:00:00\n")
+        self.stub("sacctmgr.out", "unit|gpu_proj|alice||normal\n")
+        settings = ClusterSettings(
+            hosts=("login1",),
+            user="alice",
+            partitions=("polar",),
+            account="gpu_proj",
+            results_dir=str(self.results),
+            conversion_partition="cpu_long",
+            cluster_name="unit",
+        )
+        env = {"PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(self.home)}
+        self.hook = LocalHook(settings, env)
+
+    def stub(self, name: str, text: str) -> None:
+        (self.stubs / name).write_text(text)
+
+    def calls(self, tool: str) -> list[str]:
+        path = self.stubs / f"{tool}.calls"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def attach(self, operator: Any) -> Any:
+        operator.__dict__["hook"] = self.hook
+        return operator
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Cluster:
+    return Cluster(tmp_path)
+
+
+def importer(cluster: Cluster, image: str, **kwargs: Any) -> EnrootImportOperator:
+    operator = EnrootImportOperator(task_id="import", image=image, containers_dir=str(cluster.containers), **kwargs)
+    return cluster.attach(operator)
+
+
+# ------------------------------------------------------------------ validation before any SSH
+
+REFUSED_BEFORE_SSH: list[tuple[str, Callable[[], Any], type[Exception]]] = [
+    ("paths-file-uri", lambda: StageDatasetCheckOperator(task_id="t", paths=["file:///data/coco"]), StoragePathError),
+    ("paths-relative", lambda: StageDatasetCheckOperator(task_id="t", paths={"train": "data/coco"}), StoragePathError),
+    ("paths-s3", lambda: StageDatasetCheckOperator(task_id="t", paths=["s3://bucket/coco"]), StoragePathError),
+    ("paths-lustre-host", lambda: StageDatasetCheckOperator(task_id="t", paths=["lustre://h/x"]), StoragePathError),
+    (
+        "paths-injection",
+        lambda: StageDatasetCheckOperator(task_id="t", paths=["/data/$(touch canary)"]),
+        StoragePathError,
+    ),
+    ("paths-one-string", lambda: StageDatasetCheckOperator(task_id="t", paths="/data/coco"), StoragePathError),
+    ("paths-empty", lambda: StageDatasetCheckOperator(task_id="t", paths={}), StoragePathError),
+    (
+        "paths-one-bad-of-two",
+        lambda: StageDatasetCheckOperator(task_id="t", paths=["/data/ok", "file:///x"]),
+        StoragePathError,
+    ),
+    (
+        "image-semicolon",
+        lambda: EnrootImportOperator(task_id="t", image="nvcr.io/x;touch canary:1"),
+        ImageReferenceError,
+    ),
+    ("image-substitution", lambda: EnrootImportOperator(task_id="t", image="$(touch canary)"), ImageReferenceError),
+    ("image-backticks", lambda: EnrootImportOperator(task_id="t", image="nvcr.io#x`id`:1"), ImageReferenceError),
+    ("image-file-uri", lambda: EnrootImportOperator(task_id="t", image="file:///c/x.sqsh"), ImageReferenceError),
+    ("image-relative-sqsh", lambda: EnrootImportOperator(task_id="t", image="c/x.sqsh"), ImageReferenceError),
+    ("image-option", lambda: EnrootImportOperator(task_id="t", image="-rf"), ImageReferenceError),
+    ("image-dotdot", lambda: EnrootImportOperator(task_id="t", image="/c/../etc/x.sqsh"), ImageReferenceError),
+    ("image-credentials", lambda: EnrootImportOperator(task_id="t", image="u:p@nvcr.io#x:1"), ImageReferenceError),
+    (
+        "sqsh-path-with-sqsh-image",
+        lambda: EnrootImportOperator(task_id="t", image="/c/x.sqsh", sqsh_path="/c/y.sqsh"),
+        ValidationError,
+    ),
+    ("poke-interval-zero", lambda: EnrootImportOperator(task_id="t", image="x:1", poke_interval=0), ValidationError),
+    (
+        "deferrable-text",
+        lambda: EnrootImportOperator(task_id="t", image="x:1", deferrable="yes"),  # type: ignore[arg-type]
+        ValidationError,
+    ),
+    ("preflight-partition", lambda: SlurmPreflightOperator(task_id="t", partitions="polar;id"), ResourceError),
+    (
+        "preflight-conversion-partition",
+        lambda: SlurmPreflightOperator(task_id="t", conversion_partition="cpu long"),
+        ResourceError,
+    ),
+    ("preflight-results-dir", lambda: SlurmPreflightOperator(task_id="t", results_dir="results"), StoragePathError),
+    ("preflight-account", lambda: SlurmPreflightOperator(task_id="t", account="$(id)"), ValidationError),
+    ("preflight-pyxis-option", lambda: SlurmPreflightOperator(task_id="t", pyxis_options=["-x"]), ValidationError),
+    ("preflight-wait", lambda: SlurmPreflightOperator(task_id="t", enroot_wait_seconds=0), ValidationError),
+    ("preflight-image", lambda: SlurmPreflightOperator(task_id="t", image="x;id"), ImageReferenceError),
+    (
+        "preflight-secret-env-name",
+        lambda: SlurmPreflightOperator(task_id="t", registry_secret_env="NGC KEY"),
+        ValidationError,
+    ),
+    (
+        "preflight-two-secrets",
+        lambda: SlurmPreflightOperator(task_id="t", registry_conn_id="ngc", registry_secret_env="NGC_KEY"),
+        ValidationError,
+    ),
+]
+
+
+@pytest.mark.usefixtures("no_hook")
+@pytest.mark.parametrize(
+    ("build", "error"), [case[1:] for case in REFUSED_BEFORE_SSH], ids=[case[0] for case in REFUSED_BEFORE_SSH]
+)
+def test_invalid_input_is_refused_before_the_hook_exists(
+    build: Callable[[], Any], error: type[Exception], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(error):
+        build().execute({})
+    assert not list(tmp_path.rglob("canary"))
+
+
+def test_file_uri_error_names_the_entry_and_the_fix(no_hook: None) -> None:
+    with pytest.raises(StoragePathError) as info:
+        StageDatasetCheckOperator(task_id="t", paths={"train": "/ok", "val": "file:///home/me/val"}).execute({})
+    assert "paths['val']" in str(info.value)
+    assert "copy the data to Lustre" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"cpus": 0}, ResourceError),
+        ({"mem_mb": "7200"}, ResourceError),
+        ({"time_minutes": 0}, ResourceError),
+        ({"partition": "cpu;long"}, ValidationError),
+        ({"account": "$(id)"}, ValidationError),
+        ({"sqsh_path": "/c/x.img"}, ValidationError),
+        ({"sqsh_path": "c/x.sqsh"}, StoragePathError),
+        ({"containers_dir": "/c/../etc"}, StoragePathError),
+    ],
+    ids=["cpus", "mem-text", "time", "partition", "account", "sqsh-suffix", "sqsh-relative", "containers-dotdot"],
+)
+def test_import_refuses_bad_job_values_before_any_command(
+    cluster: Cluster, kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    operator = cluster.attach(EnrootImportOperator(task_id="t", image="nvcr.io#nvidia/x:1", **kwargs))
+    with pytest.raises(error):
+        operator.execute({})
+    assert cluster.hook.commands == []
+
+
+# ------------------------------------------------------------------ StageDatasetCheckOperator
+
+
+def test_dataset_check_returns_resolved_paths_in_the_given_shape(cluster: Cluster) -> None:
+    (cluster.root / "train").mkdir()
+    (cluster.root / "val.json").write_text("{}")
+    paths = {"train": f"lustre://{cluster.root}/train/", "val": f"slurm://login1{cluster.root}//val.json"}
+    result = cluster.attach(StageDatasetCheckOperator(task_id="t", paths=paths)).execute({})
+    assert result == {"train": f"{cluster.root}/train", "val": f"{cluster.root}/val.json"}
+    as_list = cluster.attach(StageDatasetCheckOperator(task_id="t", paths=[f"{cluster.root}/./train"])).execute({})
+    assert as_list == [f"{cluster.root}/train"]
+    assert len(cluster.hook.commands) == 2
+
+
+def test_dataset_check_lists_every_missing_path_after_one_round_trip(cluster: Cluster) -> None:
+    (cluster.root / "train").mkdir()
+    paths = {"train": f"{cluster.root}/train", "val": f"{cluster.root}/val", "test": f"lustre://{cluster.root}/test"}
+    with pytest.raises(MissingPathsError) as info:
+        cluster.attach(StageDatasetCheckOperator(task_id="t", paths=paths)).execute({})
+    assert info.value.missing == [f"{cluster.root}/val", f"{cluster.root}/test"]
+    assert f"paths['val'] = {cluster.root}/val" in str(info.value)
+    assert f"paths['test'] = {cluster.root}/test" in str(info.value)
+    assert "train" not in str(info.value).split("\n", 1)[1]
+    assert len(cluster.hook.commands) == 1
+
+
+# ------------------------------------------------------------------ core: conversion script and lock
+
+
+def _job(**changes: Any) -> ConversionJob:
+    values: dict[str, Any] = {
+        "job_name": conversion_job_name(OWNER),
+        "image": parse_image("nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt"),
+        "target": "/lustre/containers/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh",
+        "partition": "cpu_long",
+        "account": "gpu_proj",
+        "cpus": 4,
+        "mem_mb": 7200,
+        "time_minutes": 150,
+        "log_dir": "/lustre/u/logs",
+    }
+    return ConversionJob(**{**values, **changes})
+
+
+def test_conversion_script_directives_and_values() -> None:
+    script = render_conversion_script(_job())
+    directives = [line for line in script.splitlines() if line.startswith("#SBATCH")]
+    assert directives == [
+        f"#SBATCH --job-name=tao-enroot-{OWNER}",
+        "#SBATCH --output=/lustre/u/logs/%x-%j/main.out",
+        "#SBATCH --error=/lustre/u/logs/%x-%j/main.err",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --partition=cpu_long",
+        "#SBATCH --account=gpu_proj",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+        "#SBATCH --cpus-per-task=4",
+        "#SBATCH --mem=7200M",
+        "#SBATCH --time=02:30:00",
+        "#SBATCH --no-requeue",
+    ]
+    assert "TAO_SLURM_SOURCE='docker://nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt'" in script
+    assert 'export ENROOT_TEMP_PATH="/tmp/enroot-${SLURM_JOB_ID}"' in script
+    assert 'enroot import -o "${TAO_SLURM_PARTIAL}" "${TAO_SLURM_SOURCE}"' in script
+    assert "--account" not in render_conversion_script(_job(account=None))
+    subprocess.run(["bash", "-n"], input=script.encode(), check=True)
+
+
+@pytest.mark.parametrize(
+    ("changes", "error"),
+    [
+        ({"job_name": "tao-x"}, ValidationError),
+        ({"image": parse_image("/c/x.sqsh")}, ValidationError),
+        ({"target": "/c/x.img"}, ValidationError),
+        ({"target": "/c/$(id).sqsh"}, StoragePathError),
+        ({"partition": "cpu long"}, ValidationError),
+        ({"partition": "--wrap=id"}, ValidationError),
+        ({"account": "a\nb"}, ValidationError),
+        ({"cpus": 0}, ResourceError),
+        ({"mem_mb": True}, ResourceError),
+        ({"time_minutes": 1.5}, ResourceError),
+        ({"log_dir": "/l//logs"}, ValidationError),
+        ({"log_dir": "/l/lo gs"}, StoragePathError),
+    ],
+    ids=[
+        "job-name",
+        "sqsh-image",
+        "target-suffix",
+        "target-injection",
+        "partition-space",
+        "partition-option",
+        "account-newline",
+        "cpus",
+        "mem-bool",
+        "time-float",
+        "log-dir-not-normalised",
+        "log-dir-space",
+    ],
+)
+def test_conversion_script_refuses(changes: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        render_conversion_script(_job(**changes))
+
+
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [(f"tao-enroot-{OWNER}", OWNER), ("tao-enroot-0123", None), ("tao-x-0123456789abcdef", None), ("", None)],
+    ids=["valid", "short", "other-prefix", "empty"],
+)
+def test_owner_of_job(name: str, owner: str | None) -> None:
+    if owner is None:
+        with pytest.raises(ValidationError):
+            owner_of_job(name)
+    else:
+        assert owner_of_job(name) == owner
+        assert conversion_job_name(owner) == name
+
+
+def _state(native: str) -> Any:
+    return state_from_native("77", native, source="squeue")
+
+
+@pytest.mark.parametrize(
+    ("lock", "job", "action"),
+    [
+        (LockState(False, 1, OWNER, None), None, LockAction.WAIT),
+        (LockState(False, 400, OWNER, None), None, LockAction.BREAK),
+        (LockState(False, 1, None, None), None, LockAction.WAIT),
+        (LockState(False, 400, None, "77"), None, LockAction.BREAK),
+        (LockState(False, 5, OWNER, "77"), None, LockAction.ADOPT),
+        (LockState(False, 400, OWNER, "77"), None, LockAction.BREAK),
+        (LockState(False, 400, OWNER, "77"), _state("PENDING"), LockAction.ADOPT),
+        (LockState(False, 9, OWNER, "77"), _state("RUNNING"), LockAction.ADOPT),
+        (LockState(False, 9, OWNER, "77"), _state("COMPLETED"), LockAction.FINISHED),
+        (LockState(False, 9, OWNER, "77"), _state("CANCELLED by 1001"), LockAction.FINISHED),
+    ],
+    ids=[
+        "submitting",
+        "owner-died-before-submit",
+        "owner-not-written-yet",
+        "no-owner-for-long",
+        "job-not-in-accounting-yet",
+        "job-vanished",
+        "job-pending-long",
+        "job-running",
+        "job-completed",
+        "job-cancelled",
+    ],
+)
+def test_held_lock_action(lock: LockState, job: Any, action: LockAction) -> None:
+    assert held_lock_action(lock, job) == action
+
+
+def _sh(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sh", "-c", command], cwd=cwd, capture_output=True, text=True, check=False)
+
+
+def test_lock_protocol_in_a_real_shell(tmp_path: Path) -> None:
+    lock = conversion.lock_dir(f"{tmp_path}/new-dir/x.sqsh")
+    first = _sh(conversion.acquire_lock(lock, OWNER), tmp_path)
+    assert conversion.parse_lock(first.stdout) == LockState(acquired=True)
+    second = conversion.parse_lock(_sh(conversion.acquire_lock(lock, OTHER), tmp_path).stdout)
+    assert (second.acquired, second.owner, second.job_id) == (False, OWNER, None)
+    assert 0 <= second.age_seconds < 5
+    assert _sh(conversion.record_lock_job(lock, OTHER, "99"), tmp_path).returncode != 0
+    assert _sh(conversion.record_lock_job(lock, OWNER, "4242"), tmp_path).returncode == 0
+    assert conversion.parse_lock(_sh(conversion.acquire_lock(lock, OTHER), tmp_path).stdout).job_id == "4242"
+    assert _sh(conversion.remove_lock(lock, OTHER), tmp_path).returncode == 0
+    assert Path(lock).is_dir()
+    assert _sh(conversion.remove_lock(lock, OWNER), tmp_path).returncode == 0
+    assert not Path(lock).exists()
+    assert list((tmp_path / "new-dir").iterdir()) == []
+
+
+def test_lock_age_and_tampered_content(tmp_path: Path) -> None:
+    lock = tmp_path / "x.sqsh.lock"
+    lock.mkdir()
+    (lock / "owner").write_text("$(touch canary) not-hex\n")
+    (lock / "job").write_text("12; rm -rf /\n")
+    old = time.time() - 1000
+    os.utime(lock, (old, old))
+    state = conversion.parse_lock(_sh(conversion.acquire_lock(str(lock), OWNER), tmp_path).stdout)
+    assert state.acquired is False
+    assert state.age_seconds >= 999
+    assert state.job_id is None
+    assert state.owner is None
+    assert not list(tmp_path.rglob("canary"))
+    assert _sh(conversion.remove_lock(str(lock), None), tmp_path).returncode == 0
+    assert lock.is_dir(), "a lock that is not empty is only removed by its owner token"
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    ["", "LOCK HELD x y z", "LOCKED\n", "cannot create\n"],
+    ids=["empty", "bad-age", "other-word", "error-text"],
+)
+def test_parse_lock_rejects(stdout: str) -> None:
+    with pytest.raises(RemoteCommandError):
+        conversion.parse_lock(stdout)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: conversion.acquire_lock("/c/x.sqsh", OWNER),
+        lambda: conversion.acquire_lock("/c/x.sqsh.lock", "OWNER"),
+        lambda: conversion.acquire_lock("/c/$(id).sqsh.lock", OWNER),
+        lambda: conversion.record_lock_job("/c/x.sqsh.lock", OWNER, "1;id"),
+        lambda: conversion.remove_lock("c/x.sqsh.lock", OWNER),
+        lambda: conversion.lock_dir("/c/.sqsh"),
+    ],
+    ids=["not-a-lock", "owner-upper", "injection", "job-id", "relative", "no-file-name"],
+)
+def test_lock_builders_refuse(build: Callable[[], str]) -> None:
+    with pytest.raises(ValidationError):
+        build()
+
+
+def test_conversion_script_runs_and_installs_only_a_valid_image(tmp_path: Path) -> None:
+    """Run the rendered script with an ``enroot`` stand-in: good image installed, bad one never."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    enroot = bin_dir / "enroot"
+    enroot.write_text(
+        '#!/bin/sh\nout="$3"\ncase "$4" in *bad*) printf junk > "$out";; *) head -c 4096 /dev/zero | '
+        'sed "1s/^/hsqs/" | head -c 4096 > "$out";; esac\necho "$ENROOT_TEMP_PATH" > "$out.tempvar"\n'
+    )
+    enroot.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "31"}
+    results = {}
+    for name in ("good", "bad"):
+        target = tmp_path / f"{name}.sqsh"
+        script = render_conversion_script(_job(image=parse_image(f"example.org/{name}:1"), target=str(target)))
+        results[name] = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=False)
+    assert results["good"].returncode == 0, results["good"].stderr
+    assert (tmp_path / "good.sqsh").read_bytes()[:4] == b"hsqs"
+    assert (tmp_path / "good.sqsh.tmp-31.tempvar").read_text() == "/tmp/enroot-31\n"
+    assert results["bad"].returncode == 65
+    assert "not a squashfs image" in results["bad"].stderr
+    assert not (tmp_path / "bad.sqsh").exists()
+    assert not (tmp_path / "bad.sqsh.tmp-31").exists()
+    assert not Path("/tmp/enroot-31").exists()
+
+
+def test_conversion_template_placeholders_are_all_required() -> None:
+    with pytest.raises(TemplateRenderError, match="TARGET"):
+        conversion.render_template(conversion.CONVERSION_TEMPLATE, {"JOB_NAME": "x"})
+
+
+# ------------------------------------------------------------------ EnrootImportOperator
+
+
+def cached(cluster: Cluster, image: str) -> Path:
+    from airflow_provider_tao_slurm.core.images import sqsh_cache_name
+
+    return cluster.containers / sqsh_cache_name(parse_image(image))
+
+
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        (VALID_SQSH, None),
+        (None, "does not exist"),
+        (bytes(65536), "not the squashfs magic"),
+        (b"hsqs" + bytes(100), "fewer than"),
+    ],
+    ids=["valid", "missing", "truncated-zeros", "too-small"],
+)
+def test_import_of_a_sqsh_path_checks_it_and_returns_it(cluster: Cluster, content: bytes | None, error: str) -> None:
+    path = cluster.containers / "given.sqsh"
+    if content is not None:
+        path.write_bytes(content)
+    operator = importer(cluster, str(path))
+    if error is None:
+        assert operator.execute({}) == str(path)
+    else:
+        with pytest.raises(ImageConversionError, match=error):
+            operator.execute({})
+    assert len(cluster.hook.commands) == 1
+
+
+@pytest.mark.parametrize(
+    ("image", "force"),
+    [("example.org/team/app:1.0", False), ("example.org/team/app:1.0", True), ("example.org/team/app", False)],
+    ids=["tagged", "tagged-force-only-affects-latest", "latest-reused-without-force"],
+)
+def test_import_reuses_a_valid_cached_image(cluster: Cluster, image: str, force: bool) -> None:
+    target = cached(cluster, image)
+    target.write_bytes(VALID_SQSH)
+    assert importer(cluster, image, force_reconvert_latest=force).execute({}) == str(target)
+    assert cluster.calls("sbatch") == []
+    assert not Path(f"{target}.lock").exists()
+
+
+def _deferred(operator: EnrootImportOperator) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as info:
+        operator.execute({})
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("existing", "force"),
+    [(None, False), (bytes(8192), False), (VALID_SQSH, True)],
+    ids=["missing", "invalid-file-replaced", "latest-forced"],
+)
+def test_import_submits_a_conversion_and_defers(cluster: Cluster, existing: bytes | None, force: bool) -> None:
+    image = "nvcr.io/nvidia/app"
+    target = cached(cluster, image)
+    if existing is not None:
+        target.write_bytes(existing)
+    deferred = _deferred(importer(cluster, image, force_reconvert_latest=force, poke_interval=3))
+    path, kwargs = deferred.trigger.serialize()
+    assert path == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
+    assert kwargs["slurm_job_id"] == "4242"
+    assert kwargs["poll_interval"] == 3.0
+    owner = owner_of_job(kwargs["job_name"])
+    assert deferred.method_name == "execute_complete"
+    (call,) = cluster.calls("sbatch")
+    script = cluster.results / "jobs" / kwargs["job_name"] / "sbatch" / f"job_{kwargs['job_name']}.sbatch"
+    assert call == f"--parsable --hold --job-name={kwargs['job_name']} {script}"
+    assert f"TAO_SLURM_TARGET={target}" in script.read_text()
+    assert "#SBATCH --partition=cpu_long" in script.read_text()
+    assert (Path(f"{target}.lock") / "owner").read_text() == f"{owner}\n"
+    assert (Path(f"{target}.lock") / "job").read_text() == "4242\n"
+    assert (cluster.results / "logs" / f"{kwargs['job_name']}-4242").is_dir()
+
+
+def _hold_lock(target: Path, owner: str, job: str | None, age: float = 0) -> Path:
+    lock = Path(f"{target}.lock")
+    lock.mkdir()
+    (lock / "owner").write_text(f"{owner}\n")
+    if job is not None:
+        (lock / "job").write_text(f"{job}\n")
+    if age:
+        os.utime(lock, (time.time() - age, time.time() - age))
+    return lock
+
+
+SQUEUE_ROW = "77|tao-enroot-{owner}|{state}|None|n1|2026-01-01T00:00:00|2026-01-01T02:00:00\n"
+SACCT_ROW = "77|tao-enroot-{owner}|{state}|{exit}|None|n1|2026-01-01T00:00:00|2026-01-01T00:01:00\n"
+
+
+def test_import_adopts_the_running_conversion_of_another_run(cluster: Cluster) -> None:
+    image = "nvcr.io/nvidia/app:2"
+    lock = _hold_lock(cached(cluster, image), OTHER, "77", age=30)
+    cluster.stub("squeue.out", SQUEUE_ROW.format(owner=OTHER, state="RUNNING"))
+    _, kwargs = _deferred(importer(cluster, image)).trigger.serialize()
+    assert (kwargs["slurm_job_id"], kwargs["job_name"]) == ("77", f"tao-enroot-{OTHER}")
+    assert time.time() - 40 < kwargs["submitted_at"] < time.time() - 20
+    assert cluster.calls("sbatch") == []
+    assert (lock / "owner").read_text() == f"{OTHER}\n"
+
+
+@pytest.mark.parametrize(
+    ("sacct", "age"),
+    [("FAILED", 30), ("COMPLETED", 30), (None, 4000)],
+    ids=["previous-job-failed", "previous-job-completed-without-a-valid-file", "job-vanished"],
+)
+def test_import_removes_a_stale_lock_and_converts(cluster: Cluster, sacct: str | None, age: float) -> None:
+    image = "nvcr.io/nvidia/app:3"
+    lock = _hold_lock(cached(cluster, image), OTHER, "77", age=age)
+    if sacct is not None:
+        cluster.stub("sacct.out", SACCT_ROW.format(owner=OTHER, state=sacct, exit="1:0"))
+    _, kwargs = _deferred(importer(cluster, image)).trigger.serialize()
+    assert kwargs["slurm_job_id"] == "4242"
+    assert (lock / "owner").read_text() == f"{owner_of_job(kwargs['job_name'])}\n"
+    assert len(cluster.calls("sbatch")) == 1
+
+
+def test_import_reuses_the_file_a_finished_conversion_left_behind_its_lock(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = "nvcr.io/nvidia/app:7"
+    target = cached(cluster, image)
+    lock = _hold_lock(target, OTHER, "77", age=30)
+    cluster.stub("sacct.out", SACCT_ROW.format(owner=OTHER, state="COMPLETED", exit="0:0"))
+    run_bytes = cluster.hook._run_bytes
+
+    def finish_when_locking(command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
+        if "LOCK HELD" in command:
+            target.write_bytes(VALID_SQSH)
+        return run_bytes(command, stdin, timeout)
+
+    monkeypatch.setattr(cluster.hook, "_run_bytes", finish_when_locking)
+    assert importer(cluster, image).execute({}) == str(target)
+    assert not lock.exists()
+    assert cluster.calls("sbatch") == []
+
+
+def test_import_waits_for_a_lock_being_submitted_then_breaks_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    image = "nvcr.io/nvidia/app:4"
+    lock = _hold_lock(cached(cluster, image), OTHER, None, age=conversion.LOCK_SUBMIT_GRACE_S - 1)
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        os.utime(lock, (time.time() - 2 * conversion.LOCK_SUBMIT_GRACE_S,) * 2)
+
+    clock = SimpleNamespace(sleep=sleep, monotonic=time.monotonic, time=time.time)
+    monkeypatch.setattr("airflow_provider_tao_slurm.operators.enroot_import.time", clock)
+    _, kwargs = _deferred(importer(cluster, image)).trigger.serialize()
+    assert sleeps == [2.0]
+    assert kwargs["slurm_job_id"] == "4242"
+
+
+def _event(status: str, native: str = "COMPLETED", owner: str = OWNER, **extra: Any) -> dict[str, Any]:
+    tao = {"COMPLETED": "COMPLETE", "FAILED": "ERROR"}[native]
+    state = {"tao_state": tao, "native": native, "exit_code": 1 if native == "FAILED" else 0, "message": native}
+    return {"status": status, "slurm_job_id": "4242", "job_name": f"tao-enroot-{owner}", "state": state, **extra}
+
+
+def test_execute_complete_returns_the_checked_file_and_releases_the_lock(cluster: Cluster) -> None:
+    image = "nvcr.io/nvidia/app:5"
+    target = cached(cluster, image)
+    target.write_bytes(VALID_SQSH)
+    lock = _hold_lock(target, OWNER, "4242")
+    assert importer(cluster, image).execute_complete({}, event=_event("terminal")) == str(target)
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize(
+    ("event", "target", "message"),
+    [
+        (_event("terminal", "FAILED"), None, "ended FAILED (exit code 1)"),
+        (_event("terminal"), bytes(8192), "completed, but"),
+        (_event("error", message="is unknown to squeue and sacct"), None, "unknown to squeue and sacct"),
+    ],
+    ids=["job-failed", "completed-but-invalid-file", "job-vanished"],
+)
+def test_execute_complete_fails_with_the_log_tail(
+    cluster: Cluster, event: dict[str, Any], target: bytes | None, message: str
+) -> None:
+    image = "nvcr.io/nvidia/nonexistent:5"
+    path = cached(cluster, image)
+    if target is not None:
+        path.write_bytes(target)
+    lock = _hold_lock(path, OWNER, "4242")
+    logs = cluster.results / "logs" / f"tao-enroot-{OWNER}-4242"
+    logs.mkdir(parents=True)
+    (logs / "main.err").write_text("x" * 10000 + "\n[ERROR] URL https://nvcr.io/v2/x returned error code: 404\n")
+    (logs / "main.out").write_text("TAO_SLURM: converting\n")
+    with pytest.raises(ImageConversionError) as info:
+        importer(cluster, image).execute_complete({}, event=event)
+    text = str(info.value)
+    assert message in text
+    assert "404" in text
+    assert "TAO_SLURM: converting" in text
+    assert "x" * 4100 not in text, "only the tail of a log is quoted"
+    assert "no GPU job may fall back to the registry image" in text
+    assert not lock.exists()
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        None,
+        "done",
+        {"status": "terminal"},
+        {**_event("terminal"), "slurm_job_id": "1;id"},
+        {**_event("terminal"), "job_name": "tao-enroot-$(id)"},
+    ],
+    ids=["none", "text", "no-job", "hostile-job-id", "foreign-job-name"],
+)
+def test_execute_complete_refuses_an_unusable_event_before_any_command(cluster: Cluster, event: Any) -> None:
+    with pytest.raises(ImageConversionError, match="unusable event"):
+        importer(cluster, "nvcr.io/nvidia/app:6").execute_complete({}, event=event)
+    assert cluster.hook.commands == []
+
+
+# ------------------------------------------------------------------ SlurmPreflightOperator
+
+
+def preflight(cluster: Cluster, **kwargs: Any) -> SlurmPreflightOperator:
+    return cluster.attach(SlurmPreflightOperator(task_id="preflight", **kwargs))
+
+
+def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
+    report = preflight(cluster, image="example.org/team/app:1").execute({})
+    assert report["cluster"] == "unit"
+    assert report["checks"] == {
+        "login": "ok: alice@localhost with a key, no password",
+        "tools": "ok: sbatch squeue sacct scancel srun",
+        "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
+        "results_dir": f"ok: {cluster.results} is writable",
+        "partitions": "ok: polar, cpu_long",
+        "account": "ok: alice may charge gpu_proj",
+        "enroot": "ok: enroot 3.4.1 on partition cpu_long",
+        "credentials": "ok: not needed for this image",
+    }
+    assert cluster.calls("srun") == [
+        "--partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none "
+        "enroot version"
+    ]
+
+
+def test_preflight_lists_every_problem_with_its_fix(cluster: Cluster) -> None:
+    cluster.stub("srun-help.out", "Usage: srun [OPTIONS...]\n  -h, --help\n")
+    cluster.stub("srun-probe.out", "")
+    cluster.stub("sinfo.out", "polar*|4:00:00\n")
+    cluster.stub("sacctmgr.out", "")
+    operator = preflight(cluster, results_dir=f"{cluster.root}/absent", image="nvcr.io#nvidia/tao/tao-toolkit:5")
+    with pytest.raises(PreflightError) as info:
+        operator.execute({})
+    problems = {problem.split(":", 1)[0]: problem for problem in info.value.problems}
+    assert sorted(problems) == ["account", "credentials", "enroot", "partitions", "pyxis", "results_dir"]
+    assert "install the Pyxis SPANK plugin" in problems["pyxis"]
+    assert "--container-image, --container-mounts, --no-container-mount-home" in problems["pyxis"]
+    assert f"mkdir -p {cluster.root}/absent" in problems["results_dir"]
+    assert "cpu_long do(es) not exist (sinfo lists polar)" in problems["partitions"]
+    assert "no association with account gpu_proj" in problems["account"]
+    assert "install Enroot on its nodes" in problems["enroot"]
+    assert "nvcr.io, authn.nvidia.com" in problems["credentials"]
+    assert "registry_conn_id" in problems["credentials"]
+    assert all(problem in str(info.value) for problem in info.value.problems)
+    assert cluster.calls("srun") == [
+        "--partition=cpu_long --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none enroot version"
+    ], "a refused account is not used for the enroot step"
+
+
+def test_preflight_reports_a_missing_pyxis_option_it_was_asked_for(cluster: Cluster) -> None:
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster, pyxis_options=["--container-image", "--container-writable"]).execute({})
+    assert info.value.problems == [
+        "pyxis: srun does not offer --container-writable, so Pyxis is missing or too old; install the Pyxis SPANK "
+        "plugin (https://github.com/NVIDIA/pyxis) on the login and compute nodes and list it in plugstack.conf"
+    ]
+
+
+def test_preflight_installs_credentials_from_an_environment_variable(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TEST_NGC_KEY", "nvapi-unit-secret-123")
+    report = preflight(cluster, image="nvcr.io#nvidia/x:1", registry_secret_env="TEST_NGC_KEY").execute({})
+    assert report["checks"]["credentials"] == "ok: present for nvcr.io, authn.nvidia.com (installed now)"
+    credentials = cluster.home / ".config" / "enroot" / ".credentials"
+    assert credentials.read_text() == (
+        "machine nvcr.io login $oauthtoken password nvapi-unit-secret-123\n"
+        "machine authn.nvidia.com login $oauthtoken password nvapi-unit-secret-123\n"
+    )
+    assert oct(credentials.stat().st_mode & 0o777) == "0o600"
+    assert not any("nvapi-unit-secret-123" in command for command in cluster.hook.commands)
+    assert "nvapi-unit-secret-123" not in str(report)
+
+
+def test_preflight_fails_on_login_and_skips_the_rest(cluster: Cluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse() -> None:
+        raise SlurmConnectionError("login1 unreachable (timed out)", [("login1", "timed out")])
+
+    monkeypatch.setattr(cluster.hook, "get_conn", refuse)
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster).execute({})
+    (problem,) = info.value.problems
+    assert problem.startswith("login: login1 unreachable (timed out) (fix the connection 'slurm_default'")
+    assert cluster.hook.commands == []
