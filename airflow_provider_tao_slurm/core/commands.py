@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from airflow_provider_tao_slurm.core.images import SQSH_HEADER_BYTES
 from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.states import (
@@ -43,7 +44,7 @@ _MACHINE_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d{1,5})
 _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 _INDEXED_RE = re.compile(r"(OK|MISSING) (\d+)")
 _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
-_SQSH_RE = re.compile(r"SQSH (\d+)(?: ([0-9a-f]{0,8}))?")
+_SQSH_RE = re.compile(r"SQSH (\d+)(?: ([0-9a-f]{0,%d}))?" % (2 * SQSH_HEADER_BYTES))
 _SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{2}):(\d{2})")
 _UNLIMITED = frozenset({"infinite", "unlimited"})
 
@@ -551,7 +552,10 @@ def next_offset(offset: int, size: int | None, length: int) -> tuple[int, bool]:
 
 
 def sqsh_check(path: str) -> str:
-    """Print ``SQSH <size> <first 4 bytes in hex>`` for a file, or ``MISSING``; see :func:`parse_sqsh_check`.
+    """Print ``SQSH <size> <first bytes in hex>`` for a file, or ``MISSING``; see :func:`parse_sqsh_check`.
+
+    The first :data:`~airflow_provider_tao_slurm.core.images.SQSH_HEADER_BYTES` bytes hold the magic
+    and the superblock's ``bytes_used``, so a truncated image is caught, not only a wrong magic.
 
     :param path: absolute path of the ``.sqsh`` file.
     :returns: the command line.
@@ -560,7 +564,7 @@ def sqsh_check(path: str) -> str:
     file = quote(_absolute(path))
     return (
         f'if [ -f {file} ]; then echo "SQSH $(($(wc -c < {file}))) '
-        f"$(head -c 4 -- {file} | od -An -tx1 | tr -d ' \\n')\"; else echo MISSING; fi"
+        f"$(head -c {SQSH_HEADER_BYTES} -- {file} | od -An -v -tx1 | tr -d ' \\n')\"; else echo MISSING; fi"
     )
 
 
@@ -568,7 +572,7 @@ def parse_sqsh_check(stdout: str) -> tuple[int, str] | None:
     """Parse :func:`sqsh_check` output.
 
     :param stdout: the command's stdout.
-    :returns: ``(size, magic hex)``, valid when the magic is :data:`SQUASHFS_MAGIC_HEX`; ``None`` when missing.
+    :returns: ``(size, header hex)``, valid when it starts with :data:`SQUASHFS_MAGIC_HEX`; ``None`` when missing.
     :raises RemoteCommandError: for any other output.
     """
     lines = [line.strip() for line in stdout.splitlines() if line.strip()]

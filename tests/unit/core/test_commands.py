@@ -181,7 +181,7 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
     (
         "sqsh-check",
         lambda: commands.sqsh_check("/i/x.sqsh"),
-        'if [ -f /i/x.sqsh ]; then echo "SQSH $(($(wc -c < /i/x.sqsh))) $(head -c 4 -- /i/x.sqsh | od -An -tx1 '
+        'if [ -f /i/x.sqsh ]; then echo "SQSH $(($(wc -c < /i/x.sqsh))) $(head -c 48 -- /i/x.sqsh | od -An -v -tx1 '
         "| tr -d ' \\n')\"; else echo MISSING; fi",
     ),
     (
@@ -598,7 +598,7 @@ def test_sqsh_check(shell: str, name: str, work: Path) -> None:
     assert commands.parse_sqsh_check(result.stdout.decode()) is None
     path.write_bytes(b"hsqs" + b"\x00" * 96)
     result = run_shell(shell, commands.sqsh_check(str(path)), work.parent)
-    assert commands.parse_sqsh_check(result.stdout.decode()) == (100, commands.SQUASHFS_MAGIC_HEX)
+    assert commands.parse_sqsh_check(result.stdout.decode()) == (100, commands.SQUASHFS_MAGIC_HEX + "00" * 44)
     path.write_bytes(b"<htm")
     result = run_shell(shell, commands.sqsh_check(str(path)), work.parent)
     assert commands.parse_sqsh_check(result.stdout.decode()) == (4, "3c68746d")
