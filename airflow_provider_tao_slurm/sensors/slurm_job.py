@@ -22,7 +22,13 @@ from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, 
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState, state_from_native
 from airflow_provider_tao_slurm.core.status import status_verdict
-from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, ValidationError
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    JobFailedError,
+    JobNotFoundError,
+    SubmissionError,
+    ValidationError,
+)
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 from airflow_provider_tao_slurm.operators.base import SlurmHookMixin
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
@@ -177,7 +183,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         hook = self.hook
         record = from_json(hook.read_file(handle["record_path"]) or _missing_record(handle))
         started = any(t.source == "trigger" and t.state == TaoState.RUNNING for t in record.transitions)
-        for transition in event.get("transitions", []):
+        # A retried sensor may settle a job whose record is already terminal: nothing follows that.
+        for transition in event.get("transitions", []) if record.terminal_state is None else []:
             state = TaoState(transition["state"])
             started = started or state is TaoState.RUNNING
             # The submit already recorded RUNNING ("submitted"); queue waits before the job first ran
@@ -194,7 +201,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             )
         log_tail = self._show_logs(handle)
         if event["status"] != "terminal":
-            record = mark(record, TaoState.ERROR, now=_utc(), message=str(event.get("message")), source="sensor")
+            record = _settled(record, TaoState.ERROR, message=str(event.get("message")))
             self._write(handle, record)
             raise JobNotFoundError(str(event.get("message")))
         state = _state_from_payload(str(handle["slurm_job_id"]), event["state"])
@@ -202,19 +209,17 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             return self._completed(handle, record, state)
         if state.tao_state is TaoState.CANCELED:
             reason = f"SLURM job {state.job_id} ended {state.raw_state or state.native}"
-            record = mark(record, TaoState.CANCELED, now=_utc(), message=reason, source="sensor")
+            record = _settled(record, TaoState.CANCELED, message=reason)
             self._finish(handle, record)
             raise JobFailedError(f"{reason}; it was cancelled outside this task (scancel, preemption or an admin)")
         verdict = classify(state, log_tail)
         if verdict.err_class is ErrClass.ERR_INFRA and int(handle.get("infra_retries", 0)) < self.max_infra_retries:
             return self._resubmit(context, handle, record, state, verdict)
         message = f"{state.native} exit {state.exit_code}: {verdict.reason} [{verdict.evidence}]"
-        record = mark(
+        record = _settled(
             record,
             TaoState.ERROR,
-            now=_utc(),
             message=message,
-            source="sensor",
             err_class=verdict.err_class,
             exit_codes={"job": state.exit_code} if state.exit_code is not None else None,
         )
@@ -230,23 +235,19 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         verdict = status_verdict(self.hook.read_status_json(layout_status(handle, layout)))
         exit_codes = {"job": state.exit_code if state.exit_code is not None else 0}
         if verdict.ok is False or (verdict.ok is None and self.require_status_json):
-            record = mark(
+            record = _settled(
                 record,
                 TaoState.ERROR,
-                now=_utc(),
                 message=f"COMPLETED but {verdict.message}",
-                source="sensor",
                 err_class=ErrClass.ERR_PROGRAM,
                 exit_codes=exit_codes,
             )
             self._finish(handle, record)
             raise JobFailedError(f"SLURM job {state.job_id} completed but {verdict.message}", err_class="ERR_PROGRAM")
-        record = mark(
+        record = _settled(
             record,
             TaoState.COMPLETE,
-            now=_utc(),
             message=f"COMPLETED; status.json: {verdict.message}",
-            source="sensor",
             backend_ref=str(handle["slurm_job_id"]),
             exit_codes=exit_codes,
         )
@@ -257,14 +258,67 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     def _resubmit(
         self, context: Any, handle: dict[str, Any], record: JobRecord, state: Any, verdict: Any
     ) -> dict[str, Any]:
+        """Run the staged script again as a new job (new record, ``retry_of``), avoiding the failed nodes.
+
+        Exactly once: the new job's name is derived from the failed one, so a retried sensor adopts
+        the job an earlier try resubmitted. The nodes the job was told to avoid stay excluded.
+        """
         hook = self.hook
-        bad_nodes: list[str] = []
-        if state.node_list:
-            listed = hook.run(commands.existing_nodes(state.node_list), what="checking failed nodes")
-            bad_nodes = [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.rc == 0 else []
         ti = context["ti"]
         new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle["job_id"])
-        now = _utc()
+        layout = JobLayout(handle["results_base"], new_id)
+        excluded = list(dict.fromkeys([*(handle.get("exclude_nodes") or ()), *self._failed_nodes(state)]))
+        found = hook.find_jobs_by_name(new_id, all_hosts=True)
+        if len(found) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
+            )
+        record = _settled(
+            record,
+            TaoState.ERROR,
+            message=f"{state.native}: {verdict.reason} [{verdict.evidence}]; resubmitted as {new_id}"
+            + (f" excluding {','.join(excluded)}" if excluded else ""),
+            err_class=ErrClass.ERR_INFRA,
+        )
+        self._write(handle, record)
+        if found:
+            slurm_id = found[0]
+            self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
+        else:
+            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded)
+        self.log.warning(
+            "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
+            state.job_id,
+            verdict.evidence,
+            new_id,
+            slurm_id,
+            f", excluding {','.join(excluded)}" if excluded else "",
+        )
+        new_handle = {
+            **handle,
+            "job_id": new_id,
+            "slurm_job_id": slurm_id,
+            "record_path": layout.record_path,
+            "log_dir": f"{record.log_dir}/{new_id}-{slurm_id}",
+            "submitted_at": _utc(),
+            "retry_of": handle["job_id"],
+            "exclude_nodes": excluded,
+            "infra_retries": int(handle.get("infra_retries", 0)) + 1,
+        }
+        return {"resubmitted": True, "handle": new_handle}
+
+    def _failed_nodes(self, state: Any) -> list[str]:
+        """The nodes of the failed allocation (its hostlist expanded by ``sinfo``)."""
+        if not state.node_list:
+            return []
+        listed = self.hook.run(commands.existing_nodes(state.node_list), what="checking failed nodes")
+        return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.rc == 0 else []
+
+    def _submit_retry(
+        self, handle: Mapping[str, Any], record: JobRecord, new_id: str, layout: JobLayout, excluded: list[str]
+    ) -> str:
+        """Open the retry's record and submit the staged script under the new name."""
+        hook = self.hook
         retry = open_record(
             job_id=new_id,
             cluster=record.cluster,
@@ -275,14 +329,24 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             job_dir=record.job_dir,
             log_dir=record.log_dir,
             job_name=new_id,
-            now=now,
+            now=_utc(),
             retry_of=record.job_id,
         )
-        layout = JobLayout(handle["results_base"], new_id)
-        extra = (f"--exclude={','.join(bad_nodes)}",) if bad_nodes else ()
         hook.write_file(layout.record_path, to_json(retry).encode(), "644")
         script = handle.get("script_path") or JobLayout(handle["results_base"], handle["job_id"]).script_path
-        slurm_id = hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra)
+        extra = (f"--exclude={','.join(excluded)}",) if excluded else ()
+        try:
+            slurm_id = hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra)
+        except SubmissionError as exc:
+            retry = mark(retry, TaoState.ERROR, now=_utc(), message=f"sbatch refused it: {exc}", source="sensor")
+            hook.write_file(layout.record_path, to_json(retry).encode(), "644")
+            self._finish(handle, record)
+            raise JobFailedError(
+                f"SLURM job {handle['slurm_job_id']} hit an infrastructure failure and its resubmission {new_id} "
+                f"was refused ({exc}); free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear "
+                "the task",
+                err_class=str(ErrClass.ERR_INFRA),
+            ) from exc
         retry = mark(
             retry,
             TaoState.RUNNING,
@@ -292,35 +356,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             backend_ref=slurm_id,
         )
         hook.write_file(layout.record_path, to_json(retry).encode(), "644")
-        record = mark(
-            record,
-            TaoState.ERROR,
-            now=now,
-            message=f"{state.native}: {verdict.reason} [{verdict.evidence}]; resubmitted as {new_id} (SLURM {slurm_id})"
-            + (f" excluding {','.join(bad_nodes)}" if bad_nodes else ""),
-            source="sensor",
-            err_class=ErrClass.ERR_INFRA,
-        )
-        self._write(handle, record)
-        self.log.warning(
-            "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
-            state.job_id,
-            verdict.evidence,
-            new_id,
-            slurm_id,
-            f", excluding {','.join(bad_nodes)}" if bad_nodes else "",
-        )
-        new_handle = {
-            **handle,
-            "job_id": new_id,
-            "slurm_job_id": slurm_id,
-            "record_path": layout.record_path,
-            "log_dir": f"{record.log_dir}/{new_id}-{slurm_id}",
-            "submitted_at": now,
-            "retry_of": handle["job_id"],
-            "infra_retries": int(handle.get("infra_retries", 0)) + 1,
-        }
-        return {"resubmitted": True, "handle": new_handle}
+        return slurm_id
 
     # ------------------------------------------------------------------ helpers
 
@@ -355,6 +391,16 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 def layout_status(handle: Mapping[str, Any], layout: JobLayout) -> str:
     """The status.json of the job's (record-owned) results dir."""
     return f"{handle['results_dir']}/status.json" if handle.get("results_dir") else layout.status_path
+
+
+def _settled(record: JobRecord, state: TaoState, *, message: str, **kwargs: Any) -> JobRecord:
+    """The record with its terminal ``state`` from the sensor; one already terminal stays as it is.
+
+    A retried sensor settles a job a second time, maybe with other words: the first verdict stands.
+    """
+    if record.terminal_state is not None:
+        return record
+    return mark(record, state, now=_utc(), message=message, source="sensor", **kwargs)
 
 
 def _record_dict(record: JobRecord) -> dict[str, Any]:

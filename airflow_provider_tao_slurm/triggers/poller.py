@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
+import weakref
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,36 +50,48 @@ class StatusPoller:
 
     :param key: identity of the cluster account (one poller per key and event loop).
     :param fetch: coroutine returning the states of a list of job ids in one batched call.
-    :param interval: seconds between polls (the smallest interval any subscriber asked for).
+    :param interval: seconds between polls while nobody is subscribed; subscribers bring their own
+        interval and the smallest one among the current subscribers wins.
     """
 
     def __init__(self, key: str, fetch: StatesFetcher, interval: float) -> None:
         self.key = key
         self._fetch = fetch
-        self.interval = interval
+        self._default_interval = interval
         self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
+        self._intervals: dict[asyncio.Queue[PollUpdate], float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
+
+    @property
+    def interval(self) -> float:
+        """Seconds between polls: the smallest interval a current subscriber asked for."""
+        return min(self._intervals.values(), default=self._default_interval)
 
     @property
     def job_ids(self) -> list[str]:
         """The job ids currently watched."""
         return list(self._subscribers)
 
+    @property
+    def running(self) -> bool:
+        """Whether the poll loop is alive."""
+        return self._task is not None and not self._task.done()
+
     def subscribe(self, job_id: str, interval: float) -> asyncio.Queue[PollUpdate]:
         """Watch ``job_id``; updates arrive on the returned queue. Starts the poll loop if needed."""
         queue: asyncio.Queue[PollUpdate] = asyncio.Queue()
         self._subscribers.setdefault(job_id, set()).add(queue)
-        if interval < self.interval:
-            self.interval = interval
-        if self._task is None or self._task.done():
+        self._intervals[queue] = interval
+        if not self.running:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"tao-slurm-poller-{self.key}")
         self._wake.set()
         return queue
 
     def unsubscribe(self, job_id: str, queue: asyncio.Queue[PollUpdate]) -> None:
-        """Stop watching; the loop ends by itself when nobody is subscribed."""
+        """Stop watching; the loop is cancelled when nobody is subscribed any more."""
+        self._intervals.pop(queue, None)
         queues = self._subscribers.get(job_id)
         if queues is None:
             return
@@ -90,8 +103,11 @@ class StatusPoller:
             self._task = None
 
     async def _loop(self) -> None:
+        # Only the poller's current task may poll: a loop whose cancellation got lost (Python 3.11's
+        # asyncio.wait_for can swallow one) must not keep polling next to its successor.
+        me = asyncio.current_task()
         backoff = self.interval
-        while self._subscribers:
+        while self._subscribers and self._task is me:
             self._wake.clear()
             ids = list(self._subscribers)
             started = time.monotonic()
@@ -111,7 +127,8 @@ class StatusPoller:
             self.stats.durations.append(time.monotonic() - started)
             self._publish(ids, states)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._sleep_until_new_subscriber(ids), timeout=self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._sleep_until_new_subscriber(ids)
 
     async def _sleep_until_new_subscriber(self, polled: list[str]) -> None:
         """Return early when a job that was not in the last poll subscribes (first answer comes fast)."""
@@ -129,19 +146,19 @@ class StatusPoller:
                 queue.put_nowait(update)
 
 
-_POLLERS: dict[tuple[str, int], StatusPoller] = {}
+#: event loop -> cluster account key -> poller (a new loop never gets an old loop's poller).
+_POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, StatusPoller]] = weakref.WeakKeyDictionary()
 
 
 def get_poller(key: str, fetch: StatesFetcher, interval: float) -> StatusPoller:
     """The poller of ``key`` in the running event loop (created on first use)."""
-    loop_key = (key, id(asyncio.get_running_loop()))
-    poller = _POLLERS.get(loop_key)
+    pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
+    poller = pollers.get(key)
     if poller is None:
-        poller = _POLLERS[loop_key] = StatusPoller(key, fetch, interval)
+        poller = pollers[key] = StatusPoller(key, fetch, interval)
     return poller
 
 
 def active_pollers() -> list[StatusPoller]:
     """Every poller of the running event loop (benchmarks and tests)."""
-    loop_id = id(asyncio.get_running_loop())
-    return [p for (_, lid), p in _POLLERS.items() if lid == loop_id]
+    return list(_POLLERS.get(asyncio.get_running_loop(), {}).values())

@@ -19,6 +19,9 @@ from airflow_provider_tao_slurm.core.states import JobState, TaoState
 
 #: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
 DEFAULT_NOT_FOUND_GRACE_S = 300.0
+#: How long a terminal state seen only by squeue waits for sacct's row, which carries the exit
+#: code (sacct lags squeue by seconds; without accounting the squeue state is used after this).
+ACCOUNTING_SETTLE_S = 30.0
 
 
 def state_to_payload(state: JobState) -> dict[str, Any]:
@@ -107,6 +110,7 @@ class SlurmJobTrigger(BaseTrigger):
         transitions: list[dict[str, Any]] = []
         last = (self.last_state, self.last_reason)
         last_seen = self.submitted_at
+        ended_at: float | None = None
         try:
             while True:
                 update = await queue.get()
@@ -120,6 +124,11 @@ class SlurmJobTrigger(BaseTrigger):
                         return
                     continue
                 last_seen = update.polled_at
+                if state.is_terminal and state.source == "squeue":
+                    if ended_at is None:
+                        ended_at = update.polled_at
+                    if update.polled_at - ended_at < ACCOUNTING_SETTLE_S:
+                        continue  # sacct has not recorded the end yet: wait for its exit code
                 current = (str(state.tao_state), state.reason)
                 if current != last:
                     self.log.info(

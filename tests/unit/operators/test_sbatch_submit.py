@@ -1,0 +1,267 @@
+"""``SbatchSubmitOperator``: validation before any SSH, secrets kept out of everything staged, retries adopt."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    ConnectionConfigError,
+    ImageReferenceError,
+    ResourceError,
+    SecretLeakError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+SETTINGS = ClusterSettings(
+    hosts=("login",),
+    user="u",
+    partitions=("polar",),
+    account="acct",
+    results_dir="/lustre/u",
+    container_mounts="/lustre:/lustre",
+    cluster_name="mini",
+)
+IMAGE = "/lustre/containers/tao.sqsh"
+SECRET = "s3cr3t-value-9f8e7d"
+JOB_ID = mint_job_id("dag", "submit", "run1")
+LAYOUT = JobLayout("/lustre/u", JOB_ID)
+
+
+def ctx(try_number: int = 1) -> dict[str, Any]:
+    return {"ti": SimpleNamespace(dag_id="dag", task_id="submit", run_id="run1", map_index=-1, try_number=try_number)}
+
+
+def operator(hook: Any, **kwargs: Any) -> SbatchSubmitOperator:
+    kwargs.setdefault("image", IMAGE)
+    kwargs.setdefault("command", "python train.py --out {results_dir}")
+    op = SbatchSubmitOperator(task_id="submit", **kwargs)
+    op.__dict__["hook"] = hook
+    return op
+
+
+@pytest.fixture
+def no_ssh(monkeypatch: pytest.MonkeyPatch) -> SlurmHook:
+    """A real hook on explicit settings whose every attempt to connect fails the test."""
+
+    def refuse(self: SlurmHook) -> Any:
+        raise AssertionError("SSH was attempted before the input was validated")
+
+    monkeypatch.setattr(SlurmHook, "get_conn", refuse)
+    return SlurmHook(settings=SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        pytest.param(
+            {"image": "nvcr.io/nvidia/tao/tao-toolkit:5.0.0-pyt"}, ImageReferenceError, "EnrootImportOperator", id="reg"
+        ),
+        pytest.param({"image": "docker://nvcr.io#nvidia/x:1"}, ImageReferenceError, "EnrootImportOperator", id="uri"),
+        pytest.param({"num_nodes": 2}, ValidationError, "NcclProbeOperator", id="multi-node-without-nccl-env"),
+        pytest.param({"time_hours": 5, "timeout_hours": 4.5}, ResourceError, "exceeds the 4 h limit", id="time"),
+        pytest.param({"time_hours": 2, "timeout_hours": 2}, ResourceError, "timeout_hours=2 must be lower", id="to"),
+        pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="gpus"),
+        pytest.param({"env": {"1BAD": "x"}}, ValidationError, "'1BAD' is not a valid environment", id="env-digit"),
+        pytest.param({"env": {"BAD-NAME": "x"}}, ValidationError, "'BAD-NAME' is not a valid", id="env-dash"),
+        pytest.param({"env": {"": "x"}}, ValidationError, "env name '' is not a valid", id="env-empty"),
+        pytest.param({"env": {"N": 3}}, ValidationError, r"env\['N'\] must be a string", id="env-value"),
+        pytest.param({"secret_env": {"MY TOKEN": "x"}}, ValidationError, "secret_env name 'MY TOKEN'", id="secret"),
+        pytest.param(
+            {"num_nodes": 2, "nccl_env": {"NCCL IB": "1"}}, ValidationError, "nccl_env name 'NCCL IB'", id="nccl"
+        ),
+        pytest.param({"command": "  "}, ValidationError, "command is empty", id="command"),
+        pytest.param({"spec": "a: ["}, ValidationError, "spec is not valid YAML", id="spec-yaml"),
+        pytest.param({"spec": "[1, 2]"}, ValidationError, "spec must be a mapping", id="spec-list"),
+        pytest.param({"secret_env": {"T": "env:TAO_UNSET_VAR_X"}}, ValidationError, "not set on the worker", id="e"),
+    ],
+)
+def test_bad_input_is_refused_in_execute_before_any_ssh(
+    no_ssh: SlurmHook, kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    op = operator(no_ssh, **kwargs)
+
+    with pytest.raises(error, match=match):
+        op.execute(ctx())
+
+
+def test_missing_results_dir_is_a_connection_problem(no_ssh: SlurmHook) -> None:
+    hook = SlurmHook(settings=ClusterSettings(hosts=("login",), user="u", partitions=("polar",)))
+
+    with pytest.raises(ConnectionConfigError, match="no results_dir"):
+        operator(hook).execute(ctx())
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"command": f"curl -H 'X-Key: {SECRET}' https://example.org"}, id="command"),
+        pytest.param({"env": {"NOTE": f"pre-{SECRET}"}}, id="env"),
+        pytest.param({"spec": {"train": {"note": SECRET}}}, id="spec"),
+        pytest.param({"command": "echo {job_id}", "env": {"X": "{results_dir}" + SECRET}}, id="bound-env"),
+    ],
+)
+def test_secret_value_outside_the_sidecar_is_refused(no_ssh: SlurmHook, kwargs: dict[str, Any]) -> None:
+    op = operator(no_ssh, secret_env={"HF_TOKEN": SECRET}, **kwargs)
+
+    with pytest.raises(SecretLeakError) as leak:
+        op.execute(ctx())
+
+    assert SECRET not in str(leak.value)
+    assert "secret_env" in str(leak.value)
+
+
+def test_literal_credential_in_command_is_refused(no_ssh: SlurmHook) -> None:
+    op = operator(no_ssh, command="HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789 python train.py")
+
+    with pytest.raises(SecretLeakError, match="HF_TOKEN") as leak:
+        op.execute(ctx())
+
+    assert "hf_abcdefghij" not in str(leak.value)
+
+
+# ---------------------------------------------------------------------- staging and submission
+
+
+class FakeHook:
+    """Stages into a dict, hands out SLURM job ids, answers name lookups from ``found``."""
+
+    settings = SETTINGS
+
+    def __init__(self) -> None:
+        self.staged: dict[str, tuple[bytes | None, int]] = {}
+        self.files: dict[str, str] = {}
+        self.submits: list[tuple[str, str, str]] = []
+        self.found: list[str] = []
+
+    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
+        self.staged.update({f"{base}/{name}": item for name, item in files.items()})
+
+    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+        self.submits.append((script_path, job_name, log_dir))
+        return str(700 + len(self.submits))
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        if path in self.files:
+            return self.files[path]
+        staged = self.staged.get(path)
+        return staged[0].decode() if staged and staged[0] is not None else None
+
+    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.files[path] = data.decode()
+
+    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
+        assert all_hosts
+        return list(self.found)
+
+
+def staged_text(hook: FakeHook, path: str) -> str:
+    content = hook.staged[path][0]
+    assert content is not None
+    return content.decode()
+
+
+def test_first_try_stages_everything_with_the_secret_only_in_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAO_TEST_SRC", SECRET)
+    hook = FakeHook()
+    op = operator(
+        hook,
+        secret_env={"HF_TOKEN": "env:TAO_TEST_SRC"},
+        env={"OUT": "{results_dir}/out"},
+        spec={"train": {"epochs": 2}},
+        exclude_nodes=["n3"],
+        gpus_per_node=1,
+    )
+
+    handle = op.execute(ctx())
+
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert handle["job_id"] == JOB_ID
+    assert handle["slurm_job_id"] == "701"
+    assert handle["log_dir"] == LAYOUT.job_log_dir("701")
+    assert handle["sidecar_path"] == LAYOUT.sidecar_path
+    assert handle["exclude_nodes"] == ["n3"]
+    assert SECRET not in json.dumps(handle)
+    assert hook.staged[LAYOUT.sidecar_path] == (f"export HF_TOKEN={SECRET}\n".encode(), 0o600)
+    assert hook.staged[LAYOUT.script_path][1] == 0o700
+    script = staged_text(hook, LAYOUT.script_path)
+    assert "#SBATCH --exclude=n3" in script
+    assert f"TAO_SLURM_ENV_FILE={LAYOUT.sidecar_path}" in script
+    assert json.loads(staged_text(hook, LAYOUT.env_path)) == {"OUT": f"{LAYOUT.results_dir}/out"}
+    for path, (content, _mode) in hook.staged.items():
+        assert path == LAYOUT.sidecar_path or SECRET.encode() not in (content or b""), path
+    record = from_json(hook.files[LAYOUT.record_path])
+    assert (record.state, record.backend_ref, record.terminal_state) == (TaoState.RUNNING, "701", None)
+    assert SECRET not in hook.files[LAYOUT.record_path]
+
+
+def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
+    hook = FakeHook()
+    first = operator(hook).execute(ctx())
+    opened = replace(from_json(hook.files[LAYOUT.record_path]), submitted_at="2026-01-01T00:00:00Z")
+    opened.transitions[0] = replace(opened.transitions[0], ts="2026-01-01T00:00:00Z")
+    hook.files[LAYOUT.record_path] = to_json(opened)
+    hook.found = [first["slurm_job_id"]]
+    hook.staged.clear()
+
+    second = operator(hook).execute(ctx(try_number=2))
+
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert hook.staged == {}
+    assert second["slurm_job_id"] == first["slurm_job_id"]
+    assert second["job_id"] == first["job_id"]
+    record = from_json(hook.files[LAYOUT.record_path])
+    assert record.submitted_at == opened.submitted_at
+    assert record.transitions == opened.transitions
+
+
+def test_retried_try_after_a_crash_before_sbatch_submits_once() -> None:
+    hook = FakeHook()
+
+    handle = operator(hook).execute(ctx(try_number=2))
+
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert handle["job_id"] == JOB_ID
+
+
+def test_retried_try_after_the_job_ended_submits_a_new_job() -> None:
+    hook = FakeHook()
+    operator(hook).execute(ctx())
+    ended = mark(
+        from_json(hook.files[LAYOUT.record_path]),
+        TaoState.ERROR,
+        now="2026-01-01T00:00:00Z",
+        message="FAILED",
+        source="sensor",
+    )
+    hook.files[LAYOUT.record_path] = to_json(ended)
+
+    handle = operator(hook).execute(ctx(try_number=2))
+
+    new_id = mint_job_id("dag", "submit", "run1", try_number=2)
+    assert handle["job_id"] == new_id
+    assert hook.submits[-1][1] == new_id
+    assert from_json(hook.files[JobLayout("/lustre/u", new_id).record_path]).retry_of == JOB_ID
+
+
+def test_retried_try_with_two_jobs_of_its_name_stops() -> None:
+    hook = FakeHook()
+    operator(hook).execute(ctx())
+    hook.found = ["701", "702"]
+
+    with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
+        operator(hook).execute(ctx(try_number=2))
+
+    assert len(hook.submits) == 1

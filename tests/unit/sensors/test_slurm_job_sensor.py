@@ -1,0 +1,370 @@
+"""``SlurmJobSensor`` with a fake hook: deferral, event validation, settling, infra resubmission."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    JobFailedError,
+    JobNotFoundError,
+    SubmissionError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
+from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
+
+BASE = "/lustre/u"
+SLURM_ID = "500"
+NOW = "2026-01-02T03:04:05Z"
+CTX = {"ti": SimpleNamespace(dag_id="dag", task_id="wait", run_id="run1", map_index=-1, try_number=1)}
+JOB_ID = mint_job_id("dag", "submit", "run1")
+LAYOUT = JobLayout(BASE, JOB_ID)
+RETRY_ID = mint_job_id("dag", "wait", "run1", retry_of=JOB_ID)
+RETRY_LAYOUT = JobLayout(BASE, RETRY_ID)
+
+
+def make_handle(**changes: Any) -> dict[str, Any]:
+    handle = {
+        "job_id": JOB_ID,
+        "slurm_job_id": SLURM_ID,
+        "job_dir": LAYOUT.job_dir,
+        "results_dir": LAYOUT.results_dir,
+        "log_dir": LAYOUT.job_log_dir(SLURM_ID),
+        "record_path": LAYOUT.record_path,
+        "cluster": "mini",
+        "script_path": LAYOUT.script_path,
+        "sidecar_path": LAYOUT.sidecar_path,
+        "exit_code_path": LAYOUT.exit_code_path,
+        "results_base": BASE,
+        "submitted_at": NOW,
+        "exclude_nodes": [],
+    }
+    handle.update(changes)
+    return handle
+
+
+def running_record() -> str:
+    record = open_record(
+        job_id=JOB_ID,
+        cluster="mini",
+        image="/lustre/c/x.sqsh",
+        network_arch="custom",
+        action="train",
+        results_dir=LAYOUT.results_dir,
+        job_dir=LAYOUT.job_dir,
+        log_dir=LAYOUT.log_dir,
+        job_name=JOB_ID,
+        now=NOW,
+    )
+    record = mark(record, TaoState.RUNNING, now=NOW, message="submitted", source="submit", backend_ref=SLURM_ID)
+    return to_json(record)
+
+
+class FakeHook:
+    """Files in a dict; records every command, lookup and submission."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {LAYOUT.record_path: running_record()}
+        self.commands: list[str] = []
+        self.lookups: list[str] = []
+        self.submits: list[tuple[str, str, tuple[str, ...]]] = []
+        self.found: list[str] = []
+        self.submit_error: Exception | None = None
+        self.status: list[dict[str, Any]] | None = None
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        return self.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.files[path] = data.decode()
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        text = self.files.get(path, "")
+        data = text[offset : offset + max_bytes]
+        return LogChunk(size=len(text), data=data, next_offset=offset + len(data))
+
+    def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
+        return self.status
+
+    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
+        self.commands.append(command)
+        return CommandResult(0, "n2\n" if command.startswith("sinfo") else "", "")
+
+    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
+        self.lookups.append(job_name)
+        return list(self.found)
+
+    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submits.append((script_path, job_name, tuple(extra_args)))
+        return "501"
+
+    def record(self, path: str = LAYOUT.record_path) -> dict[str, Any]:
+        return dict(json.loads(self.files[path]))
+
+
+class NoHook:
+    """Any use of the hook fails the test: validation must come first."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the hook was used ({name}) before the input was validated")
+
+
+def sensor_with(hook: Any, **kwargs: Any) -> SlurmJobSensor:
+    sensor = SlurmJobSensor(task_id="wait", job=kwargs.pop("job", make_handle()), poke_interval=5, **kwargs)
+    sensor.__dict__["hook"] = hook
+    return sensor
+
+
+def terminal(native: str, *, exit_code: int = 0, node_list: str | None = "n2", **extra: Any) -> dict[str, Any]:
+    state = state_from_native(SLURM_ID, native, source="sacct", exit_code=exit_code, signal=0, node_list=node_list)
+    return {"status": "terminal", "slurm_job_id": SLURM_ID, "state": state_to_payload(state), **extra}
+
+
+def complete(sensor: SlurmJobSensor, event: Any, handle: dict[str, Any] | None = None) -> Any:
+    return sensor.execute_complete(CTX, event=event, job=handle or make_handle())
+
+
+# ---------------------------------------------------------------------- deferral and validation
+
+
+def test_execute_defers_to_the_trigger_with_the_handle() -> None:
+    sensor = sensor_with(NoHook())
+
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(CTX)
+
+    trigger = deferred.value.trigger
+    assert isinstance(trigger, SlurmJobTrigger)
+    assert (trigger.slurm_job_id, trigger.job_name, trigger.poll_interval) == (SLURM_ID, JOB_ID, 5.0)
+    assert trigger.submitted_at == 1767323045.0
+    assert deferred.value.method_name == "execute_complete"
+    assert deferred.value.kwargs == {"job": {**make_handle(), "infra_retries": 0}}
+    assert deferred.value.timeout is None
+
+
+@pytest.mark.parametrize(
+    ("job", "match"),
+    [
+        pytest.param("{'job_id': 'x'}", "dict returned by SbatchSubmitOperator", id="string"),
+        pytest.param(make_handle(record_path=""), "lacks record_path", id="missing-key"),
+        pytest.param({"job_id": JOB_ID}, "lacks slurm_job_id, job_dir", id="bare"),
+        pytest.param(make_handle(slurm_job_id="12;mini"), "bad slurm_job_id", id="bad-slurm-id"),
+    ],
+)
+def test_execute_refuses_a_bad_handle_before_any_ssh(job: Any, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        sensor_with(NoHook(), job=job).execute(CTX)
+
+
+@pytest.mark.parametrize(
+    ("event", "match"),
+    [
+        pytest.param(None, "unexpected trigger event", id="none"),
+        pytest.param("terminal", "unexpected trigger event", id="text"),
+        pytest.param({"slurm_job_id": SLURM_ID}, "unexpected trigger event", id="no-status"),
+        pytest.param({**terminal("COMPLETED"), "slurm_job_id": "999"}, "not 500; clear the task", id="other-job"),
+        pytest.param({"status": "terminal"}, "not 500", id="no-job-id"),
+    ],
+)
+def test_execute_complete_refuses_a_bad_event_before_any_ssh(event: Any, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        complete(sensor_with(NoHook()), event)
+
+
+# ---------------------------------------------------------------------- settling
+
+
+def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
+    hook = FakeHook()
+    event = terminal("COMPLETED", transitions=[{"ts": 1767323046.0, "state": "RUNNING", "native": "RUNNING"}])
+
+    result = complete(sensor_with(hook), event)
+
+    assert result == hook.record()
+    assert result["terminal_state"] == "COMPLETE"
+    assert result["exit_codes"] == {"job": 0}
+    assert [(t["state"], t["source"]) for t in result["transitions"]] == [
+        ("PENDING", "submit"),
+        ("RUNNING", "submit"),
+        ("RUNNING", "trigger"),
+        ("COMPLETE", "sensor"),
+    ]
+    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.submits == []
+
+
+@pytest.mark.parametrize(
+    ("status", "require", "match"),
+    [
+        pytest.param([{"status": "FAILURE", "message": "loss is NaN"}], False, "loss is NaN", id="failure"),
+        pytest.param(None, True, "status.json is missing", id="required-missing"),
+    ],
+)
+def test_completed_job_with_bad_status_json_fails(status: Any, require: bool, match: str) -> None:
+    hook = FakeHook()
+    hook.status = status
+
+    with pytest.raises(JobFailedError, match=match) as failed:
+        complete(sensor_with(hook, require_status_json=require), terminal("COMPLETED"))
+
+    assert failed.value.err_class == "ERR_PROGRAM"
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
+
+
+def test_program_failure_fails_without_resubmission() -> None:
+    hook = FakeHook()
+
+    with pytest.raises(JobFailedError, match=r"ERR_PROGRAM.*ExitCode=3:0") as failed:
+        complete(sensor_with(hook), terminal("FAILED", exit_code=3))
+
+    assert failed.value.err_class == "ERR_PROGRAM"
+    record = hook.record()
+    assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
+    assert hook.submits == []
+    assert hook.lookups == []
+    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
+def test_cancelled_job_is_canceled_not_unknown() -> None:
+    hook = FakeHook()
+    event = terminal("CANCELLED by 1001")
+
+    with pytest.raises(JobFailedError, match="cancelled outside this task"):
+        complete(sensor_with(hook), event)
+
+    record = hook.record()
+    assert record["terminal_state"] == "CANCELED"
+    assert record["transitions"][-1]["message"] == "SLURM job 500 ended CANCELLED by 1001"
+    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
+def test_vanished_job_fails_with_the_trigger_message() -> None:
+    hook = FakeHook()
+    event = {"status": "error", "slurm_job_id": SLURM_ID, "message": "SLURM job 500 is unknown to squeue and sacct"}
+
+    with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
+        complete(sensor_with(hook), event)
+
+    assert hook.record()["terminal_state"] == "ERROR"
+
+
+def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it() -> None:
+    hook = FakeHook()
+    with pytest.raises(JobFailedError):
+        complete(sensor_with(hook), terminal("FAILED", exit_code=3))
+    settled = hook.files[LAYOUT.record_path]
+    replay = terminal("FAILED", exit_code=3, transitions=[{"ts": 1767323999.0, "state": "RUNNING"}])
+
+    with pytest.raises(JobFailedError, match="ERR_PROGRAM"):
+        complete(sensor_with(hook), replay)
+
+    assert hook.files[LAYOUT.record_path] == settled
+
+
+# ---------------------------------------------------------------------- infrastructure failures
+
+
+def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
+    hook = FakeHook()
+    sensor = sensor_with(hook)
+
+    with pytest.raises(TaskDeferred) as deferred:
+        complete(sensor, terminal("NODE_FAIL", node_list="n2"), make_handle(exclude_nodes=["n1"]))
+
+    assert hook.lookups == [RETRY_ID]
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--exclude=n1,n2",))]
+    old = hook.record()
+    assert (old["terminal_state"], old["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert RETRY_ID in old["transitions"][-1]["message"]
+    retry = from_json(hook.files[RETRY_LAYOUT.record_path])
+    assert (retry.retry_of, retry.backend_ref, retry.state) == (JOB_ID, "501", TaoState.RUNNING)
+    assert retry.results_dir == LAYOUT.results_dir
+    handle = deferred.value.kwargs["job"]
+    assert handle["job_id"] == RETRY_ID
+    assert handle["slurm_job_id"] == "501"
+    assert handle["retry_of"] == JOB_ID
+    assert handle["record_path"] == RETRY_LAYOUT.record_path
+    assert handle["log_dir"] == f"{LAYOUT.log_dir}/{RETRY_ID}-501"
+    assert handle["exclude_nodes"] == ["n1", "n2"]
+    assert handle["infra_retries"] == 1
+    assert handle["sidecar_path"] == LAYOUT.sidecar_path
+    assert deferred.value.trigger.slurm_job_id == "501"
+    assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands
+
+
+def test_hardware_evidence_in_the_log_is_an_infrastructure_failure() -> None:
+    hook = FakeHook()
+    hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = (
+        "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus\n"
+    )
+
+    with pytest.raises(TaskDeferred):
+        complete(sensor_with(hook), terminal("FAILED", exit_code=1, node_list=None))
+
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ())]
+
+
+def test_a_retried_sensor_adopts_the_job_an_earlier_try_resubmitted() -> None:
+    hook = FakeHook()
+    with pytest.raises(TaskDeferred):
+        complete(sensor_with(hook), terminal("NODE_FAIL"))
+    old_record = hook.files[LAYOUT.record_path]
+    retry_record = hook.files[RETRY_LAYOUT.record_path]
+    hook.found = ["501"]
+
+    with pytest.raises(TaskDeferred) as deferred:
+        complete(sensor_with(hook), terminal("NODE_FAIL"))
+
+    assert len(hook.submits) == 1
+    assert deferred.value.kwargs["job"]["slurm_job_id"] == "501"
+    assert hook.files[LAYOUT.record_path] == old_record
+    assert hook.files[RETRY_LAYOUT.record_path] == retry_record
+
+
+def test_two_resubmitted_jobs_of_one_name_stop_the_sensor() -> None:
+    hook = FakeHook()
+    hook.found = ["501", "502"]
+
+    with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
+        complete(sensor_with(hook), terminal("NODE_FAIL"))
+
+    assert hook.submits == []
+
+
+def test_infra_retries_are_bounded() -> None:
+    hook = FakeHook()
+
+    with pytest.raises(JobFailedError, match="ERR_INFRA") as failed:
+        complete(sensor_with(hook, max_infra_retries=2), terminal("NODE_FAIL"), make_handle(infra_retries=2))
+
+    assert failed.value.err_class == "ERR_INFRA"
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert hook.submits == []
+
+
+def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
+    hook = FakeHook()
+    hook.submit_error = SubmissionError("Requested node configuration is not available", rc=1)
+
+    with pytest.raises(JobFailedError, match=r"resubmission .* was refused .*excluded nodes \(n1,n2\)") as failed:
+        complete(sensor_with(hook), terminal("NODE_FAIL"), make_handle(exclude_nodes=["n1"]))
+
+    assert failed.value.err_class == "ERR_INFRA"
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
+    retry = hook.record(RETRY_LAYOUT.record_path)
+    assert retry["terminal_state"] == "ERROR"
+    assert "not available" in retry["transitions"][-1]["message"]
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"

@@ -1,0 +1,224 @@
+"""The shared status poller, driven by a fake async fetch function (no SSH, no SLURM)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+
+from airflow_provider_tao_slurm.core.states import JobState, state_from_native
+from airflow_provider_tao_slurm.triggers import poller as poller_module
+from airflow_provider_tao_slurm.triggers.poller import PollUpdate, StatusPoller, active_pollers, get_poller
+
+T = TypeVar("T")
+INTERVAL = 0.05
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def running(job_id: str) -> JobState:
+    return state_from_native(job_id, "RUNNING", source="squeue")
+
+
+@dataclass
+class FakeFetch:
+    """Records every call (ids, loop time, calling task); fails or blocks when told to."""
+
+    failures: int = 0
+    block: asyncio.Event | None = None
+    calls: list[tuple[list[str], float, asyncio.Task[Any] | None]] = field(default_factory=list)
+    cancelled: int = 0
+
+    async def __call__(self, ids: list[str]) -> dict[str, JobState]:
+        self.calls.append((list(ids), time.monotonic(), asyncio.current_task()))
+        if self.block is not None:
+            try:
+                await self.block.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if self.failures:
+            self.failures -= 1
+            raise OSError("connection reset by peer")
+        return {job_id: running(job_id) for job_id in ids}
+
+    def gaps(self) -> list[float]:
+        times = [at for _, at, _ in self.calls]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+
+def test_many_subscribers_share_one_fetch_per_interval() -> None:
+    fetch = FakeFetch()
+
+    async def scenario() -> tuple[list[list[PollUpdate]], int]:
+        poller = StatusPoller("u@c", fetch, 30)
+        queues = [poller.subscribe(job_id, INTERVAL) for job_id in ("1", "2", "3", "3", "4")]
+        await asyncio.sleep(INTERVAL * 6.5)
+        polls = poller.stats.polls
+        for job_id, queue in zip(("1", "2", "3", "3", "4"), queues, strict=True):
+            poller.unsubscribe(job_id, queue)
+        return [[queue.get_nowait() for _ in range(queue.qsize())] for queue in queues], polls
+
+    updates, polls = run(scenario())
+
+    assert all(sorted(ids) == ["1", "2", "3", "4"] for ids, _, _ in fetch.calls)
+    assert 4 <= len(fetch.calls) <= 8
+    assert polls == len(fetch.calls)
+    assert min(fetch.gaps()) >= INTERVAL * 0.9
+    for job_id, got in zip(("1", "2", "3", "3", "4"), updates, strict=True):
+        assert len(got) == len(fetch.calls)
+        assert {u.job_id for u in got} == {job_id}
+        assert all(u.state == running(job_id) and u.error is None for u in got)
+
+
+def test_failed_fetch_is_retried_with_backoff_and_subscribers_keep_waiting() -> None:
+    fetch = FakeFetch(failures=2)
+
+    async def scenario() -> list[PollUpdate]:
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        queue = poller.subscribe("7", INTERVAL)
+        got = [await queue.get() for _ in range(3)]
+        poller.unsubscribe("7", queue)
+        assert poller.stats.failures == 2
+        return got
+
+    first, second, third = run(scenario())
+
+    assert (first.state, second.state) == (None, None)
+    assert "connection reset by peer" in (first.error or "")
+    assert second.error == first.error
+    assert third.state == running("7")
+    assert third.error is None
+    backoff1, backoff2 = fetch.gaps()[:2]
+    assert backoff1 >= 2 * INTERVAL * 0.9
+    assert backoff2 >= 4 * INTERVAL * 0.9
+
+
+def test_backoff_is_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poller_module, "MAX_BACKOFF_S", 0.12)
+    fetch = FakeFetch(failures=4)
+
+    async def scenario() -> None:
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        queue = poller.subscribe("7", INTERVAL)
+        for _ in range(5):
+            await queue.get()
+        poller.unsubscribe("7", queue)
+
+    run(scenario())
+    assert max(fetch.gaps()) < 0.12 + INTERVAL
+
+
+def test_last_unsubscribe_stops_the_loop_and_nothing_is_fetched_after() -> None:
+    fetch = FakeFetch()
+
+    async def scenario() -> tuple[int, bool, int]:
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        first = poller.subscribe("1", INTERVAL)
+        second = poller.subscribe("2", INTERVAL)
+        await first.get()
+        poller.unsubscribe("1", first)
+        assert poller.running
+        poller.unsubscribe("2", second)
+        stopped_at = len(fetch.calls)
+        await asyncio.sleep(INTERVAL * 6)
+        loops = [task for task in asyncio.all_tasks() if task.get_name().startswith("tao-slurm-poller")]
+        return len(fetch.calls) - stopped_at, poller.running, len(loops)
+
+    assert run(scenario()) == (0, False, 0)
+
+
+def test_unsubscribe_during_a_fetch_cancels_it_and_nothing_is_fetched_after() -> None:
+    fetch = FakeFetch(block=None)
+
+    async def scenario() -> tuple[int, int]:
+        fetch.block = asyncio.Event()
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        queue = poller.subscribe("1", INTERVAL)
+        while not fetch.calls:
+            await asyncio.sleep(0)
+        poller.unsubscribe("1", queue)
+        await asyncio.sleep(INTERVAL * 6)
+        return len(fetch.calls), fetch.cancelled
+
+    assert run(scenario()) == (1, 1)
+
+
+@pytest.mark.parametrize("yields", range(6), ids=lambda n: f"yields{n}")
+def test_a_loop_whose_cancel_got_lost_never_polls_next_to_its_successor(yields: int) -> None:
+    # All subscribers leave and a new one arrives at once, while the old loop's sleep is just ending:
+    # Python 3.11's asyncio.wait_for could swallow that cancellation and leave two loops polling.
+    fetch = FakeFetch()
+
+    async def scenario() -> set[asyncio.Task[Any] | None]:
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        one = poller.subscribe("1", INTERVAL)
+        await one.get()
+        two = poller.subscribe("2", INTERVAL)
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        poller.unsubscribe("1", one)
+        poller.unsubscribe("2", two)
+        three = poller.subscribe("3", INTERVAL)
+        await asyncio.sleep(INTERVAL * 5)
+        poller.unsubscribe("3", three)
+        return {task for ids, _, task in fetch.calls if ids == ["3"]}
+
+    assert len(run(scenario())) == 1
+
+
+def test_new_job_is_polled_at_once_not_after_the_interval() -> None:
+    fetch = FakeFetch()
+
+    async def scenario() -> float:
+        poller = StatusPoller("u@c", fetch, 30)
+        first = poller.subscribe("1", 30)
+        await first.get()
+        started = time.monotonic()
+        second = poller.subscribe("2", 30)
+        await second.get()
+        waited = time.monotonic() - started
+        poller.unsubscribe("1", first)
+        poller.unsubscribe("2", second)
+        return waited
+
+    assert run(scenario()) < 1
+    assert [sorted(ids) for ids, _, _ in fetch.calls] == [["1"], ["1", "2"]]
+
+
+def test_interval_is_the_smallest_of_the_current_subscribers() -> None:
+    async def scenario() -> list[float]:
+        poller = StatusPoller("u@c", FakeFetch(), 60)
+        seen = [poller.interval]
+        slow = poller.subscribe("1", 30)
+        seen.append(poller.interval)
+        fast = poller.subscribe("2", 5)
+        seen.append(poller.interval)
+        poller.unsubscribe("2", fast)
+        seen.append(poller.interval)
+        poller.unsubscribe("1", slow)
+        seen.append(poller.interval)
+        return seen
+
+    assert run(scenario()) == [60, 30, 5, 30, 60]
+
+
+def test_one_poller_per_key_and_event_loop() -> None:
+    fetch = FakeFetch()
+
+    async def scenario() -> tuple[StatusPoller, StatusPoller, StatusPoller, list[StatusPoller]]:
+        a = get_poller("unit-a@one", fetch, 30)
+        return a, get_poller("unit-a@one", fetch, 5), get_poller("unit-b@one", fetch, 30), active_pollers()
+
+    first, again, other, listed = run(scenario())
+    assert first is again
+    assert other is not first
+    assert {id(first), id(other)} <= {id(p) for p in listed}
+    assert run(scenario())[0] is not first

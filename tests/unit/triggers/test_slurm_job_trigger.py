@@ -1,0 +1,225 @@
+"""``SlurmJobTrigger`` against a fake hook: serialisation, one event, grace windows, on_kill vs cleanup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import pytest
+from airflow.sdk.module_loading import import_string
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.states import JobState, state_from_native
+from airflow_provider_tao_slurm.triggers import slurm_job as trigger_module
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+T = TypeVar("T")
+JOB = "4242"
+NAME = "tao-dag.submit-0123456789abcdef"
+POLL = 0.02
+
+Script = list["dict[str, JobState] | Exception"]
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 10))
+
+
+def squeue(native: str, reason: str | None = None) -> dict[str, JobState]:
+    return {JOB: state_from_native(JOB, native, source="squeue", reason=reason, node_list="n1")}
+
+
+def sacct(native: str, exit_code: int = 0, signal: int = 0) -> dict[str, JobState]:
+    return {JOB: state_from_native(JOB, native, source="sacct", exit_code=exit_code, signal=signal, node_list="n1")}
+
+
+class FakeHook:
+    """Answers each poll with the next scripted result (the last one repeats); records cancels."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = list(script)
+        self.polls: list[list[str]] = []
+        self.cancels: list[tuple[list[str], str | None]] = []
+        self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
+
+    async def a_settings(self) -> ClusterSettings:
+        return self.settings
+
+    async def a_get_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        self.polls.append(list(job_ids))
+        answer = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    async def a_cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
+        self.cancels.append((list(job_ids), job_name))
+
+
+@pytest.fixture
+def hook(monkeypatch: pytest.MonkeyPatch) -> FakeHook:
+    fake = FakeHook([{}])
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: fake)
+    return fake
+
+
+def make(**kwargs: Any) -> SlurmJobTrigger:
+    kwargs.setdefault("poll_interval", POLL)
+    return SlurmJobTrigger(slurm_conn_id="slurm_default", slurm_job_id=JOB, job_name=NAME, **kwargs)
+
+
+async def all_events(trigger: SlurmJobTrigger) -> list[dict[str, Any]]:
+    return [event.payload async for event in trigger.run()]
+
+
+def test_serialize_round_trip() -> None:
+    trigger = make(submitted_at=1700000000.5, not_found_grace=60, last_state="RUNNING", last_reason="None")
+    classpath, kwargs = trigger.serialize()
+
+    assert classpath == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
+    assert kwargs == {
+        "slurm_conn_id": "slurm_default",
+        "slurm_job_id": JOB,
+        "job_name": NAME,
+        "poll_interval": POLL,
+        "submitted_at": 1700000000.5,
+        "not_found_grace": 60.0,
+        "last_state": "RUNNING",
+        "last_reason": "None",
+    }
+    rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def test_submitted_at_is_fixed_at_construction_and_survives_serialization() -> None:
+    before = time.time()
+    _, kwargs = make().serialize()
+    assert before <= kwargs["submitted_at"] <= time.time()
+    assert SlurmJobTrigger(**kwargs).submitted_at == kwargs["submitted_at"]
+
+
+def test_exactly_one_terminal_event_then_return(hook: FakeHook) -> None:
+    hook.script = [squeue("PENDING", "Priority"), squeue("RUNNING"), squeue("RUNNING"), sacct("COMPLETED")]
+
+    events = run(all_events(make()))
+
+    assert len(events) == 1
+    (event,) = events
+    assert event["status"] == "terminal"
+    assert (event["slurm_job_id"], event["job_name"]) == (JOB, NAME)
+    assert event["state"]["native"] == "COMPLETED"
+    assert event["state"]["tao_state"] == "COMPLETE"
+    assert [(t["state"], t["reason"]) for t in event["transitions"]] == [
+        ("PENDING", "Priority"),
+        ("RUNNING", None),
+        ("COMPLETE", None),
+    ]
+    assert json.loads(json.dumps(event)) == event
+    assert hook.polls == [[JOB]] * 4
+
+
+def test_last_state_from_kwargs_is_not_reported_again(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING"), sacct("FAILED", exit_code=3)]
+
+    (event,) = run(all_events(make(last_state="RUNNING", last_reason=None)))
+
+    assert [t["state"] for t in event["transitions"]] == ["ERROR"]
+
+
+def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING"), squeue("FAILED", "NonZeroExitCode"), squeue("FAILED"), sacct("FAILED", 3)]
+
+    (event,) = run(all_events(make()))
+
+    assert event["state"]["source"] == "sacct"
+    assert (event["state"]["exit_code"], event["state"]["signal"]) == (3, 0)
+    assert [t["state"] for t in event["transitions"]] == ["RUNNING", "ERROR"]
+
+
+def test_terminal_state_from_squeue_is_used_when_accounting_never_answers(
+    hook: FakeHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(trigger_module, "ACCOUNTING_SETTLE_S", 0.2)
+    hook.script = [squeue("RUNNING"), squeue("CANCELLED")]
+    started = time.monotonic()
+
+    (event,) = run(all_events(make()))
+
+    assert time.monotonic() - started >= 0.2
+    assert event["state"]["source"] == "squeue"
+    assert event["state"]["tao_state"] == "CANCELED"
+
+
+def test_not_found_is_tolerated_then_reported_as_vanished(hook: FakeHook) -> None:
+    hook.script = [{}]
+    started = time.time()
+
+    events = run(all_events(make(submitted_at=started, not_found_grace=0.3)))
+
+    assert time.time() - started >= 0.3
+    assert len(events) == 1
+    (event,) = events
+    assert event["status"] == "error"
+    assert event["state"] == {"tao_state": "UNKNOWN", "native": "NOT_FOUND"}
+    assert JOB in event["message"]
+    assert NAME in event["message"]
+    assert f"sacct -j {JOB}" in event["message"]
+    assert len(hook.polls) >= 3
+
+
+def test_not_found_right_after_submit_is_not_an_error(hook: FakeHook) -> None:
+    hook.script = [{}, {}, {}, squeue("RUNNING"), {}, sacct("COMPLETED")]
+
+    (event,) = run(all_events(make(not_found_grace=5)))
+
+    assert event["status"] == "terminal"
+    assert event["state"]["native"] == "COMPLETED"
+
+
+def test_grace_counts_from_when_the_job_was_last_seen(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING")] * 10 + [{}]
+    started = time.time()
+
+    (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.3)))
+
+    assert event["status"] == "error"
+    assert time.time() - started >= 0.3
+
+
+def test_failed_polls_keep_the_trigger_waiting(hook: FakeHook) -> None:
+    hook.script = [OSError("connection reset"), squeue("RUNNING"), sacct("COMPLETED")]
+
+    events = run(all_events(make()))
+
+    assert [e["status"] for e in events] == ["terminal"]
+    assert len(hook.polls) == 3
+
+
+def test_on_kill_cancels_the_job_by_id_and_exact_name(hook: FakeHook) -> None:
+    run(make().on_kill())
+
+    assert hook.cancels == [([JOB], NAME)]
+
+
+def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING")]
+    trigger = make()
+
+    async def restart() -> int:
+        task = asyncio.ensure_future(all_events(trigger))
+        while len(hook.polls) < 2:
+            await asyncio.sleep(POLL / 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await trigger.cleanup()
+        polls = len(hook.polls)
+        await asyncio.sleep(POLL * 5)
+        return len(hook.polls) - polls
+
+    assert run(restart()) == 0
+    assert hook.cancels == []
