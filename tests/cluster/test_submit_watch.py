@@ -483,12 +483,6 @@ def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
     assert_no_secret(ssh_run, retry)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the sbatch templates remove the secret sidecar at the end of a batch script whose step died of a "
-    "node failure (srun exits 0 after 'Node failure on n2' and no SIGTERM reaches the batch shell), so the "
-    "resubmitted (or requeued) job runs without its secret_env",
-)
 def test_secret_env_survives_a_node_failure_resubmission(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
     ctx = context(dag_id, "submit", "r1")
     failure = through_node_failure(ssh_run, submit_op(image, f"{SHOW_SECRET}; sleep 8", requeue=False), ctx)
