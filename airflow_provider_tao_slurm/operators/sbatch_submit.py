@@ -14,7 +14,7 @@ import yaml
 from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
 from airflow_provider_tao_slurm.core.shell import quote
@@ -207,7 +207,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             mem_mb=self.mem_mb,
         )
         nccl_env = _check_env_names(self.nccl_env or {}, "nccl_env")
-        if resources.is_multi_node and not nccl_env:
+        # ``{}`` is a probe result too (no NCCL settings needed); only a missing one is refused.
+        if resources.is_multi_node and self.nccl_env is None:
             raise ValidationError(
                 f"a {resources.num_nodes}-node job needs a working NCCL environment: put NcclProbeOperator "
                 "upstream and pass its output as nccl_env (or pass nccl_env explicitly)"
@@ -251,13 +252,16 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         layout = JobLayout(settings.results_dir, job_id)
         adopted: str | None = None
         retry_of: str | None = None
+        previous: JobRecord | None = None
         if ti.try_number > 1:
-            previous = self.hook.read_file(layout.record_path)
-            if previous is not None and from_json(previous).terminal_state is not None:
+            stored = self.hook.read_file(layout.record_path)
+            previous = from_json(stored) if stored is not None else None
+            if previous is not None and previous.terminal_state is not None:
                 retry_of = job_id
                 job_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number)
                 layout = JobLayout(settings.results_dir, job_id)
                 self.log.info("Job %s already finished: this try submits a fresh job %s", retry_of, job_id)
+                previous = None
             else:
                 adopted = self._adopt(job_id)
 
@@ -300,19 +304,24 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         lint_bash(script)
 
         now = utc_now()
-        record = open_record(
-            job_id=job_id,
-            cluster=settings.cluster_name,
-            image=checked["image"].path,
-            network_arch=self.network_arch,
-            action=self.action,
-            results_dir=layout.results_dir,
-            job_dir=layout.job_dir,
-            log_dir=layout.log_dir,
-            job_name=job_id,
-            now=now,
-            retry_of=retry_of,
-            secrets=secret_values,
+        # An adopted job keeps the record its first try opened (history and submitted_at).
+        record = (
+            previous
+            if adopted is not None and previous is not None
+            else open_record(
+                job_id=job_id,
+                cluster=settings.cluster_name,
+                image=checked["image"].path,
+                network_arch=self.network_arch,
+                action=self.action,
+                results_dir=layout.results_dir,
+                job_dir=layout.job_dir,
+                log_dir=layout.log_dir,
+                job_name=job_id,
+                now=now,
+                retry_of=retry_of,
+                secrets=secret_values,
+            )
         )
         if adopted is None:
             meta = {
@@ -359,6 +368,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             "exit_code_path": layout.exit_code_path,
             "results_base": settings.results_dir,
             "submitted_at": now,
+            "exclude_nodes": list(resources.exclude_nodes),
         }
 
     def _adopt(self, job_id: str) -> str | None:
