@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
+from airflow_provider_tao_slurm.core.execution import (
+    HELPERS_DIR,
+    Execution,
+    build_step_command,
+    canonical_sha256,
+    manifest,
+    parse_execution,
+)
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
@@ -122,6 +133,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :param network_arch: TAO network architecture (recorded).
     :param action: TAO action (recorded).
     :param mem_mb: memory per node in MB (optional).
+    :param execution: the spec bundle's ``execution`` block (pre/post commands, declared environment,
+        torchrun launcher, child exit-code file, supporting files); see the docs' "Spec bundles" page.
+    :param bundle_root: directory (on the worker) the bundle's ``supporting_files`` are relative to.
     """
 
     template_fields: Sequence[str] = (
@@ -135,6 +149,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         "container_mounts",
         "network_arch",
         "action",
+        "execution",
+        "bundle_root",
     )
     template_fields_renderers = {"spec": "yaml", "env": "json", "nccl_env": "json", "command": "bash"}
 
@@ -142,7 +158,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self,
         *,
         image: str,
-        command: str,
+        command: str | None = None,
         num_nodes: int = 1,
         gpus_per_node: int = 4,
         cpus_per_task: int = 16,
@@ -160,6 +176,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         network_arch: str = "custom",
         action: str = "train",
         mem_mb: int | None = None,
+        execution: Mapping[str, Any] | None = None,
+        bundle_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -182,6 +200,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self.network_arch = network_arch
         self.action = action
         self.mem_mb = mem_mb
+        self.execution = execution
+        self.bundle_root = bundle_root
 
     # ------------------------------------------------------------------ validation (no SSH)
 
@@ -213,8 +233,12 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 f"a {resources.num_nodes}-node job needs a working NCCL environment: put NcclProbeOperator "
                 "upstream and pass its output as nccl_env (or pass nccl_env explicitly)"
             )
-        if not isinstance(self.command, str) or not self.command.strip():
-            raise ValidationError("command is empty; give the shell command to run inside the container")
+        execution = parse_execution(self.execution)
+        command = self.command if self.command is not None else execution.command
+        if not isinstance(command, str) or not command.strip():
+            raise ValidationError(
+                "command is empty; give the shell command to run inside the container (or execution.command)"
+            )
         if not settings.results_dir:
             raise ConnectionConfigError(
                 f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
@@ -230,13 +254,37 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             raise ValidationError("spec must be a mapping (a dict or YAML text of a mapping)")
         return {
             "settings": settings,
+            "command": command,
+            "execution": execution,
+            "helpers": self._supporting_files(execution),
             "image": image,
             "resources": resources,
-            "env": _check_env_names(self.env or {}, "env"),
+            "env": _check_env_names({**dict(execution.environment), **(self.env or {})}, "env"),
             "secret_names": _check_env_names(self.secret_env or {}, "secret_env"),
             "nccl_env": nccl_env,
             "spec": spec,
         }
+
+    def _supporting_files(self, execution: Execution) -> tuple[dict[str, bytes], str] | None:
+        """Read the bundle's supporting files on the worker and verify every declared SHA-256.
+
+        :returns: ``({destination: content}, manifest JSON)``, or None without supporting files.
+        """
+        if not execution.supporting_files:
+            return None
+        if not self.bundle_root:
+            raise ValidationError("execution.supporting_files needs bundle_root: the directory they are relative to")
+        root = Path(self.bundle_root).resolve()
+        contents = []
+        for item in execution.supporting_files:
+            path = (root / item.source).resolve()
+            if not path.is_relative_to(root):
+                raise ValidationError(f"supporting file {item.source!r} leaves bundle_root through a link; refusing")
+            try:
+                contents.append((item, path.read_bytes()))
+            except OSError as exc:
+                raise ValidationError(f"supporting file {item.source!r} cannot be read under {root}: {exc}") from None
+        return {item.destination: content for item, content in contents}, manifest(contents)
 
     # ------------------------------------------------------------------ execute
 
@@ -266,7 +314,20 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 adopted = self._adopt(job_id)
 
         values = binding_values(results_dir=layout.results_dir, job_id=job_id, config_path=layout.spec_path)
-        command = bind_text(self.command, values)
+        execution: Execution = checked["execution"]
+        helpers = checked["helpers"]
+        command = bind_text(checked["command"], values)
+        exit_codes_path: str | None = None
+        if self.execution is not None:
+            bound = dataclasses.replace(
+                execution,
+                pre=tuple(dataclasses.replace(step, command=bind_text(step.command, values)) for step in execution.pre),
+                post=tuple(
+                    dataclasses.replace(step, command=bind_text(step.command, values)) for step in execution.post
+                ),
+            )
+            exit_codes_path = f"{layout.job_dir}/{execution.child_exit_code_path}"
+            command = build_step_command(bound, command, exit_codes_path)
         env = {key: bind_text(value, values) for key, value in checked["env"].items()}
         spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
         resources = checked["resources"]
@@ -320,10 +381,17 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 job_name=job_id,
                 now=now,
                 retry_of=retry_of,
+                bundle_sha256=canonical_sha256({"execution": self.execution, "files": helpers and helpers[1]})
+                if self.execution is not None
+                else None,
+                config_sha256=hashlib.sha256(spec_text.encode()).hexdigest() if spec is not None else None,
                 secrets=secret_values,
             )
         )
         if adopted is None:
+            staged = _job_files(layout, script, spec_text, env_text, secrets, record)
+            if helpers is not None:
+                staged.update(self._helper_files(layout, *helpers))
             meta = {
                 "job_id": job_id,
                 "dag_id": ti.dag_id,
@@ -336,9 +404,11 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 "partition": resources.partition,
                 "secret_names": sorted(secrets),
             }
-            self.hook.stage_files(
-                settings.results_dir, _job_files(layout, script, spec_text, env_text, meta, secrets, record)
+            staged[layout.meta_path[len(layout.base) + 1 :]] = (
+                json.dumps(meta, separators=(",", ":"), sort_keys=True).encode(),
+                0o644,
             )
+            self.hook.stage_files(settings.results_dir, staged)
             adopted = self.hook.submit(layout.script_path, job_id, log_dir=layout.log_dir)
         record = mark(
             record,
@@ -369,7 +439,32 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             "results_base": settings.results_dir,
             "submitted_at": now,
             "exclude_nodes": list(resources.exclude_nodes),
+            "child_exit_code_path": exit_codes_path,
         }
+
+    def _helper_files(
+        self, layout: JobLayout, contents: Mapping[str, bytes], manifest_text: str
+    ) -> dict[str, tuple[bytes | None, int]]:
+        """Supporting files under ``<job_dir>/inputs/action-helpers/`` with their manifest.
+
+        An identical manifest already there is reused; a different bundle is never overwritten.
+        """
+        helpers_dir = f"{layout.job_dir}/{HELPERS_DIR}"
+        existing = self.hook.read_file(f"{helpers_dir}/manifest.json")
+        if existing is not None and existing != manifest_text:
+            raise ValidationError(
+                f"{helpers_dir} already holds a different bundle's files; a job directory is never overwritten "
+                "with another bundle: submit it from a new DAG run (or remove that directory on purpose)"
+            )
+        if existing is not None:
+            self.log.info("Supporting files already staged with an identical manifest: reusing them")
+            return {}
+        rel = helpers_dir[len(layout.base) + 1 :]
+        files: dict[str, tuple[bytes | None, int]] = {
+            f"{rel}/{destination}": (content, 0o644) for destination, content in contents.items()
+        }
+        files[f"{rel}/manifest.json"] = (manifest_text.encode(), 0o644)
+        return files
 
     def _adopt(self, job_id: str) -> str | None:
         """On a retry, the job an earlier try submitted (live or finished), if any."""
@@ -389,7 +484,6 @@ def _job_files(
     script: str,
     spec_text: str,
     env_text: str,
-    meta: Mapping[str, Any],
     secrets: Mapping[str, str],
     record: Any,
 ) -> dict[str, tuple[bytes | None, int]]:
@@ -402,7 +496,6 @@ def _job_files(
         rel(layout.results_dir): (None, 0o755),
         rel(layout.spec_path): (spec_text.encode(), 0o644),
         rel(layout.env_path): (env_text.encode(), 0o644),
-        rel(layout.meta_path): (json.dumps(meta, separators=(",", ":"), sort_keys=True).encode(), 0o644),
         rel(layout.script_path): (script.encode(), 0o700),
         rel(layout.record_path): (to_json(record, list(secrets.values())).encode(), 0o644),
     }

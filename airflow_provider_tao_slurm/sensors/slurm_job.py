@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
 
 from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
@@ -221,7 +222,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             TaoState.ERROR,
             message=message,
             err_class=verdict.err_class,
-            exit_codes={"job": state.exit_code} if state.exit_code is not None else None,
+            exit_codes=self._exit_codes(handle, state.exit_code),
         )
         self._finish(handle, record)
         raise JobFailedError(
@@ -233,7 +234,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     def _completed(self, handle: dict[str, Any], record: JobRecord, state: Any) -> dict[str, Any]:
         layout = JobLayout(handle["results_base"], handle["job_id"])
         verdict = status_verdict(self.hook.read_status_json(layout_status(handle, layout)))
-        exit_codes = {"job": state.exit_code if state.exit_code is not None else 0}
+        exit_codes = self._exit_codes(handle, state.exit_code if state.exit_code is not None else 0)
         if verdict.ok is False or (verdict.ok is None and self.require_status_json):
             record = _settled(
                 record,
@@ -376,6 +377,16 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                 self.log.info("---- %s (last %d bytes) ----\n%s", path, LOG_TAIL_BYTES, text)
             tails.append(text)
         return "\n".join(tails)
+
+    def _exit_codes(self, handle: Mapping[str, Any], job_code: int | None) -> dict[str, Any] | None:
+        """The job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""
+        codes: dict[str, Any] = {} if job_code is None else {"job": job_code}
+        path = handle.get("child_exit_code_path")
+        if path:
+            text = self.hook.read_file(path)
+            if text:
+                codes["children"] = parse_child_exit_codes(text)
+        return codes or None
 
     def _write(self, handle: Mapping[str, Any], record: JobRecord) -> None:
         self.hook.write_file(handle["record_path"], to_json(record).encode(), "644")

@@ -19,20 +19,18 @@ import hashlib
 import json
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from deferral import context, defer, first_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import JobFailedError
-from airflow_provider_tao_slurm.hooks.slurm import async_pool
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 from airflow_provider_tao_slurm.triggers.poller import active_pollers
@@ -60,59 +58,6 @@ T = TypeVar("T")
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60, every: float = 0.5) -> T:
-    """Call ``probe`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not seen within {timeout:.0f} s")
-        time.sleep(every)
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a fresh loop (as the triggerer would), closing the pooled SSH connection after."""
-
-    async def main() -> T:
-        try:
-            return await coro
-        finally:
-            await async_pool().close_all()
-
-    return asyncio.run(main())
-
-
-async def first_event(trigger: SlurmJobTrigger, timeout: float = 120) -> TriggerEvent:
-    """The trigger's first event; the generator is then closed like the triggerer does after ``return``."""
-    events = trigger.run()
-    try:
-        async with asyncio.timeout(timeout):
-            return await anext(events)
-    finally:
-        await events.aclose()
-
-
-def context(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> dict[str, Any]:
-    """The slice of an Airflow context the operators read."""
-    ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=-1, try_number=try_number)
-    return {"ti": ti}
-
-
-def defer(sensor: SlurmJobSensor, ctx: dict[str, Any]) -> TaskDeferred:
-    """``sensor.execute()``, which must defer."""
-    with pytest.raises(TaskDeferred) as deferred:
-        sensor.execute(ctx)
-    return deferred.value
-
-
-def resume(sensor: SlurmJobSensor, ctx: dict[str, Any], deferred: TaskDeferred, event: TriggerEvent) -> Any:
-    """The worker's resume: ``execute_complete(context, event=payload, **kwargs)``."""
-    assert deferred.method_name == "execute_complete"
-    return sensor.execute_complete(ctx, event=event.payload, **(deferred.kwargs or {}))
 
 
 def squeue_field(ssh_run: SshRun, slurm_id: str, field: str) -> str:
