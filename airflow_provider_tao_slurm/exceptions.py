@@ -126,6 +126,10 @@ class ImageConversionError(TaoSlurmError):
     """Converting an image to ``.sqsh`` failed or produced an invalid file."""
 
 
+class NcclProbeError(TaoSlurmError):
+    """The NCCL all-reduce probe could not run, or no candidate environment made it pass."""
+
+
 class PreflightError(TaoSlurmError):
     """One or more preflight checks failed; every problem is listed with its fix."""
 

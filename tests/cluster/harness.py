@@ -12,6 +12,7 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``status``: one line per daemon, then the node states. Exit 1 if a daemon is not running.
 - ``env``: print (and write) the environment JSON.
 - fault injection: ``restart-sshd``, ``stop-slurmdbd``, ``start-slurmdbd``, ``restart-slurmctld``,
+  ``stop-slurmctld``, ``start-slurmctld`` (waits until both nodes have registered again),
   ``node-down NODE``, ``node-resume NODE``, ``drain NODE``.
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
@@ -20,7 +21,11 @@ four fake GPUs (char devices, GRES); partitions ``polar`` (default, 4 h) and ``c
 account ``gpu_proj``. The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
 then cuts the connection before the reply. ``/usr/local/bin/enroot`` and the SPANK plugin
-``fakepyxis.so`` stand in for Enroot and Pyxis (see those files).
+``fakepyxis.so`` stand in for Enroot and Pyxis (see those files). Jobs get CPU PyTorch from the venv
+``/opt/tao-slurm/venv`` (the Pyxis stand-in runs commands on the host). Test-only fault switch: while
+``/srv/lustre/.harness/faults`` lists ``nccl_hang_unless_p2p_disable``, the TaskProlog exports
+``TAO_SLURM_TEST_FAULT=nccl_hang_unless_p2p_disable`` to every task, and the provider's NCCL probe
+then hangs unless ``NCCL_P2P_DISABLE=1``.
 """
 
 from __future__ import annotations
@@ -84,6 +89,11 @@ LOCK_FILE = Path("/run/slurmtest-harness.lock")
 SHARED = Path("/srv/lustre")
 CONTAINERS = SHARED / "containers"
 ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
+FAULT_SWITCH = SHARED / ".harness" / "faults"
+TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
+TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
+TORCH_VENV = Path("/opt/tao-slurm/venv")
+TORCH_REQUIREMENT = "torch==2.13.0"
 
 USER = "slurmuser"
 PREFERRED_UID = 1001
@@ -344,6 +354,23 @@ def ensure_hosts() -> None:
     step("hosts: node block written to /etc/hosts")
 
 
+def ensure_torch_venv() -> None:
+    """Install CPU PyTorch for jobs in a venv everyone can read (pip finds the wheel via the machine's pip config).
+
+    Skipped when the venv holds a completed install of :data:`TORCH_REQUIREMENT` (stamp file).
+    """
+    stamp = TORCH_VENV / ".harness-installed"
+    if stamp.is_file() and stamp.read_text() == TORCH_REQUIREMENT and (TORCH_VENV / "bin" / "torchrun").exists():
+        step(f"torch: {TORCH_REQUIREMENT} present in {TORCH_VENV}")
+        return
+    started = time.monotonic()
+    run(["/usr/bin/python3", "-m", "venv", "--clear", str(TORCH_VENV)], timeout=300)
+    run([str(TORCH_VENV / "bin" / "pip"), "install", "-q", TORCH_REQUIREMENT], timeout=1800)
+    run(["chmod", "-R", "a+rX", str(TORCH_VENV.parent)])
+    write_file(stamp, TORCH_REQUIREMENT)
+    step(f"torch: installed {TORCH_REQUIREMENT} in {TORCH_VENV} ({time.monotonic() - started:.1f} s)")
+
+
 def ensure_gpu_devices() -> None:
     """Create the fake GPU char devices (major 195, like NVIDIA's) used as GRES files."""
     for index in range(GPUS_PER_NODE):
@@ -420,6 +447,7 @@ def slurm_conf() -> str:
         "EnforcePartLimits=ALL",
         "JobRequeue=1",
         "MailProg=/bin/true",
+        f"TaskProlog={TASK_PROLOG}",
         "AccountingStorageType=accounting_storage/slurmdbd",
         "AccountingStorageHost=localhost",
         f"AccountingStoragePort={DBD_PORT}",
@@ -522,6 +550,23 @@ def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = ()) -> str:
     )
 
 
+def task_prolog() -> str:
+    """Return the TaskProlog: the test-only fault switch (prints nothing unless the switch file lists a fault)."""
+    return (
+        "#!/bin/sh\n"
+        "# Written by tests/cluster/harness.py. SLURM runs this before every task, as the job's user, and\n"
+        '# adds each "export NAME=value" line it prints to the task environment. Test-only fault switch:\n'
+        f"# the first known fault word listed in {FAULT_SWITCH} is exported as TAO_SLURM_TEST_FAULT.\n"
+        f"[ -r {FAULT_SWITCH} ] || exit 0\n"
+        'while read -r word _ || [ -n "$word" ]; do\n'
+        '    case "$word" in\n'
+        f'    {"|".join(TEST_FAULTS)}) echo "export TAO_SLURM_TEST_FAULT=$word"; exit 0 ;;\n'
+        "    esac\n"
+        f"done < {FAULT_SWITCH}\n"
+        "exit 0\n"
+    )
+
+
 def write_configs() -> None:
     """Write every configuration file; report which ones changed."""
     files: list[tuple[Path, str, int, str]] = [
@@ -543,6 +588,7 @@ def write_configs() -> None:
             0o755,
             "root",
         ),
+        (TASK_PROLOG, task_prolog(), 0o755, "root"),
     ]
     changed = [str(path) for path, content, mode, owner in files if write_file(path, content, mode=mode, owner=owner)]
     if not ENROOT_KNOBS.exists():
@@ -980,6 +1026,17 @@ def ensure_nodes_ready() -> None:
     )
 
 
+def nodes_responding() -> bool:
+    """Return True when slurmctld knows every node and none is marked not responding (``*``).
+
+    Unlike :func:`ensure_nodes_ready` it resumes nothing: a node someone drained stays drained.
+    """
+    states = node_states()
+    return set(states) == set(NODES) and all(
+        state != "unknown" and not state.endswith("*") for state in states.values()
+    )
+
+
 def update_node(node: str, state: str) -> None:
     """Set a node's state with ``scontrol update`` (down and drain need a reason)."""
     reason = [f"reason=harness {state}"] if state in ("down", "drain") else []
@@ -1053,6 +1110,9 @@ def cluster_env() -> dict[str, object]:
         "enroot_imports_log": str(ENROOT_LOG),
         "pyxis_registry_log": str(PYXIS_LOG),
         "fault_sbatch_log": str(FAULT_LOG),
+        "torch_python": str(TORCH_VENV / "bin" / "python"),
+        "torchrun": str(TORCH_VENV / "bin" / "torchrun"),
+        "fault_switch": str(FAULT_SWITCH),
     }
 
 
@@ -1074,6 +1134,7 @@ def cmd_up() -> int:
     user = ensure_user()
     ensure_layout()
     ensure_hosts()
+    ensure_torch_venv()
     ensure_gpu_devices()
     ensure_munge_key()
     write_configs()
@@ -1145,7 +1206,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line and run one command."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("up", "down", "status", "env", "restart-sshd", "stop-slurmdbd", "start-slurmdbd", "restart-slurmctld"):
+    for name in (
+        "up",
+        "down",
+        "status",
+        "env",
+        "restart-sshd",
+        "stop-slurmdbd",
+        "start-slurmdbd",
+        "restart-slurmctld",
+        "stop-slurmctld",
+        "start-slurmctld",
+    ):
         commands.add_parser(name)
     for name in ("node-down", "node-resume", "drain"):
         commands.add_parser(name).add_argument("node", choices=list(NODES))
@@ -1177,6 +1249,13 @@ def run_command(args: argparse.Namespace) -> int:
         step(f"slurmdbd: stopped (pid {pid})" if pid else "slurmdbd: was not running")
     elif args.command == "start-slurmdbd":
         ensure_daemon(table["slurmdbd"])
+    elif args.command == "stop-slurmctld":
+        pid = stop_daemon(table["slurmctld"])
+        step(f"slurmctld: stopped (pid {pid})" if pid else "slurmctld: was not running")
+    elif args.command == "start-slurmctld":
+        ensure_daemon(table["slurmctld"])
+        wait_until("nodes registered again", nodes_responding, [LOG / "slurm" / "slurmctld.log"])
+        step("nodes: " + ", ".join(f"{node} {state}" for node, state in node_states().items()))
     else:
         update_node(args.node, {"node-down": "down", "node-resume": "resume", "drain": "drain"}[args.command])
     return 0

@@ -1,0 +1,467 @@
+"""``NcclProbeOperator``: find NCCL settings under which an all-reduce works, before a multi-GPU job runs.
+
+The probe is a tiny job of the same shape as the real one (nodes x GPUs per node) rendered with
+the provider's sbatch template: torchrun starts one probe process per GPU
+(:mod:`airflow_provider_tao_slurm.probes.nccl_probe`, staged next to the script), which
+all-reduces once and checks the sum. The job's own ``timeout`` bounds a hung collective (and its
+wall limit backs that up), so a hang ends the job by itself; the task waits deferred on
+:class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` meanwhile. After a hang or
+a failed collective the job is cancelled (a no-op once it has ended, but it leaves nothing behind)
+and the next candidate environment is tried. The first environment that works is cached per
+cluster on shared storage and returned; a later run finds it there and submits nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, NoReturn
+
+from airflow_provider_tao_slurm.core.images import parse_image
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.nccl import (
+    MIN_TIMEOUT_S,
+    PROBE_FILE,
+    WALL_GRACE_S,
+    Verdict,
+    cache_path,
+    cache_text,
+    candidate_envs,
+    judge_probe,
+    parse_cache,
+    probe_command,
+    probe_scope,
+)
+from airflow_provider_tao_slurm.core.records import check_slurm_job_id, mint_job_id
+from airflow_provider_tao_slurm.core.resources import Resources, build_resources
+from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.storage import display_value
+from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
+from airflow_provider_tao_slurm.exceptions import (
+    ConnectionConfigError,
+    ImageReferenceError,
+    NcclProbeError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+from airflow_provider_tao_slurm.operators.sbatch_submit import lint_bash, utc_now
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+#: Bytes of the end of each probe log that are judged (and shown on failure).
+LOG_TAIL_BYTES = 65536
+SHOWN_LOG_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class _Attempt:
+    """One candidate environment and the job that tries it."""
+
+    index: int
+    env: dict[str, str]
+    layout: JobLayout
+    script: str
+
+    @property
+    def job_name(self) -> str:
+        return self.layout.job_id
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Everything the probe needs, computed without SSH (and again, identically, on resume)."""
+
+    resources: Resources
+    cluster: str
+    scope: str
+    cache_path: str
+    attempts: tuple[_Attempt, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.total_gpus
+
+
+def _probe_program() -> bytes:
+    return resources.files("airflow_provider_tao_slurm.probes").joinpath(PROBE_FILE).read_bytes()
+
+
+def _env_text(env: Mapping[str, str]) -> str:
+    return " ".join(f"{name}={value}" for name, value in env.items()) or "(no NCCL settings)"
+
+
+class NcclProbeOperator(SlurmBaseOperator):
+    """Probe NCCL with one all-reduce over ``nodes`` x ``gpus_per_node`` GPUs; return the working environment.
+
+    Put it upstream of a multi-node :class:`SbatchSubmitOperator` (or one with several GPUs per
+    node) and pass its output as ``nccl_env``. Candidates are tried in order until one passes; a
+    hang (no result within ``timeout_seconds``) or a failed all-reduce moves on to the next one,
+    a probe that cannot start at all (no PyTorch, a bad rendezvous) fails the task at once. The
+    winner is cached per cluster (``<results_dir>/nccl/<cluster>.<scope>.json``, multi-node and
+    single-node apart) and returned; while a cache entry exists no probe job is submitted unless
+    ``force``. A job of one GPU needs no probe: the result is ``{}`` at once.
+
+    The probe program is staged under ``results_dir``, which must be mounted in the container at
+    the same path (as for the training job's spec), and runs with ``python -m torch.distributed.run``.
+
+    :param image: ``.sqsh`` path of the training image (it needs PyTorch); templated.
+    :param nodes: nodes of the real job.
+    :param gpus_per_node: GPUs per node of the real job.
+    :param timeout_seconds: how long one probe may take once running, before it counts as hung; templated.
+    :param candidate_envs: environments to try in order (dicts of strings); default: none, then
+        ``NCCL_P2P_DISABLE=1``, then also ``NCCL_IB_DISABLE=1`` and ``NCCL_SOCKET_IFNAME=^lo,docker``;
+        templated.
+    :param force: probe even when the cache has an answer (the new answer replaces it); templated.
+    :param python: the image's Python with PyTorch; templated.
+    :param partition: GPU partition(s); default from the connection; templated.
+    :param account: SLURM account; default from the connection; templated.
+    :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection; templated.
+    :param cpus_per_task: CPUs per node (default: one per GPU).
+    :param mem_mb: memory per node in MB (default: the partition's).
+    :param poll_interval: seconds between status polls while deferred (shared per cluster).
+    :returns: the working NCCL environment, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` (``{}``: no settings needed).
+    """
+
+    template_fields: Sequence[str] = (
+        "image",
+        "candidate_envs",
+        "force",
+        "timeout_seconds",
+        "python",
+        "partition",
+        "account",
+        "container_mounts",
+    )
+    template_fields_renderers = {"candidate_envs": "json"}
+
+    def __init__(
+        self,
+        *,
+        image: str,
+        nodes: int = 2,
+        gpus_per_node: int = 1,
+        timeout_seconds: int = 120,
+        candidate_envs: Sequence[Mapping[str, str]] | None = None,
+        force: bool = False,
+        python: str = "python3",
+        partition: str | None = None,
+        account: str | None = None,
+        container_mounts: str | None = None,
+        cpus_per_task: int | None = None,
+        mem_mb: int | None = None,
+        poll_interval: float = 10.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.image = image
+        self.nodes = nodes
+        self.gpus_per_node = gpus_per_node
+        self.timeout_seconds = timeout_seconds
+        self.candidate_envs = candidate_envs
+        self.force = force
+        self.python = python
+        self.partition = partition
+        self.account = account
+        self.container_mounts = container_mounts
+        self.cpus_per_task = cpus_per_task
+        self.mem_mb = mem_mb
+        self.poll_interval = poll_interval
+
+    # ------------------------------------------------------------------ entry points
+
+    def execute(self, context: Any) -> dict[str, str]:
+        """Return the cached environment, or submit the first probe job and defer."""
+        resources_ = self._resources()
+        if not resources_.needs_nccl_probe:
+            self.log.info("A job with one GPU runs no collective across GPUs: no NCCL probe needed")
+            return {}
+        count = len(candidate_envs(self.candidate_envs))
+        plan = self._plan(resources_, self._job_names(context, count))
+        if not self.force:
+            cached = self._cached(plan)
+            if cached is not None:
+                return cached
+        self._submit(plan, 0, [])
+
+    def execute_complete(
+        self,
+        context: Any,
+        event: Any = None,
+        job_names: Sequence[str] = (),
+        outcomes: Sequence[str] = (),
+    ) -> dict[str, str]:
+        """Judge the finished probe job: cache and return its environment, or try the next candidate.
+
+        The event names the job (and so the candidate). ``job_names`` and ``outcomes`` come from the
+        deferral; where they are lost (``airflow dags test`` resumes with the event only) the names
+        are minted again from the context, as they were before the deferral.
+        """
+        resources_ = self._resources()
+        names = list(job_names) or self._job_names(context, len(candidate_envs(self.candidate_envs)))
+        plan = self._plan(resources_, names)
+        event_name = event.get("job_name") if isinstance(event, Mapping) else None
+        current = next((a for a in plan.attempts if a.job_name == event_name), None)
+        if current is None or not isinstance(event, Mapping):
+            raise NcclProbeError(
+                f"the trigger sent {display_value(event)}, which is not the end of one of this task's probe jobs "
+                f"({', '.join(names)}); check the triggerer's log and clear the task"
+            )
+        slurm_job_id = check_slurm_job_id(str(event.get("slurm_job_id")))
+        attempt = current.index
+        state = event.get("state")
+        if not isinstance(state, Mapping):
+            state = {}
+        native = str(state.get("native") or "")
+        exit_code = state.get("exit_code")
+        label = f"candidate {attempt + 1}/{len(plan.attempts)} [{_env_text(current.env)}]"
+        log_text = self._log_tail(current, slurm_job_id)
+        outcome = judge_probe(
+            native_state=native,
+            exit_code=exit_code if isinstance(exit_code, int) else None,
+            log_text=log_text,
+            world_size=plan.world_size,
+        )
+        if outcome.verdict is Verdict.OK:
+            self.hook.write_file(
+                plan.cache_path,
+                cache_text(
+                    current.env,
+                    cluster_name=plan.cluster,
+                    scope=plan.scope,
+                    nodes=plan.resources.num_nodes,
+                    gpus_per_node=plan.resources.gpus_per_node,
+                    slurm_job_id=slurm_job_id,
+                    now=utc_now(),
+                ).encode(),
+                "644",
+            )
+            self.log.info(
+                "NCCL probe passed with %s (SLURM job %s): %s; cached in %s",
+                label,
+                slurm_job_id,
+                outcome.detail,
+                plan.cache_path,
+            )
+            return current.env
+        # The job has ended (the trigger only fires on a terminal state); cancelling it anyway makes
+        # sure no step of a hung probe is left behind before the next candidate takes the nodes.
+        self.hook.cancel([slurm_job_id], job_name=current.job_name)
+        self.log.warning(
+            "NCCL probe %s: %s (SLURM job %s, %s, exit code %s): %s\n%s",
+            label,
+            outcome.verdict,
+            slurm_job_id,
+            native or "no state",
+            exit_code,
+            outcome.detail,
+            redact_text(log_text[-SHOWN_LOG_BYTES:]),
+        )
+        history = [*outcomes, f"{label}: {outcome.verdict} (SLURM job {slurm_job_id}): {outcome.detail}"]
+        if outcome.verdict is Verdict.SETUP_ERROR:
+            raise NcclProbeError(
+                f"the NCCL probe could not start on cluster {plan.cluster!r}: {outcome.detail}. Check that the "
+                f"image has PyTorch for python={self.python!r} and that results_dir is mounted in the container "
+                f"at the same path. Logs: {current.layout.job_log_dir(slurm_job_id)}"
+            )
+        if not outcome.verdict.next_candidate_may_help:
+            raise NcclProbeError(
+                f"the NCCL probe job {slurm_job_id} did not finish ({outcome.detail}), which says nothing about "
+                "the NCCL settings; run the task again"
+            )
+        if attempt + 1 < len(plan.attempts):
+            self.log.warning("Trying the next NCCL candidate environment")
+            self._submit(plan, attempt + 1, history)
+        raise NcclProbeError(
+            f"no candidate NCCL environment passed the all-reduce probe over {plan.resources.num_nodes} node(s) x "
+            f"{plan.resources.gpus_per_node} GPU(s) on cluster {plan.cluster!r}:\n- "
+            + "\n- ".join(history)
+            + "\nAsk the cluster admins for the site's NCCL settings (interface, InfiniBand HCA) and pass them "
+            "as candidate_envs; the probe logs are under " + current.layout.log_dir
+        )
+
+    # ------------------------------------------------------------------ planning (no SSH)
+
+    def _resources(self) -> Resources:
+        for name in ("nodes", "gpus_per_node", "timeout_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValidationError(f"{name}={display_value(value)} must be a positive whole number")
+        if self.timeout_seconds < MIN_TIMEOUT_S:
+            raise ValidationError(
+                f"timeout_seconds={self.timeout_seconds} leaves no time to start PyTorch; give at least {MIN_TIMEOUT_S}"
+            )
+        if not isinstance(self.force, bool):
+            raise ValidationError(f"force={display_value(self.force)} must be True or False")
+        interval = self.poll_interval
+        if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
+            raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
+        settings = self.hook.settings
+        return build_resources(
+            num_nodes=self.nodes,
+            gpus_per_node=self.gpus_per_node,
+            cpus_per_task=self.gpus_per_node if self.cpus_per_task is None else self.cpus_per_task,
+            time_hours=(self.timeout_seconds + WALL_GRACE_S) / 3600,
+            timeout_hours=self.timeout_seconds / 3600,
+            partition=self.partition or settings.partitions,
+            account=self.account or settings.account,
+            max_time_hours=settings.max_time_hours,
+            requeue=False,
+            mem_mb=self.mem_mb,
+        )
+
+    def _job_names(self, context: Any, count: int) -> list[str]:
+        """One job name per candidate: a chain from this try's id, so each attempt is its own job."""
+        ti = context["ti"]
+        names = [mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number)]
+        while len(names) < count:
+            names.append(
+                mint_job_id(
+                    ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number, retry_of=names[-1]
+                )
+            )
+        return names
+
+    def _plan(self, resources_: Resources, job_names: Sequence[str]) -> _Plan:
+        """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
+        settings = self.hook.settings
+        image = parse_image(self.image)
+        if image.path is None:
+            raise ImageReferenceError(
+                f"image {display_value(self.image)} is a registry reference; the probe is a GPU job and only runs "
+                ".sqsh files. Put EnrootImportOperator upstream and pass its output as image"
+            )
+        if not settings.results_dir:
+            raise ConnectionConfigError(
+                f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
+                "(extra results_dir or SLURM_BASE_RESULTS_DIR); the probe and its cache live there"
+            )
+        envs = candidate_envs(self.candidate_envs)
+        if len(job_names) != len(envs):
+            raise NcclProbeError(
+                f"the deferred probe knew {len(job_names)} candidate(s) but candidate_envs now has {len(envs)}; "
+                "clear the task to probe again"
+            )
+        scope = probe_scope(resources_.num_nodes)
+        attempts = []
+        for index, (env, name) in enumerate(zip(envs, job_names, strict=True)):
+            layout = JobLayout(settings.results_dir, name)
+            command = probe_command(
+                f"{layout.inputs_dir}/{PROBE_FILE}",
+                nodes=resources_.num_nodes,
+                gpus_per_node=resources_.gpus_per_node,
+                python=self.python,
+            )
+            try:
+                script = render_sbatch(
+                    SbatchSpec(
+                        job_name=name,
+                        partition=resources_.partition,
+                        account=resources_.account,
+                        num_nodes=resources_.num_nodes,
+                        gpus_per_node=resources_.gpus_per_node,
+                        cpus_per_task=resources_.cpus_per_task,
+                        time=resources_.slurm_time,
+                        timeout_seconds=resources_.timeout_seconds,
+                        exclusive=resources_.exclusive,
+                        requeue=False,
+                        mem_mb=resources_.mem_mb,
+                        log_dir=layout.log_dir,
+                        job_dir=layout.job_dir,
+                        image=image.path,
+                        container_mounts=self.container_mounts or settings.container_mounts,
+                        command=command,
+                        nccl_env=env,
+                        exit_code_file=layout.exit_code_path,
+                    )
+                )
+            except ValidationError as exc:
+                raise ValidationError(f"candidate_envs[{index}] cannot be used: {exc}") from None
+            attempts.append(_Attempt(index=index, env=env, layout=layout, script=script))
+        return _Plan(
+            resources=resources_,
+            cluster=settings.cluster_name,
+            scope=scope,
+            cache_path=cache_path(settings.results_dir, settings.cluster_name, scope),
+            attempts=tuple(attempts),
+        )
+
+    # ------------------------------------------------------------------ on the cluster
+
+    def _cached(self, plan: _Plan) -> dict[str, str] | None:
+        text = self.hook.read_file(plan.cache_path)
+        if text is None:
+            self.log.info("No cached NCCL environment for cluster %s (%s): probing", plan.cluster, plan.scope)
+            return None
+        try:
+            entry = parse_cache(text, cluster_name=plan.cluster, scope=plan.scope)
+        except ValidationError as exc:
+            self.log.warning("Ignoring the NCCL cache %s (%s): probing again", plan.cache_path, exc)
+            return None
+        self.log.info(
+            "Using the cached NCCL environment [%s] of cluster %s (%s), proven by SLURM job %s at %s on %d x %d "
+            "GPUs; no probe job submitted (force=True probes again). Cache: %s",
+            _env_text(entry.env),
+            plan.cluster,
+            plan.scope,
+            entry.slurm_job_id,
+            entry.probed_at,
+            entry.nodes,
+            entry.gpus_per_node,
+            plan.cache_path,
+        )
+        return entry.env
+
+    def _submit(self, plan: _Plan, index: int, outcomes: list[str]) -> NoReturn:
+        """Stage and submit the probe of candidate ``index``, then defer until it ends."""
+        attempt = plan.attempts[index]
+        layout = attempt.layout
+        lint_bash(attempt.script)
+
+        def rel(path: str) -> str:
+            return path[len(layout.base) + 1 :]
+
+        self.hook.stage_files(
+            layout.base,
+            {
+                rel(layout.job_dir): (None, 0o755),
+                rel(layout.inputs_dir): (None, 0o755),
+                rel(f"{layout.inputs_dir}/{PROBE_FILE}"): (_probe_program(), 0o644),
+                rel(layout.script_path): (attempt.script.encode(), 0o700),
+            },
+        )
+        submitted_at = time.time()
+        reply = self.hook.submit(layout.script_path, attempt.job_name, log_dir=layout.log_dir)
+        slurm_job_id = check_slurm_job_id(reply)
+        self.log.info(
+            "NCCL probe candidate %d/%d [%s]: SLURM job %s (%s) over %d node(s) x %d GPU(s), timeout %d s; logs %s",
+            index + 1,
+            len(plan.attempts),
+            _env_text(attempt.env),
+            slurm_job_id,
+            attempt.job_name,
+            plan.resources.num_nodes,
+            plan.resources.gpus_per_node,
+            plan.resources.timeout_seconds,
+            layout.job_log_dir(slurm_job_id),
+        )
+        self.defer(
+            trigger=SlurmJobTrigger(
+                slurm_conn_id=self.slurm_conn_id,
+                slurm_job_id=slurm_job_id,
+                job_name=attempt.job_name,
+                poll_interval=float(self.poll_interval),
+                submitted_at=submitted_at,
+            ),
+            method_name="execute_complete",
+            kwargs={"job_names": [a.job_name for a in plan.attempts], "outcomes": outcomes},
+        )
+
+    def _log_tail(self, attempt: _Attempt, slurm_job_id: str) -> str:
+        """The last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
+        parts = []
+        for path in attempt.layout.log_paths(slurm_job_id):
+            size = self.hook.read_log(path, 0, 1).size
+            text = self.hook.read_log(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES).data if size else ""
+            parts.append(f"--- {path} ---\n{text}")
+        return "\n".join(parts)

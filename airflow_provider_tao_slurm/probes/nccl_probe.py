@@ -1,0 +1,237 @@
+#!/usr/bin/env python3
+"""NCCL probe: one small all-reduce over every GPU of a job, run before the real job.
+
+``NcclProbeOperator`` stages this file to the cluster and runs it in a tiny batch job through the
+provider's sbatch template, under torchrun (one process per GPU). It runs standalone inside any
+training image: standard library only, ``torch`` imported only when the probe really runs, nothing
+imported from the provider. (For that reason a setup problem is a ``ValueError`` here, not one of
+the provider's exception classes.)
+
+Rendezvous, read from the environment (TAO's convention, see ``templates/slurm``):
+
+- node count: ``TAO_NODE_COUNT``, else ``WORLD_SIZE`` (TAO exports the NODE count there). Under
+  torchrun ``WORLD_SIZE`` is torchrun's process count, so there torchrun's ``GROUP_WORLD_SIZE``
+  is the fallback instead;
+- GPUs per node: ``TAO_GPUS_PER_NODE``, ``NUM_GPU_PER_NODE``, then torchrun's ``LOCAL_WORLD_SIZE``;
+- node rank: ``TAO_NODE_RANK``, ``NODE_RANK``, torchrun's ``GROUP_RANK``, then ``SLURM_NODEID``;
+- local rank: ``LOCAL_RANK``; master: ``MASTER_ADDR``, ``MASTER_PORT``.
+
+Unset values mean 1 node, 1 GPU, rank 0 and ``127.0.0.1:29500``. The global world size is nodes x
+GPUs per node and the global rank is node rank x GPUs per node + local rank; under torchrun both
+must equal torchrun's own ``WORLD_SIZE`` and ``RANK``.
+
+Usage::
+
+    python3 nccl_probe.py --dry-run    # print the computed configuration as JSON (torch not imported)
+    torchrun --nnodes=N --nproc-per-node=G --node-rank=R --master-addr=A --master-port=P nccl_probe.py
+
+A real run uses NCCL when torch sees a GPU and gloo otherwise, all-reduces ``rank + 1`` over every
+process, checks that the sum is ``W * (W + 1) / 2``, and rank 0 prints
+``TAO_NCCL_PROBE_OK world=W ...``. Exit status: 0 success; 2 setup error (bad rendezvous
+environment, no torch: other NCCL settings cannot help); 3 the collective failed or summed wrong.
+
+Test hook, inert unless the cluster sets it: when ``TAO_SLURM_TEST_FAULT`` is
+``nccl_hang_unless_p2p_disable`` and ``NCCL_P2P_DISABLE`` is not ``1``, rank 0 stays out of the
+all-reduce, so the other ranks hang in it, as with a broken NCCL peer-to-peer path. Only the local
+test cluster's TaskProlog exports that variable (while its fault switch is on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+OK_MARKER = "TAO_NCCL_PROBE_OK"
+SETUP_ERROR_MARKER = "TAO_NCCL_PROBE_SETUP_ERROR"
+FAILED_MARKER = "TAO_NCCL_PROBE_FAILED"
+SETUP_ERROR_EXIT = 2
+COLLECTIVE_FAILED_EXIT = 3
+TEST_FAULT_VAR = "TAO_SLURM_TEST_FAULT"
+HANG_UNLESS_P2P_DISABLE = "nccl_hang_unless_p2p_disable"
+DEFAULT_MASTER_ADDR = "127.0.0.1"
+DEFAULT_MASTER_PORT = 29500
+#: torchrun sets this in every worker it starts.
+TORCHRUN_MARKER_VAR = "TORCHELASTIC_RUN_ID"
+#: Variables shown in the configuration (the settings the probe is judging).
+SHOWN_PREFIXES = ("NCCL_", "GLOO_")
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where one probe process sits in the job.
+
+    :ivar nodes: node count.
+    :ivar gpus_per_node: processes (GPUs) per node.
+    :ivar node_rank: this node's rank, from 0.
+    :ivar local_rank: this process's rank on its node, from 0.
+    :ivar world_size: processes in the whole job.
+    :ivar rank: this process's global rank.
+    :ivar master_addr: host of rank 0's rendezvous store.
+    :ivar master_port: port of that store.
+    :ivar launcher: ``torchrun`` or ``direct``.
+    """
+
+    nodes: int
+    gpus_per_node: int
+    node_rank: int
+    local_rank: int
+    world_size: int
+    rank: int
+    master_addr: str
+    master_port: int
+    launcher: str
+
+
+def _first_int(env: Mapping[str, str], names: Sequence[str], default: int, minimum: int) -> tuple[int, str]:
+    """The first of ``names`` that is set, as an int of at least ``minimum``, with the name used."""
+    for name in names:
+        text = env.get(name, "").strip()
+        if not text:
+            continue
+        if not text.isdigit() or int(text) < minimum:
+            raise ValueError(f"{name}={text!r} is not a whole number of at least {minimum}; fix how the job exports it")
+        return int(text), name
+    return default, "default"
+
+
+def rendezvous(env: Mapping[str, str]) -> Rendezvous:
+    """Compute the global world size and rank of this process from the rendezvous variables.
+
+    :param env: the process environment (or any mapping of the same variables).
+    :returns: the computed :class:`Rendezvous`.
+    :raises ValueError: when a variable is malformed or out of range, or torchrun's own
+        ``WORLD_SIZE``/``RANK`` disagree with the TAO values; the message names the fix.
+    """
+    torchrun = TORCHRUN_MARKER_VAR in env
+    node_names = ("TAO_NODE_COUNT", "GROUP_WORLD_SIZE") if torchrun else ("TAO_NODE_COUNT", "WORLD_SIZE")
+    nodes, _ = _first_int(env, node_names, 1, 1)
+    gpus, _ = _first_int(env, ("TAO_GPUS_PER_NODE", "NUM_GPU_PER_NODE", "LOCAL_WORLD_SIZE"), 1, 1)
+    node_rank, node_rank_name = _first_int(env, ("TAO_NODE_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_NODEID"), 0, 0)
+    local_rank, _ = _first_int(env, ("LOCAL_RANK",), 0, 0)
+    port, _ = _first_int(env, ("MASTER_PORT",), DEFAULT_MASTER_PORT, 1)
+    if node_rank >= nodes:
+        raise ValueError(f"{node_rank_name}={node_rank} but the job has {nodes} node(s); export the TAO node rank")
+    if local_rank >= gpus:
+        raise ValueError(f"LOCAL_RANK={local_rank} but a node runs {gpus} process(es); start one process per GPU")
+    config = Rendezvous(
+        nodes=nodes,
+        gpus_per_node=gpus,
+        node_rank=node_rank,
+        local_rank=local_rank,
+        world_size=nodes * gpus,
+        rank=node_rank * gpus + local_rank,
+        master_addr=env.get("MASTER_ADDR", "").strip() or DEFAULT_MASTER_ADDR,
+        master_port=port,
+        launcher="torchrun" if torchrun else "direct",
+    )
+    if torchrun:
+        for name, mine in (("WORLD_SIZE", config.world_size), ("RANK", config.rank)):
+            theirs = env.get(name, "").strip()
+            if theirs != str(mine):
+                raise ValueError(
+                    f"torchrun set {name}={theirs or 'nothing'} but TAO_NODE_COUNT x TAO_GPUS_PER_NODE gives {mine}; "
+                    "start torchrun with --nnodes=$TAO_NODE_COUNT --nproc-per-node=$TAO_GPUS_PER_NODE "
+                    "--node-rank=$TAO_NODE_RANK"
+                )
+    return config
+
+
+def expected_sum(world_size: int) -> int:
+    """The all-reduce result when every rank contributes ``rank + 1``."""
+    return world_size * (world_size + 1) // 2
+
+
+def hang_requested(env: Mapping[str, str]) -> bool:
+    """True when the test cluster's fault switch asks for a hang (see the module docstring)."""
+    return env.get(TEST_FAULT_VAR) == HANG_UNLESS_P2P_DISABLE and env.get("NCCL_P2P_DISABLE") != "1"
+
+
+def shown_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The NCCL and gloo settings in ``env`` (never anything else: no secrets in the log)."""
+    return {name: env[name] for name in sorted(env) if name.startswith(SHOWN_PREFIXES)}
+
+
+def describe(config: Rendezvous, env: Mapping[str, str]) -> dict[str, object]:
+    """The configuration the dry run prints."""
+    return {**asdict(config), "settings": shown_env(env), "test_fault_hang": hang_requested(env)}
+
+
+def _say(*parts: object) -> None:
+    print(*parts, flush=True)
+
+
+def run_probe(config: Rendezvous, env: Mapping[str, str]) -> int:
+    """Initialise the process group, all-reduce once, check the sum; return the exit status."""
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        _say(f"{SETUP_ERROR_MARKER}: cannot import torch ({exc}); run the probe with a Python that has PyTorch")
+        return SETUP_ERROR_EXIT
+    use_cuda = torch.cuda.is_available()
+    backend = "nccl" if use_cuda else "gloo"
+    device = torch.device("cuda", config.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    os.environ.setdefault("MASTER_ADDR", config.master_addr)
+    os.environ.setdefault("MASTER_PORT", str(config.master_port))
+    _say(
+        f"TAO_NCCL_PROBE: rank {config.rank}/{config.world_size} node {config.node_rank}/{config.nodes} "
+        f"local {config.local_rank}/{config.gpus_per_node} host {os.uname().nodename} backend {backend} "
+        f"master {config.master_addr}:{config.master_port} launcher {config.launcher} "
+        f"settings {json.dumps(shown_env(env), sort_keys=True)}"
+    )
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=config.rank, world_size=config.world_size)
+        if hang_requested(env) and config.rank == 0:
+            _say(f"TAO_NCCL_PROBE: test fault {HANG_UNLESS_P2P_DISABLE}: rank 0 stays out of the all-reduce")
+            while True:
+                time.sleep(60)
+        value = torch.tensor([float(config.rank + 1)], device=device)
+        dist.all_reduce(value)
+        total = round(value.item())
+    except Exception as exc:  # the collective's failure is the probe's verdict, whatever its type
+        _say(f"{FAILED_MARKER}: rank {config.rank}: {type(exc).__name__}: {exc}")
+        return COLLECTIVE_FAILED_EXIT
+    expected = expected_sum(config.world_size)
+    if total != expected:
+        _say(f"{FAILED_MARKER}: rank {config.rank}: all-reduce gave {total}, expected {expected}")
+        return COLLECTIVE_FAILED_EXIT
+    dist.destroy_process_group()
+    if config.rank == 0:
+        _say(
+            f"{OK_MARKER} world={config.world_size} nodes={config.nodes} gpus_per_node={config.gpus_per_node} "
+            f"backend={backend} sum={total}"
+        )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
+    """Parse the command line, compute the rendezvous and run (or only print) the probe.
+
+    :param argv: arguments (default ``sys.argv[1:]``).
+    :param env: the environment (default ``os.environ``).
+    :returns: the exit status.
+    """
+    parser = argparse.ArgumentParser(description="NCCL all-reduce probe (TAO SLURM provider)")
+    parser.add_argument("--dry-run", action="store_true", help="print the computed configuration; no torch")
+    args = parser.parse_args(argv)
+    environment = os.environ if env is None else env
+    try:
+        config = rendezvous(environment)
+    except ValueError as exc:
+        _say(f"{SETUP_ERROR_MARKER}: {exc}")
+        return SETUP_ERROR_EXIT
+    if args.dry_run:
+        _say(json.dumps(describe(config, environment), sort_keys=True))
+        return 0
+    return run_probe(config, environment)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""Acceptance tests of issue 7 (multi-node) against the local 2-node SLURM test cluster.
+
+The NCCL probe runs for real: torchrun from the cluster's CPU PyTorch venv starts one probe per
+node on ``n1`` and ``n2`` (127.0.1.1 and 127.0.1.2), which all-reduce over gloo. The operator runs
+the way the worker and the triggerer drive it: ``execute()`` raises ``TaskDeferred``, the trigger
+(rebuilt from ``serialize()``) runs on an asyncio loop until its event, which goes to
+``execute_complete()`` with the deferral's kwargs, until the operator returns.
+
+The hang is real too: the harness's test-only fault switch (``/srv/lustre/.harness/faults``) makes
+the TaskProlog export ``TAO_SLURM_TEST_FAULT=nccl_hang_unless_p2p_disable``, and the probe's rank
+0 then stays out of the all-reduce unless ``NCCL_P2P_DISABLE=1``. The switch is on only inside
+:func:`fault_switch`. The probe tests use their own results directory (so their own NCCL cache);
+the DAG test runs ``airflow dags test example_tao_multinode`` like ``make demo``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Coroutine, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+from demo import REPO, load_cluster, prepare_airflow, stage_assets
+
+from airflow_provider_tao_slurm.core.records import mint_job_id
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.hooks.slurm import async_pool
+from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+if TYPE_CHECKING:
+    from airflow.triggers.base import TriggerEvent
+
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+TOKEN = uuid.uuid4().hex[:6]
+CONN_ID = "nccl_probe_test"
+FAULT = "nccl_hang_unless_p2p_disable"
+PROBE_TIMEOUT_S = 20
+DAG_ID = "example_tao_multinode"
+DAG_TIMEOUT_S = 420
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+RENDEZVOUS = re.compile(
+    r"^rendezvous host=(?P<host>\S+) WORLD_SIZE=(?P<world>\S*) NODE_RANK=(?P<rank>\S*) "
+    r"NUM_GPU_PER_NODE=(?P<gpus>\S*) MASTER_ADDR=(?P<addr>\S*) MASTER_PORT=(?P<port>\S*) nccl=\[(?P<nccl>[^]]*)\]$",
+    re.MULTILINE,
+)
+
+T = TypeVar("T")
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` on a fresh loop (as the triggerer would), closing the pooled SSH connection after."""
+
+    async def main() -> T:
+        try:
+            return await coro
+        finally:
+            await async_pool().close_all()
+
+    return asyncio.run(main())
+
+
+async def first_event(trigger: SlurmJobTrigger, timeout: float = 240) -> TriggerEvent:
+    """The trigger's first event; the generator is then closed as the triggerer does."""
+    events = trigger.run()
+    try:
+        async with asyncio.timeout(timeout):
+            return await anext(events)
+    finally:
+        await events.aclose()
+
+
+def context(dag_id: str, run_id: str) -> dict[str, Any]:
+    """The slice of an Airflow context the operator reads."""
+    return {"ti": SimpleNamespace(dag_id=dag_id, task_id="nccl_probe", run_id=run_id, map_index=-1, try_number=1)}
+
+
+def drive(op: NcclProbeOperator, ctx: dict[str, Any]) -> tuple[dict[str, str], list[TaskDeferred]]:
+    """Run the operator to its end through every deferral; return its result and the deferrals."""
+    deferrals: list[TaskDeferred] = []
+    step: Any = lambda: op.execute(ctx)  # noqa: E731 - the next call to make, replaced after each deferral
+    while True:
+        try:
+            return step(), deferrals
+        except TaskDeferred as deferral:
+            deferrals.append(deferral)
+            classpath, kwargs = deferral.trigger.serialize()
+            assert classpath == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
+            event = run_async(first_event(SlurmJobTrigger(**kwargs)))
+            step = lambda d=deferral, e=event: op.execute_complete(ctx, event=e.payload, **d.kwargs)  # noqa: E731
+
+
+def sacct_row(ssh_run: SshRun, slurm_id: str) -> dict[str, str]:
+    """``sacct -X`` State, ExitCode and NodeList of one job (waits for accounting to have it)."""
+    fields = ("State", "ExitCode", "NodeList", "AllocTRES")
+    deadline = time.monotonic() + 30
+    while True:
+        _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", ",".join(fields)]))
+        rows = [line.split("|") for line in out.splitlines() if line.strip()]
+        if (rows and rows[0][0].split()[0] not in LIVE) or time.monotonic() > deadline:
+            return dict(zip(fields, rows[0], strict=True)) if rows else {}
+        time.sleep(1)
+
+
+def live_jobs(ssh_run: SshRun, names: list[str]) -> list[str]:
+    """``id state`` of every job with one of these exact names that is not finished."""
+    _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={','.join(names)}", "-o", "%i %T"]))
+    return [line for line in out.splitlines() if line.split()[1:] and line.split()[1] in LIVE]
+
+
+def probe_processes(job_names: list[str]) -> list[str]:
+    """Command lines of processes still running a probe of these jobs (the nodes are this machine)."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if "nccl_probe.py" in line and any(n in line for n in job_names)]
+
+
+def read_remote(ssh_run: SshRun, path: str) -> str:
+    rc, out, err = ssh_run(f"cat -- {quote(path)}")
+    assert rc == 0, f"{path}: {err}"
+    return out
+
+
+def job_log(ssh_run: SshRun, deferral: TaskDeferred, results_dir: str) -> str:
+    trigger = deferral.trigger
+    return read_remote(ssh_run, f"{results_dir}/logs/{trigger.job_name}-{trigger.slurm_job_id}/main.out")
+
+
+@contextlib.contextmanager
+def fault_switch(path: str) -> Iterator[None]:
+    """Turn the test cluster's NCCL hang on (the harness's TaskProlog reads this file at every task)."""
+    Path(path).write_text(f"{FAULT}\n")
+    try:
+        yield
+    finally:
+        Path(path).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster_json(cluster: ClusterEnv) -> dict[str, Any]:
+    """The harness's environment JSON (the torch venv and the fault switch are not in ClusterEnv)."""
+    path = Path(cluster.state_dir) / "cluster.json"
+    data = dict(json.loads(path.read_text()))
+    missing = [key for key in ("torch_python", "fault_switch") if key not in data]
+    assert not missing, f"{path} lacks {missing}: run `python3 tests/cluster/harness.py up`"
+    return data
+
+
+@pytest.fixture(scope="module")
+def image(cluster: ClusterEnv, ssh_run: SshRun) -> str:
+    """A real squashfs made once by the Enroot stand-in (reused while its magic is right)."""
+    path = f"{cluster.containers_dir}/nccl-probe-test.sqsh"
+    _, magic, _ = ssh_run(f"head -c 4 -- {quote(path)} 2>/dev/null")
+    if magic != "hsqs":
+        ssh_run(f"rm -f -- {quote(path)}")
+        rc, _, err = ssh_run(join(["enroot", "import", "-o", path, "docker://nvcr.io#nvidia/pytorch:24.01-py3"]))
+        assert rc == 0, err
+    return path
+
+
+@pytest.fixture(scope="module")
+def results_dir(cluster: ClusterEnv) -> str:
+    """A results base (and so an NCCL cache) of this module run only."""
+    return f"{cluster.results_dir}/nccl-test-{TOKEN}"
+
+
+@pytest.fixture
+def probe_conn(slurm_connection_env: str, results_dir: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A connection like ``slurm_default`` whose results_dir is :func:`results_dir`."""
+    conn = json.loads(os.environ[f"AIRFLOW_CONN_{slurm_connection_env.upper()}"])
+    conn["extra"]["results_dir"] = results_dir
+    monkeypatch.setenv(f"AIRFLOW_CONN_{CONN_ID.upper()}", json.dumps(conn))
+    return CONN_ID
+
+
+def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: Any) -> NcclProbeOperator:
+    kwargs.setdefault("nodes", 2)
+    kwargs.setdefault("gpus_per_node", 1)
+    return NcclProbeOperator(
+        task_id="nccl_probe",
+        image=image,
+        python=cluster_json["torch_python"],
+        poll_interval=1,
+        slurm_conn_id=conn_id,
+        **kwargs,
+    )
+
+
+# ---------------------------------------------------------------------- the probe
+
+
+def test_probe_all_reduces_across_both_nodes_with_gloo(
+    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+) -> None:
+    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force=True)
+    env, deferrals = drive(op, context(f"nccl{TOKEN}-gloo", "run1"))
+    assert env == {}
+    assert len(deferrals) == 1
+    log = job_log(ssh_run, deferrals[0], results_dir)
+    ranks = sorted(
+        re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node (\d)/2 local 0/1 host (\S+) backend (\S+)", log, re.M)
+    )
+    assert ranks == [("0", "0", "n1", "gloo"), ("1", "1", "n2", "gloo")]
+    assert "TAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3" in log
+    row = sacct_row(ssh_run, deferrals[0].trigger.slurm_job_id)
+    assert (row["State"], row["ExitCode"], row["NodeList"]) == ("COMPLETED", "0:0", "n[1-2]")
+    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.multi-node.json"))
+    assert (cache["env"], cache["slurm_job_id"]) == ({}, deferrals[0].trigger.slurm_job_id)
+
+
+def test_single_node_probe_with_two_gpus(
+    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+) -> None:
+    op = probe_op(image, cluster_json, probe_conn, nodes=1, gpus_per_node=2, timeout_seconds=60, force=True)
+    env, deferrals = drive(op, context(f"nccl{TOKEN}-1x2", "run1"))
+    assert (env, len(deferrals)) == ({}, 1)
+    log = job_log(ssh_run, deferrals[0], results_dir)
+    ranks = sorted(re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node 0/1 local (\d)/2 host (\S+) backend gloo", log, re.M))
+    assert [(rank, local) for rank, local, _ in ranks] == [("0", "0"), ("1", "1")]
+    assert len({host for _, _, host in ranks}) == 1
+    assert "TAO_NCCL_PROBE_OK world=2 nodes=1 gpus_per_node=2 backend=gloo sum=3" in log
+    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.single-node.json"))
+    assert (cache["env"], cache["nodes"], cache["gpus_per_node"]) == ({}, 1, 2)
+
+
+def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
+    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+) -> None:
+    with fault_switch(cluster_json["fault_switch"]):
+        op = probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S, force=True)
+        started = time.monotonic()
+        env, deferrals = drive(op, context(f"nccl{TOKEN}-hang", "run1"))
+        took = time.monotonic() - started
+    assert env == {"NCCL_P2P_DISABLE": "1"}
+    assert len(deferrals) == 2
+    assert took > PROBE_TIMEOUT_S
+    hung, passed = (d.trigger for d in deferrals)
+    names = [hung.job_name, passed.job_name]
+
+    hung_log = job_log(ssh_run, deferrals[0], results_dir)
+    assert f"test fault {FAULT}: rank 0 stays out of the all-reduce" in hung_log
+    assert f"TAO_SLURM: program stopped by timeout after {PROBE_TIMEOUT_S} s" in hung_log
+    assert "TAO_NCCL_PROBE_OK" not in hung_log
+    assert sacct_row(ssh_run, hung.slurm_job_id)["ExitCode"] == "124:0"
+
+    passed_log = job_log(ssh_run, deferrals[1], results_dir)
+    assert passed_log.count('settings {"NCCL_P2P_DISABLE": "1"}') == 2
+    assert "TAO_NCCL_PROBE_OK world=2" in passed_log
+    assert sacct_row(ssh_run, passed.slurm_job_id)["State"] == "COMPLETED"
+
+    assert live_jobs(ssh_run, names) == []
+    assert probe_processes(names) == []
+    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.multi-node.json"))
+    assert (cache["env"], cache["slurm_job_id"]) == ({"NCCL_P2P_DISABLE": "1"}, passed.slurm_job_id)
+
+    # The next run (the switch is off again, which must not matter) answers from the cache.
+    ctx = context(f"nccl{TOKEN}-hang", "run2")
+    again, deferrals_again = drive(probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S), ctx)
+    assert (again, deferrals_again) == ({"NCCL_P2P_DISABLE": "1"}, [])
+    first_name = mint_job_id(f"nccl{TOKEN}-hang", "nccl_probe", "run2", -1, try_number=1)
+    _, listed, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={first_name}", "-o", "JobID"]))
+    _, queued, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={first_name}", "-o", "%i"]))
+    assert (listed.strip(), queued.strip()) == ("", "")
+
+
+# ---------------------------------------------------------------------- the DAG
+
+
+@dataclasses.dataclass(frozen=True)
+class DagRun:
+    rc: int
+    output: str
+    facts: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def dag_run(cluster: ClusterEnv, cluster_json: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> DagRun:
+    """``airflow dags test example_tao_multinode`` with the hang switched on and a forced probe."""
+    info = dataclasses.asdict(cluster)
+    assert load_cluster()["port"] == cluster.port
+    stage_assets(info)
+    env = prepare_airflow(info, tmp_path_factory.mktemp("airflow-home"))
+    conf = {"force_probe": True, "probe_timeout_seconds": PROBE_TIMEOUT_S, "probe_python": cluster_json["torch_python"]}
+    argv = [str(Path(sys.executable).parent / "airflow"), "dags", "test", DAG_ID, "--conf", json.dumps(conf)]
+    with fault_switch(cluster_json["fault_switch"]):
+        proc = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=DAG_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
+        )
+    facts = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "cluster" / "demo.py"), "facts", DAG_ID],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    lines = [line for line in facts.stdout.splitlines() if line.startswith("{")]
+    return DagRun(rc=proc.returncode, output=proc.stdout + proc.stderr, facts=json.loads(lines[-1]))
+
+
+def test_multinode_dag_trains_on_both_nodes_with_the_probed_env(dag_run: DagRun, ssh_run: SshRun) -> None:
+    facts = dag_run.facts
+    assert (dag_run.rc, facts["state"]) == (0, "success"), dag_run.output[-6000:]
+    assert facts["tasks"] == dict.fromkeys(
+        ("check_datasets", "import_image", "nccl_probe", "submit", "wait"), "success"
+    )
+    assert facts["xcom"]["nccl_probe"] == {"NCCL_P2P_DISABLE": "1"}
+    assert "timeout (SLURM job" in dag_run.output  # the forced probe hung once, then passed
+
+    handle = facts["xcom"]["submit"]
+    row = sacct_row(ssh_run, str(handle["slurm_job_id"]))
+    assert (row["State"], row["NodeList"]) == ("COMPLETED", "n[1-2]")
+    assert "node=2" in row["AllocTRES"]
+    assert "gres/gpu=2" in row["AllocTRES"]
+
+    log = read_remote(ssh_run, f"{handle['log_dir']}/main.out")
+    seen = sorted(
+        (m["host"], m["rank"], m["world"], m["gpus"], m["addr"], m["port"], m["nccl"]) for m in RENDEZVOUS.finditer(log)
+    )
+    assert seen == [
+        ("n1", "0", "2", "1", "n1", "29500", "NCCL_P2P_DISABLE=1"),
+        ("n2", "1", "2", "1", "n1", "29500", "NCCL_P2P_DISABLE=1"),
+    ]
+    script = read_remote(ssh_run, handle["script_path"])
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --wait-all-nodes=1",
+        "#SBATCH --gres=gpu:1",
+    ):
+        assert line in script.splitlines()
+    assert "export NCCL_P2P_DISABLE=1" in script.splitlines()
+    assert facts["xcom"]["wait"]["terminal_state"] == "COMPLETE"

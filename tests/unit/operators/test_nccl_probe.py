@@ -1,0 +1,415 @@
+"""``NcclProbeOperator`` without a cluster: planning, deferral, candidate retries, verdicts and the cache.
+
+The hook is a recording stand-in for the public ``SlurmHook`` methods the operator uses; the
+scripts, cache entries, triggers and events are the real ones the provider's code builds.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from importlib import resources
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.nccl import cache_text
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.states import state_from_native
+from airflow_provider_tao_slurm.exceptions import (
+    ImageReferenceError,
+    NcclProbeError,
+    ResourceError,
+    ValidationError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import LogChunk
+from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
+
+IMAGE = "/lustre/u/containers/pytorch.sqsh"
+CACHE = "/lustre/u/nccl/mini.multi-node.json"
+PROGRAM = resources.files("airflow_provider_tao_slurm.probes").joinpath("nccl_probe.py").read_bytes()
+OK_LOG = "TAO_NCCL_PROBE: rank 0/2 node 0/2\nTAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3\n"
+HANG_LOG = (
+    "TAO_NCCL_PROBE: test fault nccl_hang_unless_p2p_disable\nTAO_SLURM: program stopped by timeout after 120 s\n"
+)
+SETTINGS = ClusterSettings(
+    hosts=("login1",),
+    user="u",
+    results_dir="/lustre/u",
+    cluster_name="mini",
+    partitions=("polar",),
+    account="gpu_proj",
+    container_mounts="/lustre:/lustre",
+)
+
+
+class FakeHook:
+    """Records what the operator asks of the cluster; answers from dicts the test fills in."""
+
+    def __init__(self, files: dict[str, str] | None = None) -> None:
+        self.settings = SETTINGS
+        self.files = dict(files or {})
+        self.modes: dict[str, str] = {}
+        self.logs: dict[str, str] = {}
+        self.staged: list[tuple[str, dict[str, tuple[bytes | None, int]]]] = []
+        self.submitted: list[tuple[str, str, str]] = []
+        self.cancelled: list[tuple[list[str], str | None]] = []
+        self.reads: list[str] = []
+
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        self.reads.append(path)
+        return self.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.files[path] = data.decode()
+        self.modes[path] = mode
+
+    def stage_files(self, base: str, files: dict[str, tuple[bytes | None, int]]) -> None:
+        self.staged.append((base, files))
+
+    def submit(self, script_path: str, job_name: str, *, log_dir: str) -> str:
+        self.submitted.append((script_path, job_name, log_dir))
+        return str(500 + len(self.submitted))
+
+    def cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
+        self.cancelled.append((list(job_ids), job_name))
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        data = self.logs.get(path, "").encode()
+        chunk = data[offset : offset + max_bytes]
+        return LogChunk(size=len(data), data=chunk.decode(), next_offset=offset + len(chunk))
+
+    def script(self, index: int) -> str:
+        base, files = self.staged[index]
+        script_path = self.submitted[index][0]
+        content = files[script_path[len(base) + 1 :]][0]
+        assert content is not None
+        return content.decode()
+
+
+def context(try_number: int = 1) -> dict[str, Any]:
+    return {"ti": SimpleNamespace(dag_id="dag", task_id="probe", run_id="run1", map_index=-1, try_number=try_number)}
+
+
+def operator(hook: FakeHook, **kwargs: Any) -> NcclProbeOperator:
+    op = NcclProbeOperator(task_id="probe", image=kwargs.pop("image", IMAGE), **kwargs)
+    op.__dict__["hook"] = hook
+    return op
+
+
+def deferred(call: Callable[[], object]) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as info:
+        call()
+    return info.value
+
+
+def finish(
+    op: NcclProbeOperator,
+    hook: FakeHook,
+    deferral: TaskDeferred,
+    native: str,
+    exit_code: int,
+    log: str,
+    *,
+    keep_kwargs: bool = True,
+) -> Any:
+    """Play the trigger's terminal event for the deferred probe job; return what the operator returns.
+
+    ``keep_kwargs=False`` resumes as ``airflow dags test`` does: with the event only.
+    """
+    slurm_id = deferral.trigger.slurm_job_id
+    name = deferral.trigger.job_name
+    hook.logs[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
+    state = state_from_native(slurm_id, native, source="sacct", exit_code=exit_code)
+    event = {"status": "terminal", "slurm_job_id": slurm_id, "job_name": name, "state": state_to_payload(state)}
+    return op.execute_complete(context(), event=event, **(deferral.kwargs if keep_kwargs else {}))
+
+
+def play(
+    op: NcclProbeOperator, hook: FakeHook, endings: list[tuple[str, int, str]], *, keep_kwargs: bool = True
+) -> Any:
+    """Run execute() and then each probe job's ending in turn; return the final result."""
+    deferral = deferred(lambda: op.execute(context()))
+    for ending in endings[:-1]:
+        deferral = deferred(
+            lambda ending=ending, deferral=deferral: finish(op, hook, deferral, *ending, keep_kwargs=keep_kwargs)
+        )
+    return finish(op, hook, deferral, *endings[-1], keep_kwargs=keep_kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- candidate runs
+
+P2P = {"NCCL_P2P_DISABLE": "1"}
+THIRD = {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "^lo,docker"}
+
+
+@pytest.mark.parametrize(
+    ("endings", "env"),
+    [
+        pytest.param([("COMPLETED", 0, OK_LOG)], {}, id="first-passes"),
+        pytest.param([("FAILED", 124, HANG_LOG), ("COMPLETED", 0, OK_LOG)], P2P, id="hang-then-p2p-disable"),
+        pytest.param(
+            [("FAILED", 1, "TAO_NCCL_PROBE_FAILED: rank 1: NCCL error"), ("TIMEOUT", 0, ""), ("COMPLETED", 0, OK_LOG)],
+            THIRD,
+            id="error-wall-limit-third",
+        ),
+    ],
+)
+@pytest.mark.parametrize("keep_kwargs", [True, False], ids=["triggerer", "dags-test-event-only"])
+def test_candidates_until_one_passes(
+    endings: list[tuple[str, int, str]], env: dict[str, str], keep_kwargs: bool
+) -> None:
+    hook = FakeHook()
+    assert play(operator(hook), hook, endings, keep_kwargs=keep_kwargs) == env
+    ids = [str(501 + i) for i in range(len(endings))]
+    assert [job_ids for job_ids, _ in hook.cancelled] == [[i] for i in ids[:-1]]
+    assert [name for _, name in hook.cancelled] == [name for _, name, _ in hook.submitted[:-1]]
+    assert len({name for _, name, _ in hook.submitted}) == len(endings)
+    cached = json.loads(hook.files[CACHE])
+    assert (cached["env"], cached["slurm_job_id"], cached["cluster"], cached["scope"]) == (
+        env,
+        ids[-1],
+        "mini",
+        "multi-node",
+    )
+    assert hook.modes[CACHE] == "644"
+    for index, candidate in enumerate([{}, P2P, THIRD][: len(endings)]):
+        exports = [line for line in hook.script(index).splitlines() if line.startswith("export NCCL_")]
+        assert exports == [f"export {name}={quote(value)}" for name, value in candidate.items()]
+
+
+@pytest.mark.parametrize(
+    ("endings", "message", "submits"),
+    [
+        pytest.param(
+            [("FAILED", 124, HANG_LOG)] * 3,
+            "no candidate NCCL environment passed the all-reduce probe over 2 node(s) x 1 GPU(s) on cluster 'mini'",
+            3,
+            id="all-hang",
+        ),
+        pytest.param(
+            [("FAILED", 1, "TAO_NCCL_PROBE_SETUP_ERROR: cannot import torch (No module named 'torch')")],
+            "could not start on cluster 'mini': TAO_NCCL_PROBE_SETUP_ERROR: cannot import torch",
+            1,
+            id="no-torch-stops-at-once",
+        ),
+        pytest.param([("CANCELLED", 0, "")], "ended CANCELLED", 1, id="cancelled-stops"),
+        pytest.param(
+            [("COMPLETED", 0, "nothing printed")] * 3, "has no 'TAO_NCCL_PROBE_OK world=2' line", 3, id="no-marker"
+        ),
+    ],
+)
+def test_probe_failures(endings: list[tuple[str, int, str]], message: str, submits: int) -> None:
+    hook = FakeHook()
+    with pytest.raises(NcclProbeError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
+        play(operator(hook), hook, endings)
+    assert len(hook.submitted) == submits
+    assert len(hook.cancelled) == submits
+    assert CACHE not in hook.files
+    if submits == 3:
+        assert str(info.value).count("\n- candidate ") == 3
+
+
+def test_all_hang_message_lists_each_candidate() -> None:
+    hook = FakeHook()
+    with pytest.raises(NcclProbeError) as info:
+        play(operator(hook), hook, [("FAILED", 124, HANG_LOG)] * 3)
+    lines = [line for line in str(info.value).splitlines() if line.startswith("- ")]
+    assert lines == [
+        "- candidate 1/3 [(no NCCL settings)]: timeout (SLURM job 501): the all-reduce did not finish before the "
+        "timeout (hung collective)",
+        "- candidate 2/3 [NCCL_P2P_DISABLE=1]: timeout (SLURM job 502): the all-reduce did not finish before the "
+        "timeout (hung collective)",
+        "- candidate 3/3 [NCCL_P2P_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=^lo,docker]: timeout "
+        "(SLURM job 503): the all-reduce did not finish before the timeout (hung collective)",
+    ]
+
+
+# ---------------------------------------------------------------------------------------------- cache
+
+
+def cache_entry(env: dict[str, str], **overrides: Any) -> str:
+    values: dict[str, Any] = {
+        "cluster_name": "mini",
+        "scope": "multi-node",
+        "nodes": 2,
+        "gpus_per_node": 1,
+        "slurm_job_id": "77",
+        "now": "2026-01-01T00:00:00Z",
+    }
+    values.update(overrides)
+    return cache_text(env, **values)
+
+
+def test_cache_hit_submits_nothing() -> None:
+    hook = FakeHook({CACHE: cache_entry(P2P)})
+    assert operator(hook).execute(context()) == P2P
+    assert hook.reads == [CACHE]
+    assert (hook.submitted, hook.staged) == ([], [])
+
+
+@pytest.mark.parametrize(
+    ("files", "force"),
+    [
+        pytest.param({CACHE: cache_entry(P2P)}, True, id="force"),
+        pytest.param({CACHE: "{broken"}, False, id="corrupt-cache"),
+        pytest.param({CACHE: cache_entry(P2P, cluster_name="other")}, False, id="other-cluster"),
+        pytest.param({}, False, id="no-cache"),
+    ],
+)
+def test_probes_without_a_usable_cache(files: dict[str, str], force: bool) -> None:
+    hook = FakeHook(files)
+    assert play(operator(hook, force=force), hook, [("COMPLETED", 0, OK_LOG)]) == {}
+    assert len(hook.submitted) == 1
+    assert json.loads(hook.files[CACHE])["env"] == {}
+
+
+def test_one_gpu_needs_no_probe() -> None:
+    hook = FakeHook()
+    assert operator(hook, nodes=1, gpus_per_node=1).execute(context()) == {}
+    assert (hook.reads, hook.submitted) == ([], [])
+
+
+# ---------------------------------------------------------------------------------------------- the job
+
+
+def test_first_job_is_staged_submitted_and_deferred() -> None:
+    hook = FakeHook()
+    deferral = deferred(lambda: operator(hook, timeout_seconds=120, poll_interval=3).execute(context()))
+    (base, files), ((script_path, name, log_dir),) = hook.staged[0], hook.submitted
+    assert base == "/lustre/u"
+    assert script_path == f"/lustre/u/jobs/{name}/sbatch/job_{name}.sbatch"
+    assert log_dir == "/lustre/u/logs"
+    assert files[f"jobs/{name}/inputs/nccl_probe.py"] == (PROGRAM, 0o644)
+    assert files[f"jobs/{name}/sbatch/job_{name}.sbatch"][1] == 0o700
+    script = hook.script(0)
+    for line in (
+        f"#SBATCH --job-name={name}",
+        "#SBATCH --partition=polar",
+        "#SBATCH --account=gpu_proj",
+        "#SBATCH --nodes=2",
+        "#SBATCH --gres=gpu:1",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH --time=00:04:00",
+        "#SBATCH --wait-all-nodes=1",
+        "#SBATCH --no-requeue",
+        '    tao-step 120 \'exec python3 -m torch.distributed.run --nnodes="$TAO_NODE_COUNT" '
+        '--nproc-per-node="$TAO_GPUS_PER_NODE" --node-rank="$TAO_NODE_RANK" --master-addr="$MASTER_ADDR" '
+        f'--master-port="$MASTER_PORT" /lustre/u/jobs/{name}/inputs/nccl_probe.py\'',
+    ):
+        assert line in script.splitlines()
+    trigger = deferral.trigger
+    assert isinstance(trigger, SlurmJobTrigger)
+    assert (trigger.slurm_job_id, trigger.job_name, trigger.poll_interval) == ("501", name, 3.0)
+    assert deferral.method_name == "execute_complete"
+    assert deferral.kwargs["job_names"][0] == name
+    assert deferral.kwargs["outcomes"] == []
+    assert json.loads(json.dumps(deferral.kwargs)) == deferral.kwargs
+
+
+def test_single_node_with_several_gpus() -> None:
+    hook = FakeHook()
+    op = operator(hook, nodes=1, gpus_per_node=4, python="/opt/venv/bin/python")
+    deferral = deferred(lambda: op.execute(context()))
+    script = hook.script(0)
+    assert "#SBATCH --gres=gpu:4" in script.splitlines()
+    assert "--wait-all-nodes" not in script
+    assert "--standalone --nnodes=1 --nproc-per-node=4" in script
+    ok = OK_LOG.replace("world=2", "world=4")
+    assert finish(op, hook, deferral, "COMPLETED", 0, ok) == {}
+    assert "/lustre/u/nccl/mini.single-node.json" in hook.files
+
+
+def test_job_names_are_per_try_and_per_candidate() -> None:
+    first, second = FakeHook(), FakeHook()
+    names_1 = deferred(lambda: operator(first).execute(context(try_number=1))).kwargs["job_names"]
+    names_2 = deferred(lambda: operator(second).execute(context(try_number=2))).kwargs["job_names"]
+    again = deferred(lambda: operator(FakeHook()).execute(context(try_number=1))).kwargs["job_names"]
+    assert len(set(names_1)) == len(set(names_2)) == 3
+    assert not set(names_1) & set(names_2)
+    assert names_1 == again
+
+
+def test_event_for_another_job_is_refused() -> None:
+    hook = FakeHook()
+    op = operator(hook)
+    deferral = deferred(lambda: op.execute(context()))
+    event = {"status": "terminal", "slurm_job_id": "999", "job_name": "tao-other-0123456789abcdef"}
+    with pytest.raises(NcclProbeError, match="which is not the end of one of this task's probe jobs"):
+        op.execute_complete(context(), event=event, **deferral.kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- validation first
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        pytest.param(
+            {"image": "nvcr.io/nvidia/pytorch:24.01-py3"}, ImageReferenceError, "registry reference", id="registry"
+        ),
+        pytest.param({"timeout_seconds": 5}, ValidationError, "give at least 10", id="short-timeout"),
+        pytest.param({"timeout_seconds": 4 * 3600}, ResourceError, "exceeds the 4 h limit", id="long-timeout"),
+        pytest.param({"nodes": 0}, ValidationError, "nodes=0 must be a positive whole number", id="no-nodes"),
+        pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="nine-gpus"),
+        pytest.param({"force": "yes"}, ValidationError, "force='yes' must be True or False", id="force-text"),
+        pytest.param({"poll_interval": 0}, ValidationError, "poll_interval=0", id="poll"),
+        pytest.param(
+            {"candidate_envs": [{}, {"MASTER_ADDR": "n9"}]},
+            ValidationError,
+            r"candidate_envs\[1\] cannot be used: environment variable MASTER_ADDR is set by the sbatch template",
+            id="rendezvous-name",
+        ),
+        pytest.param(
+            {"candidate_envs": [{"NCCL_P2P_DISABLE": 1}]}, ValidationError, "give the value as a string", id="int"
+        ),
+    ],
+)
+def test_bad_inputs_fail_before_the_cluster(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
+    hook = FakeHook()
+    with pytest.raises(error, match=message):
+        operator(hook, **kwargs).execute(context())
+    assert (hook.reads, hook.staged, hook.submitted) == ([], [], [])
+
+
+# ---------------------------------------------------------------------------------------------- into the submit
+
+
+@pytest.mark.parametrize(
+    ("nccl_env", "exports"),
+    [
+        pytest.param({}, [], id="probe-needed-nothing"),
+        pytest.param(P2P, ["export NCCL_P2P_DISABLE=1"], id="probe-found-p2p-disable"),
+    ],
+)
+def test_probe_output_feeds_a_multi_node_submit(nccl_env: dict[str, str], exports: list[str]) -> None:
+    hook = FakeHook()
+    submit = SbatchSubmitOperator(
+        task_id="submit", image=IMAGE, command="train.sh", num_nodes=2, gpus_per_node=1, nccl_env=nccl_env
+    )
+    submit.__dict__["hook"] = hook
+    handle = submit.execute(context())
+    assert handle["slurm_job_id"] == "501"
+    script = hook.script(0).splitlines()
+    assert [line for line in script if line.startswith("export NCCL_")] == exports
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --wait-all-nodes=1",
+        "export WORLD_SIZE=2",
+    ):
+        assert line in script
+
+
+def test_multi_node_submit_without_probe_result_is_refused() -> None:
+    hook = FakeHook()
+    submit = SbatchSubmitOperator(task_id="submit", image=IMAGE, command="train.sh", num_nodes=2, gpus_per_node=1)
+    submit.__dict__["hook"] = hook
+    with pytest.raises(ValidationError, match="put NcclProbeOperator upstream and pass its output as nccl_env"):
+        submit.execute(context())
+    assert (hook.staged, hook.submitted) == ([], [])
