@@ -12,8 +12,9 @@ quoted); every output is parsed by the core. Secrets travel only over stdin.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
-import json
+import logging
 import os
 import random
 import selectors
@@ -43,6 +44,7 @@ from airflow_provider_tao_slurm.core.states import (
     parse_sbatch_reply,
     parse_squeue,
 )
+from airflow_provider_tao_slurm.core.status import parse_status_lines
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     ConnectionConfigError,
@@ -58,6 +60,8 @@ from airflow_provider_tao_slurm.exceptions import (
 if TYPE_CHECKING:
     import asyncssh
     import paramiko
+
+log = logging.getLogger(__name__)
 
 #: sacct looks back this far when searching by name (without ``--starttime`` it starts at midnight).
 DEFAULT_SACCT_WINDOW = "now-7days"
@@ -110,21 +114,74 @@ def check_key_file(path: str) -> None:
         )
 
 
-def _describe_connect_error(host: str, exc: BaseException) -> tuple[str, type[SlurmConnectionError]]:
+def _pinned_host_key(host_key: str) -> paramiko.RSAKey | paramiko.ECDSAKey | paramiko.Ed25519Key:
+    """The pinned ``host_key`` extra (``<type> <base64>``, as in known_hosts) as a paramiko key.
+
+    :raises ConnectionConfigError: for text that is not such a key, or a key type SSH hosts do not use.
+    """
+    import paramiko
+    from airflow.providers.ssh.hooks.ssh import SSHHook
+
+    fix = "copy the '<type> <base64>' part of the host's line from `ssh-keyscan -p PORT HOST`"
+    key_type, key_data = [*host_key.split(), "", ""][:2]
+    constructor = SSHHook._host_key_mappings.get(key_type)
+    if constructor is None:
+        raise ConnectionConfigError(
+            f"host_key type {key_type!r} is not one of {', '.join(SSHHook._host_key_mappings)}; {fix}"
+        )
+    try:
+        return constructor(data=base64.b64decode(key_data, validate=True))
+    except (ValueError, paramiko.SSHException) as exc:
+        raise ConnectionConfigError(f"host_key is not a valid {key_type} key ({exc}); {fix}") from None
+
+
+def _error_text(exc: BaseException) -> str:
+    """Why a connection attempt failed, in words: ``Connection refused`` rather than ``[Errno None] ...``."""
     import paramiko
 
-    text = str(exc) or type(exc).__name__
-    if isinstance(exc, paramiko.BadHostKeyException) or "known_hosts" in text or "Host key" in text:
+    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
+        return "; ".join(dict.fromkeys(_error_text(inner) for inner in exc.errors.values()))
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    return str(exc) or type(exc).__name__
+
+
+def _describe_connect_error(host: str, port: int, exc: BaseException) -> tuple[str, type[SlurmConnectionError]]:
+    """One login host's failure (paramiko or asyncssh) as a message with its fix, and the error class."""
+    import asyncssh
+    import paramiko
+
+    text = _error_text(exc)
+    if isinstance(exc, paramiko.BadHostKeyException):
         return (
-            f"host key of {host} is not trusted ({text}); add it to ~/.ssh/known_hosts or pin it with the "
-            "connection's host_key extra",
+            f"host key of {host} CHANGED ({text}); if the cluster's key really changed, confirm the new key "
+            "with its admins and update the connection's host_key extra (or ~/.ssh/known_hosts); otherwise "
+            "someone may be intercepting the connection",
             HostKeyError,
         )
-    if isinstance(exc, paramiko.AuthenticationException):
+    if "known_hosts" in text or "Host key" in text:
+        return (
+            f"host key of {host} is not trusted ({text}); pin it with the connection's host_key extra "
+            "(ssh-keyscan shows it) or add it to ~/.ssh/known_hosts",
+            HostKeyError,
+        )
+    if isinstance(exc, paramiko.AuthenticationException | asyncssh.PermissionDenied):
         return f"{host} refused the key ({text}); check the user and that the key is authorised", (
             SlurmAuthenticationError
         )
-    return f"{host} unreachable ({text})", SlurmConnectionError
+    return (
+        f"{host} port {port} unreachable ({text}); check the host name and port, and that sshd runs there",
+        SlurmConnectionError,
+    )
+
+
+def _no_host_answered(
+    cluster_name: str, failures: Sequence[tuple[str, str]], kinds: set[type[SlurmConnectionError]]
+) -> SlurmConnectionError:
+    """The error for a failover that ran out of login hosts: the common error class, every host and why."""
+    kind = kinds.pop() if len(kinds) == 1 else SlurmConnectionError
+    detail = "; ".join(reason for _, reason in failures)
+    return kind(f"no login host of cluster {cluster_name!r} answered: {detail}", failures)
 
 
 class SlurmHook(BaseHook):
@@ -147,6 +204,7 @@ class SlurmHook(BaseHook):
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
         self._explicit_settings = settings
+        self._async_settings: ClusterSettings | None = None
         self._client: paramiko.SSHClient | None = None
         self._host: str | None = None
 
@@ -160,18 +218,25 @@ class SlurmHook(BaseHook):
         try:
             conn = self.get_connection(self.slurm_conn_id)
         except AirflowNotFoundException:
-            if os.environ.get("SLURM_HOSTNAME"):
-                return settings_from_env(os.environ)
-            raise ConnectionConfigError(
-                f"no Airflow connection {self.slurm_conn_id!r} and SLURM_HOSTNAME is not set: create a "
-                "'tao_slurm' connection or export SLURM_HOSTNAME, SLURM_USER and SSH_KEY_PATH"
-            ) from None
+            return self._settings_without_connection()
         return settings_from_connection(
             host=conn.host,
             login=conn.login,
             port=conn.port,
             extra=conn.extra_dejson,
             source=f"connection {self.slurm_conn_id!r}",
+        )
+
+    def _settings_without_connection(self) -> ClusterSettings:
+        """Settings from the ``SLURM_*`` variables, for when the Airflow connection does not exist.
+
+        :raises ConnectionConfigError: when ``SLURM_HOSTNAME`` is not set either.
+        """
+        if os.environ.get("SLURM_HOSTNAME"):
+            return settings_from_env(os.environ)
+        raise ConnectionConfigError(
+            f"no Airflow connection {self.slurm_conn_id!r} and SLURM_HOSTNAME is not set: create a "
+            "'tao_slurm' connection or export SLURM_HOSTNAME, SLURM_USER and SSH_KEY_PATH"
         )
 
     @property
@@ -206,10 +271,7 @@ class SlurmHook(BaseHook):
         if s.private_key:
             ssh.pkey = ssh._pkey_from_private_key(s.private_key, passphrase=s.private_key_passphrase)
         if s.host_key:
-            key_type, _, key_data = s.host_key.partition(" ")
-            import base64
-
-            ssh.host_key = ssh._host_key_mappings[key_type](data=base64.b64decode(key_data.split()[0]))
+            ssh.host_key = _pinned_host_key(s.host_key)
         return ssh
 
     def _connect(self, host: str) -> paramiko.SSHClient:
@@ -218,7 +280,7 @@ class SlurmHook(BaseHook):
         try:
             return self._ssh_hook(host).get_conn()
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            message, kind = _describe_connect_error(host, exc)
+            message, kind = _describe_connect_error(host, self.settings.port, exc)
             raise kind(message, [(host, message)]) from None
 
     def get_conn(self) -> paramiko.SSHClient:
@@ -245,9 +307,7 @@ class SlurmHook(BaseHook):
             if failures:
                 self.log.warning("Connected to %s after %d failed login host(s)", host, len(failures))
             return self._client
-        kind = kinds.pop() if len(kinds) == 1 else SlurmConnectionError
-        detail = "; ".join(reason for _, reason in failures)
-        raise kind(f"no login host of cluster {self.settings.cluster_name!r} answered: {detail}", failures)
+        raise _no_host_answered(self.settings.cluster_name, failures, kinds)
 
     def close(self) -> None:
         """Close the SSH connection (a later call reconnects)."""
@@ -274,6 +334,18 @@ class SlurmHook(BaseHook):
         :param what: a short description used in errors.
         :raises ConnectionLostError: when the connection dropped after the command was sent.
         """
+        rc, out, err, host = self._run_bytes(command, stdin, timeout)
+        result = CommandResult(rc, out.decode("utf-8", "replace"), redact_text(err.decode("utf-8", "replace")), host)
+        if check and rc != 0:
+            raise RemoteCommandError(
+                f"{what} failed on {host} with exit status {rc}: {result.stderr.strip()[-2000:]}",
+                rc=rc,
+                stderr=result.stderr,
+            )
+        return result
+
+    def _run_bytes(self, command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
+        """Run ``command``; return the exit status, raw stdout and stderr, and the host used."""
         client = self.get_conn()
         host = self._host or ""
         limit = self.settings.cmd_timeout if timeout is None else timeout
@@ -283,14 +355,7 @@ class SlurmHook(BaseHook):
         except ConnectionLostError:
             self.close()
             raise
-        result = CommandResult(rc, out, redact_text(err), host)
-        if check and rc != 0:
-            raise RemoteCommandError(
-                f"{what} failed on {host} with exit status {rc}: {result.stderr.strip()[-2000:]}",
-                rc=rc,
-                stderr=result.stderr,
-            )
-        return result
+        return rc, out, err, host
 
     def check_paths(self, paths: Sequence[str]) -> list[str]:
         """Return the paths (absolute cluster paths) that do not exist, checked in one round trip."""
@@ -311,9 +376,13 @@ class SlurmHook(BaseHook):
         return result.stdout
 
     def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
-        """Read a log from a byte offset, at most ``max_bytes``; restarts at 0 if the file shrank."""
-        result = self.run(commands.tail_bytes(path, offset, max_bytes), what=f"reading log {path}")
-        return _log_chunk(result.stdout, offset)
+        """Read a log from a byte offset, at most ``max_bytes``; restarts at 0 if the file shrank.
+
+        A multi-byte UTF-8 character cut by ``max_bytes`` is left for the next read, so joining the
+        chunks' ``data`` gives back the file's text exactly.
+        """
+        _rc, out, _err, _host = self._run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
+        return _log_chunk(out, offset)
 
     def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
         """Read TAO ``status.json`` (JSON lines, or one JSON document); None when missing."""
@@ -428,18 +497,23 @@ class SlurmHook(BaseHook):
             for host in self.settings.hosts:
                 try:
                     client = self._client if host == self._host and self._client else self._connect(host)
+                except SlurmConnectionError as exc:
+                    self.log.warning("reconcile: %s", exc)
+                    continue
+                try:
                     _rc, out, _ = _exec_channel(client, command, None, self.settings.cmd_timeout)
                 except SlurmConnectionError as exc:
                     self.log.warning("reconcile: %s", exc)
                     continue
-                outputs.append(out)
-                if client is not self._client:
-                    client.close()
+                finally:
+                    if client is not self._client:
+                        client.close()
+                outputs.append(out.decode("utf-8", "replace"))
         else:
             outputs.append(self.run(command, what="job lookup by name").stdout)
         seen: dict[str, None] = {}
-        for out in outputs:
-            for job_id in parse_job_ids_by_name(out):
+        for text in outputs:
+            for job_id in parse_job_ids_by_name(text):
                 seen[job_id] = None
         return list(seen)
 
@@ -458,9 +532,12 @@ class SlurmHook(BaseHook):
         return _combine_poll(squeue, sacct)
 
     def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
-        """Cancel jobs; unknown or finished jobs are fine. With ``job_name`` only jobs of that name are hit."""
+        """Cancel jobs; unknown or finished jobs are fine. With ``job_name`` only jobs of that name are hit.
+
+        :raises RemoteCommandError: when scancel reports an error (e.g. the controller is down).
+        """
         if job_ids:
-            self.run(commands.scancel(job_ids, name=job_name), check=True, what="scancel")
+            _check_scancel(self.run(commands.scancel(job_ids, name=job_name), what="scancel"))
 
     def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
         """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""
@@ -478,12 +555,19 @@ class SlurmHook(BaseHook):
             tools = ("sbatch", "squeue", "sacct", "scancel", "srun", "sinfo")
             result = self.run(commands.which(tools), what="tool check")
             missing = commands.parse_which(result.stdout, tools)
-            problems = [f"{tool} not found on {self._host}" for tool in missing]
+            problems = [
+                f"{tool} not found on {self._host}; install the SLURM client tools or put them on the PATH of "
+                "non-interactive shells"
+                for tool in missing
+            ]
             results_dir = self.settings.results_dir
             if results_dir:
                 probe = self.run(commands.writable_dir(results_dir), what="results dir check")
                 if probe.rc != 0:
-                    problems.append(f"results_dir {results_dir} is not writable")
+                    problems.append(
+                        f"results_dir {results_dir} is not writable by {self.settings.user} on {self._host}; "
+                        "create it or set the results_dir extra to a writable shared directory"
+                    )
         except Exception as exc:
             return False, redact_text(str(exc))
         if problems:
@@ -493,30 +577,45 @@ class SlurmHook(BaseHook):
     # ------------------------------------------------------------------ async twins (triggers)
 
     async def a_run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
-        """Async twin of :meth:`run` over the process-wide pooled connection."""
+        """Async twin of :meth:`run` over the process-wide pooled connection.
+
+        :raises ConnectionLostError: when the connection dropped after the command was sent (it is
+            never sent again: it may have taken effect).
+        """
+        rc, out, err, host = await self._a_run_bytes(command, stdin, timeout)
+        return CommandResult(rc, out.decode("utf-8", "replace"), redact_text(err.decode("utf-8", "replace")), host)
+
+    async def _a_run_bytes(
+        self, command: str, stdin: bytes | None, timeout: float | None
+    ) -> tuple[int, bytes, bytes, str]:
         settings = await self.a_settings()
         return await _ASYNC_POOL.run(settings, command, stdin, settings.cmd_timeout if timeout is None else timeout)
 
     async def a_settings(self) -> ClusterSettings:
-        """Settings read with the async connection API (safe inside the triggerer's event loop)."""
+        """Settings read with the async connection API (safe inside the triggerer's event loop), read once.
+
+        :raises ConnectionConfigError: as :attr:`settings`.
+        """
         if self._explicit_settings is not None:
             return self._explicit_settings
+        if self._async_settings is not None:
+            return self._async_settings
         from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
 
         try:
             conn = await get_async_connection(self.slurm_conn_id)
         except AirflowNotFoundException:
-            if os.environ.get("SLURM_HOSTNAME"):
-                return settings_from_env(os.environ)
-            raise
+            self._async_settings = self._settings_without_connection()
+            return self._async_settings
         extra = await get_async_extra_dejson(conn)
-        return settings_from_connection(
+        self._async_settings = settings_from_connection(
             host=conn.host,
             login=conn.login,
             port=conn.port,
             extra=extra,
             source=f"connection {self.slurm_conn_id!r}",
         )
+        return self._async_settings
 
     async def a_get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         """Async twin of :meth:`get_states`."""
@@ -530,48 +629,55 @@ class SlurmHook(BaseHook):
 
     async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
         """Async twin of :meth:`read_log`."""
-        result = await self.a_run(commands.tail_bytes(path, offset, max_bytes))
-        return _log_chunk(result.stdout, offset)
+        _rc, out, _err, _host = await self._a_run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
+        return _log_chunk(out, offset)
 
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Async twin of :meth:`cancel`."""
         if job_ids:
-            result = await self.a_run(commands.scancel(job_ids, name=job_name))
-            if result.rc != 0:
-                raise RemoteCommandError(f"scancel failed: {result.stderr.strip()}", rc=result.rc, stderr=result.stderr)
+            _check_scancel(await self.a_run(commands.scancel(job_ids, name=job_name)))
 
 
 # ---------------------------------------------------------------------- helpers shared by both sides
 
 
-def parse_status_lines(text: str) -> list[dict[str, Any]]:
-    """Parse TAO ``status.json``: JSON lines (one object per line) or a single JSON document."""
-    text = text.strip()
-    if not text:
-        return []
-    try:
-        whole = json.loads(text)
-    except json.JSONDecodeError:
-        whole = None
-    if isinstance(whole, dict):
-        return [whole]
-    if isinstance(whole, list):
-        return [item for item in whole if isinstance(item, dict)]
-    entries: list[dict[str, Any]] = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(item, dict):
-            entries.append(item)
-    return entries
+def _utf8_complete(data: bytes) -> int:
+    """How many leading bytes of ``data`` end on a UTF-8 character boundary (drops a cut-off character)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # ASCII or the lead byte of a multi-byte character
+            need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+            return len(data) - back if need > back else len(data)
+    return len(data)
 
 
-def _log_chunk(stdout: str, offset: int) -> LogChunk:
-    chunk = commands.parse_tail(stdout)
-    next_offset, restarted = commands.next_offset(offset, chunk.size, chunk.length)
-    return LogChunk(size=chunk.size or 0, data=chunk.data, next_offset=next_offset, restarted=restarted)
+def _log_chunk(stdout: bytes, offset: int) -> LogChunk:
+    """Parse ``tail_bytes`` output; a character cut at the end waits for the next read (unless nothing else fits)."""
+    header, newline, body = stdout.partition(b"\n")
+    chunk = commands.parse_tail((header + newline).decode("utf-8", "replace"))
+    body = body[: chunk.length]
+    keep = _utf8_complete(body) or len(body)
+    next_offset, restarted = commands.next_offset(offset, chunk.size, keep)
+    return LogChunk(
+        size=chunk.size or 0,
+        data=body[:keep].decode("utf-8", "replace"),
+        next_offset=next_offset,
+        restarted=restarted,
+    )
+
+
+def _check_scancel(result: CommandResult) -> None:
+    """Accept ``scancel -Q``'s silent exit 1 (a name filter matched no live job: finished, unknown or not ours).
+
+    :raises RemoteCommandError: when scancel printed an error.
+    """
+    if result.rc != 0 and result.stderr.strip():
+        raise RemoteCommandError(
+            f"scancel failed on {result.host} with exit status {result.rc}: {result.stderr.strip()[-2000:]}; "
+            "check that slurmctld is up (scontrol ping) and cancel again",
+            rc=result.rc,
+            stderr=result.stderr,
+        )
 
 
 def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
@@ -600,8 +706,8 @@ def _combine_poll(squeue: CommandResult, sacct: CommandResult | None) -> dict[st
 
 def _exec_channel(
     client: paramiko.SSHClient, command: str, stdin: bytes | None, timeout: float | None
-) -> tuple[int, str, str]:
-    """Run one command on a new channel of ``client``; returns ``(rc, stdout, stderr)``.
+) -> tuple[int, bytes, bytes]:
+    """Run one command on a new channel of ``client``; returns ``(rc, stdout, stderr)`` as raw bytes.
 
     :raises ConnectionLostError: when the channel closes without an exit status.
     :raises RemoteCommandError: when the command does not finish within ``timeout``.
@@ -638,11 +744,15 @@ def _exec_channel(
                 channel.close()
                 raise RemoteCommandError(f"remote command did not finish within {timeout:.0f} s")
             selector.select(0.5)
+    while channel.recv_ready():  # output that arrived together with the EOF
+        out += channel.recv(65536)
+    while channel.recv_stderr_ready():
+        err += channel.recv_stderr(65536)
     rc = channel.recv_exit_status()
     channel.close()
     if rc == -1:
         raise ConnectionLostError("the remote command ended without an exit status (connection cut)")
-    return rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    return rc, bytes(out), bytes(err)
 
 
 class _AsyncConnectionPool:
@@ -671,31 +781,35 @@ class _AsyncConnectionPool:
             self._sessions[key] = asyncio.Semaphore(ASYNC_MAX_SESSIONS)
             return conn
 
-    async def run(self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None) -> CommandResult:
+    async def run(
+        self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None
+    ) -> tuple[int, bytes, bytes, str]:
+        """Run ``command``; return the exit status, raw stdout and stderr, and the host used.
+
+        Only a session that could not be opened (the command never started) is retried, on a fresh
+        connection with backoff; a command cut off after it started is never sent again.
+
+        :raises ConnectionLostError: when the connection dropped while the command ran, or kept
+            dropping before it could start.
+        :raises RemoteCommandError: when the command does not finish within ``timeout``.
+        """
         import asyncssh
 
         delay = 0.5
         for attempt in range(4):
             conn = await self.connection(s)
-            key = self._key(s)
-            try:
-                async with self._sessions[key]:
-                    result = await asyncio.wait_for(
-                        conn.run(command, input=stdin, check=False, encoding=None), timeout=timeout
-                    )
-            except (OSError, asyncssh.Error) as exc:
-                conn.close()
-                if attempt == 3:
-                    raise ConnectionLostError(f"the SSH connection to {s.cluster_name} keeps dropping: {exc}") from None
-                await asyncio.sleep(delay + random.uniform(0, delay))  # noqa: S311 - jitter, not crypto
-                delay *= 2
-                continue
-            except TimeoutError:
-                raise RemoteCommandError(f"remote command did not finish within {timeout} s") from None
-            rc = result.exit_status if result.exit_status is not None else -1
-            out = _decode(result.stdout)
-            err = _decode(result.stderr)
-            return CommandResult(rc, out, redact_text(err), getattr(conn, "_tao_host", ""))
+            async with self._sessions[self._key(s)]:
+                try:
+                    process = await conn.create_process(command, input=stdin, encoding=None)
+                except (OSError, asyncssh.Error) as exc:
+                    conn.close()
+                    failure = exc
+                else:
+                    return await _finish(process, timeout, getattr(conn, "_tao_host", ""))
+            if attempt == 3:
+                raise ConnectionLostError(f"the SSH connection to {s.cluster_name} keeps dropping: {failure}")
+            await asyncio.sleep(delay + random.uniform(0, delay))  # noqa: S311 - jitter, not crypto
+            delay *= 2
         raise AssertionError("unreachable")
 
     async def close_all(self) -> None:
@@ -705,10 +819,28 @@ class _AsyncConnectionPool:
             self._conns.pop(key).close()
 
 
-def _decode(data: bytes | str | None) -> str:
-    if isinstance(data, bytes):
-        return data.decode("utf-8", "replace")
-    return data or ""
+async def _finish(
+    process: asyncssh.SSHClientProcess[bytes], timeout: float | None, host: str
+) -> tuple[int, bytes, bytes, str]:
+    """Wait for a started remote command: ``(rc, stdout, stderr, host)``; a lost connection is an error."""
+    try:
+        result = await asyncio.wait_for(process.wait(), timeout=timeout)
+    except TimeoutError:
+        process.close()
+        raise RemoteCommandError(f"remote command did not finish within {timeout} s on {host}") from None
+    if result.exit_status is None and result.exit_signal is None:
+        raise ConnectionLostError(
+            f"the SSH connection to {host} dropped before the command's reply arrived; it may or may not have "
+            "taken effect"
+        )
+    rc = result.exit_status if result.exit_status is not None else -1
+    return rc, _raw(result.stdout), _raw(result.stderr), host
+
+
+def _raw(data: bytes | str | None) -> bytes:
+    if isinstance(data, str):
+        return data.encode()
+    return data or b""
 
 
 async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
@@ -717,6 +849,7 @@ async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
     if s.key_file:
         check_key_file(s.key_file)
     failures: list[tuple[str, str]] = []
+    kinds: set[type[SlurmConnectionError]] = set()
     for host in s.hosts:
         options: dict[str, Any] = {"username": s.user, "port": s.port, "connect_timeout": s.conn_timeout}
         if s.key_file:
@@ -726,20 +859,22 @@ async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
         if s.no_host_key_check:
             options["known_hosts"] = None
         elif s.host_key:
+            pinned = _pinned_host_key(s.host_key)
             entry = host if s.port == 22 else f"[{host}]:{s.port}"
-            options["known_hosts"] = asyncssh.import_known_hosts(f"{entry} {s.host_key}\n")
+            options["known_hosts"] = asyncssh.import_known_hosts(f"{entry} {pinned.get_name()} {pinned.get_base64()}\n")
         try:
             conn = await asyncssh.connect(host, keepalive_interval=30, **options)
         except (OSError, asyncssh.Error) as exc:
-            message, _ = _describe_connect_error(host, exc)
+            message, kind = _describe_connect_error(host, s.port, exc)
             failures.append((host, message))
+            kinds.add(kind)
+            log.warning("Login host failed, trying the next one: %s", message)
             continue
+        if failures:
+            log.warning("Connected to %s after %d failed login host(s)", host, len(failures))
         conn._tao_host = host  # type: ignore[attr-defined]
         return conn
-    raise SlurmConnectionError(
-        f"no login host of cluster {s.cluster_name!r} answered: " + "; ".join(m for _, m in failures),
-        failures,
-    )
+    raise _no_host_answered(s.cluster_name, failures, kinds)
 
 
 _ASYNC_POOL = _AsyncConnectionPool()

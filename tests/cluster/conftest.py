@@ -3,6 +3,10 @@
 ``cluster`` describes the running cluster (read from ``<state>/cluster.json``) and fails the test,
 never skips it, when the cluster is not up. ``ssh_run`` runs a command on the login node as the
 cluster user through the real OpenSSH client with strict host-key checking.
+
+``slurm_settings``, ``slurm_hook`` and ``slurm_connection_env`` give the provider's own view of the
+same cluster: settings with the pinned host key, a :class:`SlurmHook` on them, and the
+``slurm_default`` Airflow connection (as ``AIRFLOW_CONN_SLURM_DEFAULT``) for operators.
 """
 
 from __future__ import annotations
@@ -10,11 +14,17 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
 NOT_UP = "the local SLURM test cluster is not up: run `python3 tests/cluster/harness.py up` (or make test)"
@@ -129,3 +139,47 @@ def ssh_run(cluster: ClusterEnv) -> SshRun:
         return proc.returncode, proc.stdout, proc.stderr
 
     return run
+
+
+def connection_fields(cluster: ClusterEnv) -> dict[str, Any]:
+    """The ``host``, ``login``, ``port`` and ``extra`` of a ``tao_slurm`` connection to the test cluster."""
+    return {
+        "host": cluster.host,
+        "login": cluster.user,
+        "port": cluster.port,
+        "extra": {
+            "key_file": cluster.key_file,
+            "host_key": cluster.host_key,
+            "partition": cluster.gpu_partition,
+            "account": cluster.account,
+            "results_dir": cluster.results_dir,
+            "container_mounts": f"{cluster.shared_dir}:{cluster.shared_dir}",
+            "conversion_partition": cluster.cpu_partition,
+            "cluster_name": cluster.cluster_name,
+        },
+    }
+
+
+@pytest.fixture(scope="session")
+def slurm_settings(cluster: ClusterEnv) -> ClusterSettings:
+    """Return the provider's settings for the test cluster's login sshd, host key pinned."""
+    return settings_from_connection(**connection_fields(cluster), source="the local SLURM test cluster")
+
+
+@pytest.fixture
+def slurm_hook(slurm_settings: ClusterSettings) -> Iterator[SlurmHook]:
+    """Return a :class:`SlurmHook` on :func:`slurm_settings`; its connection is closed afterwards."""
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+    hook = SlurmHook(settings=slurm_settings)
+    yield hook
+    hook.close()
+
+
+@pytest.fixture
+def slurm_connection_env(cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Define the ``slurm_default`` Airflow connection for the test cluster; return its id."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SLURM_DEFAULT", json.dumps({"conn_type": "tao_slurm", **connection_fields(cluster)})
+    )
+    return "slurm_default"

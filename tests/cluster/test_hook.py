@@ -1,0 +1,646 @@
+"""Acceptance tests of ``SlurmHook`` (issue 4) against the local SLURM test cluster, over real SSH.
+
+Every test talks to the harness's sshd (127.0.0.1, key-only, strict host keys) and real SLURM
+22.05 daemons. Faults are real too: a refusing address, a closed port, the "fault" sshd whose
+``sbatch`` submits and then cuts the session, a stopped slurmctld/slurmdbd, a restarted sshd and a
+server-side socket reset (``ss -K``). Job names carry a per-run token so reruns never meet old jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import paramiko
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.exceptions import (
+    ConnectionLostError,
+    HostKeyError,
+    KeyFilePermissionError,
+    RemoteCommandError,
+    SlurmConnectionError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook, async_pool
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+TOKEN = uuid.uuid4().hex[:8]
+HARNESS = Path(__file__).with_name("harness.py")
+REFUSING_HOST = "127.0.0.2"  # loopback answers for all of 127/8, but sshd listens on 127.0.0.1 only
+UNKNOWN_JOB_ID = "99999999"
+
+T = TypeVar("T")
+
+
+def poll(probe: Callable[[], T | None], what: str, timeout: float = 30, every: float = 0.3) -> T:
+    """Call ``probe`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = probe()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not seen within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def harness(*args: str) -> None:
+    """Run a harness command (we run as root, as the harness requires)."""
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert proc.returncode == 0, f"harness {' '.join(args)}: {proc.stdout}{proc.stderr}"
+
+
+def jobs_named(ssh_run: SshRun, name: str) -> tuple[list[str], list[str]]:
+    """Ids of the jobs named exactly ``name``: (squeue -t all, sacct), asked through OpenSSH."""
+    _, live, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i"]))
+    _, past, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={name}", "-o", "JobIDRaw"]))
+    return live.split(), past.split()
+
+
+def other_ed25519_key() -> str:
+    """A freshly generated ed25519 public key (``ssh-ed25519 AAAA...``), not the cluster's."""
+    return Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+@pytest.fixture(scope="module")
+def run_dir(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[str]:
+    """This run's directory on the shared file system; removed afterwards."""
+    path = f"{cluster.results_dir}/hooktest_{TOKEN}"
+    assert ssh_run(join(["mkdir", "-p", path]))[0] == 0
+    yield path
+    ssh_run(join(["rm", "-rf", path]))
+
+
+def _stage_script(ssh_run: SshRun, cluster: ClusterEnv, path: str, log_dir: str, body: str) -> str:
+    script = "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --partition={cluster.cpu_partition}",
+            "#SBATCH --time=10",
+            f"#SBATCH --output={log_dir}/%x-%j/main.out",
+            f"#SBATCH --error={log_dir}/%x-%j/main.err",
+            body,
+        ]
+    )
+    assert ssh_run(f"cat > {quote(path)}", stdin=script + "\n")[0] == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def sleep_script(cluster: ClusterEnv, ssh_run: SshRun, run_dir: str) -> str:
+    """A staged batch script that sleeps for 5 minutes (cancelled by the tests)."""
+    return _stage_script(ssh_run, cluster, f"{run_dir}/sleep.sbatch", f"{run_dir}/logs", "sleep 300")
+
+
+@pytest.fixture(scope="module")
+def quick_script(cluster: ClusterEnv, ssh_run: SshRun, run_dir: str) -> str:
+    """A staged batch script that prints one line and exits 0."""
+    return _stage_script(ssh_run, cluster, f"{run_dir}/quick.sbatch", f"{run_dir}/logs", 'echo "done $SLURM_JOB_ID"')
+
+
+@pytest.fixture(scope="module")
+def finished_job(slurm_settings: ClusterSettings, quick_script: str, run_dir: str) -> str:
+    """A job that COMPLETED and that sacct already knows as such."""
+    hook = SlurmHook(settings=slurm_settings)
+    try:
+        job_id = hook.submit(quick_script, f"hook_{TOKEN}_finished", log_dir=f"{run_dir}/logs")
+        poll(
+            lambda: (
+                (s := hook.get_states([job_id]).get(job_id)) is not None
+                and s.source == "sacct"
+                and s.tao_state is TaoState.COMPLETE
+            ),
+            f"job {job_id} COMPLETED in sacct",
+            timeout=60,
+        )
+    finally:
+        hook.close()
+    return job_id
+
+
+@pytest.fixture
+def sent_commands(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every command line this process sends over any paramiko SSH channel during the test.
+
+    Counting at the channel (what reaches the login host's sshd), not at ``SlurmHook.run``, also
+    catches a command that bypassed ``run``.
+    """
+    sent: list[str] = []
+    original = paramiko.Channel.exec_command
+
+    def exec_command(channel: paramiko.Channel, command: str | bytes) -> None:
+        sent.append(command.decode() if isinstance(command, bytes) else command)
+        original(channel, command)
+
+    monkeypatch.setattr(paramiko.Channel, "exec_command", exec_command)
+    return sent
+
+
+@pytest.fixture
+def quiet_listener() -> Iterator[socket.socket]:
+    """A local TCP listener standing in for a login host; a test asserts nobody connected to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)
+        server.setblocking(False)
+        yield server
+
+
+def nobody_connected(server: socket.socket) -> bool:
+    """True when no connection is waiting on ``server``."""
+    try:
+        conn, _ = server.accept()
+    except BlockingIOError:
+        return True
+    conn.close()
+    return False
+
+
+# ---------------------------------------------------------------------- connecting
+
+
+async def _a_run_once(hook: SlurmHook, command: str) -> CommandResult:
+    """``a_run`` on a fresh pooled connection, closed afterwards."""
+    try:
+        return await hook.a_run(command)
+    finally:
+        await async_pool().close_all()
+
+
+def run_on(side: str, hook: SlurmHook, command: str) -> CommandResult:
+    """Run ``command`` through the sync side (paramiko) or the async side (asyncssh pool); close afterwards."""
+    if side == "async":
+        return asyncio.run(_a_run_once(hook, command))
+    try:
+        return hook.run(command)
+    finally:
+        hook.close()
+
+
+def warnings_logged(capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Warning lines logged so far: the hook logs through Airflow's structlog (to the process's output,
+    which capfd sees), the async pool through stdlib logging (caplog)."""
+    captured = capfd.readouterr()
+    lines = [line for line in (captured.out + captured.err).splitlines() if "[warning" in line]
+    return lines + [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_failover_connects_to_the_next_host_and_logs_the_first_failure(
+    slurm_settings: ClusterSettings,
+    cluster: ClusterEnv,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    side: str,
+) -> None:
+    hook = SlurmHook(settings=replace(slurm_settings, hosts=(REFUSING_HOST, cluster.host)))
+    caplog.set_level(logging.WARNING)
+    capfd.readouterr()
+    result = run_on(side, hook, "id -un")
+    assert (result.rc, result.stdout, result.host) == (0, f"{cluster.user}\n", cluster.host)
+    warnings = warnings_logged(capfd, caplog)
+    assert any(REFUSING_HOST in w and "Connection refused" in w for w in warnings), warnings
+    assert any(f"Connected to {cluster.host} after 1 failed login host" in w for w in warnings), warnings
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_all_hosts_down_lists_every_host_and_why(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, side: str
+) -> None:
+    hosts = (cluster.host, REFUSING_HOST)
+    hook = SlurmHook(settings=replace(slurm_settings, hosts=hosts, port=cluster.closed_port))
+    with pytest.raises(SlurmConnectionError) as caught:
+        run_on(side, hook, "true")
+    assert type(caught.value) is SlurmConnectionError
+    assert [host for host, _ in caught.value.failures] == list(hosts)
+    for host, reason in caught.value.failures:
+        assert f"{host} port {cluster.closed_port} unreachable (Connection refused)" in reason
+        assert reason in str(caught.value)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604], ids=["0644", "0640", "0604"])
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_key_readable_by_others_is_refused_before_connecting(
+    slurm_settings: ClusterSettings,
+    cluster: ClusterEnv,
+    tmp_path: Path,
+    quiet_listener: socket.socket,
+    mode: int,
+    side: str,
+) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_bytes(Path(cluster.key_file).read_bytes())
+    key.chmod(mode)
+    port = quiet_listener.getsockname()[1]
+    hook = SlurmHook(settings=replace(slurm_settings, key_file=str(key), port=port))
+    with pytest.raises(KeyFilePermissionError) as caught:
+        run_on(side, hook, "true")
+    assert f"chmod 600 {key}" in str(caught.value)
+    assert f"{mode:o}" in str(caught.value)
+    assert nobody_connected(quiet_listener)
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+@pytest.mark.parametrize("pinned", [False, True], ids=["unknown-host-key", "changed-host-key"])
+def test_untrusted_host_key_is_refused(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, pinned: bool, side: str
+) -> None:
+    known_hosts = Path.home() / ".ssh" / "known_hosts"
+    existed = known_hosts.exists()
+    if existed:
+        assert f"[{cluster.host}]:{cluster.port}" not in known_hosts.read_text()
+    hook = SlurmHook(settings=replace(slurm_settings, host_key=other_ed25519_key() if pinned else None))
+    with pytest.raises(HostKeyError) as caught:
+        run_on(side, hook, "true")
+    assert [host for host, _ in caught.value.failures] == [cluster.host]
+    assert "host_key extra" in str(caught.value)
+    if side == "sync":  # paramiko tells a changed key from an unknown one; asyncssh does not
+        assert ("CHANGED" in str(caught.value)) == pinned
+    assert known_hosts.exists() == existed  # nothing was learnt on first use
+
+
+# ---------------------------------------------------------------------- jobs and states
+
+
+def test_fifty_jobs_are_polled_with_one_squeue(
+    slurm_hook: SlurmHook, sleep_script: str, run_dir: str, ssh_run: SshRun, sent_commands: list[str]
+) -> None:
+    names = [f"hook_{TOKEN}_batch{i:02d}" for i in range(50)]
+    ids: list[str] = []
+    try:
+        for name in names:  # eligible only in an hour: they stay PENDING and use no node
+            ids.append(
+                slurm_hook.submit(sleep_script, name, log_dir=f"{run_dir}/logs", extra_args=["--begin=now+1hour"])
+            )
+        assert len(set(ids)) == 50
+        sent_commands.clear()
+        states = slurm_hook.get_states(ids)
+        polled = list(sent_commands)
+        assert set(states) == set(ids)
+        assert {(s.tao_state, s.source) for s in states.values()} == {(TaoState.PENDING, "squeue")}
+        assert {states[job_id].name for job_id in ids} == set(names)
+        squeues = [c for c in polled if c.startswith("squeue ")]
+        saccts = [c for c in polled if c.startswith("sacct ")]
+        assert len(squeues) == 1
+        assert len(saccts) <= 1
+        assert len(polled) == len(squeues) + len(saccts), polled
+        assert set(re.findall(r" -j ([\d,]+) ", squeues[0])[0].split(",")) == set(ids)
+    finally:
+        sent_commands.clear()
+        slurm_hook.cancel(ids)
+        cancels = list(sent_commands)
+    assert len(cancels) == 1
+    assert cancels[0].split()[:2] == ["scancel", "-Q"]
+    assert set(cancels[0].split()[2:]) == set(ids)
+    _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%T"]))
+    assert set(out.split()) == {"CANCELLED"}
+
+
+def test_cancel_is_idempotent_and_ends_cancelled(
+    slurm_hook: SlurmHook, sleep_script: str, run_dir: str, cluster: ClusterEnv
+) -> None:
+    name = f"hook_{TOKEN}_cancel"
+    job_id = slurm_hook.submit(sleep_script, name, log_dir=f"{run_dir}/logs")
+    try:
+        poll(
+            lambda: slurm_hook.get_states([job_id])[job_id].tao_state is TaoState.RUNNING,
+            f"job {job_id} RUNNING",
+            timeout=60,
+        )
+        slurm_hook.cancel([job_id], job_name=f"{name}_not_ours")
+        time.sleep(1)
+        assert not slurm_hook.get_states([job_id])[job_id].is_terminal  # the name guard spared it
+        slurm_hook.cancel([job_id])
+        slurm_hook.cancel([job_id])
+        slurm_hook.cancel([UNKNOWN_JOB_ID])
+        slurm_hook.cancel([job_id, UNKNOWN_JOB_ID], job_name=name)
+    finally:
+        slurm_hook.cancel([job_id])
+    final = poll(
+        lambda: (s := slurm_hook.get_states([job_id])[job_id]).raw_state.startswith("CANCELLED by") and s,
+        f"sacct record of cancelled job {job_id}",
+    )
+    assert (final.tao_state, final.raw_state, final.source) == (
+        TaoState.CANCELED,
+        f"CANCELLED by {cluster.uid}",
+        "sacct",
+    )
+
+
+def test_ambiguous_submission_is_reconciled_by_exact_name(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, ssh_run: SshRun, quick_script: str, run_dir: str
+) -> None:
+    name = f"hook_{TOKEN}_fault"
+    hook = SlurmHook(settings=replace(slurm_settings, port=cluster.fault_port))
+    try:
+        job_id = hook.submit(
+            quick_script, name, log_dir=f"{run_dir}/logs", reconcile_timeout=10, reconcile_interval=0.5
+        )
+    finally:
+        hook.close()
+    assert jobs_named(ssh_run, name)[0] == [job_id]
+    replies = [line.split("\t")[1:] for line in Path(cluster.fault_sbatch_log).read_text().splitlines()]
+    assert ["0", job_id] in replies  # sbatch really answered, and the session was cut before we read it
+    # released (not left held), its log directory created: it runs to completion; sacct by name lags
+    assert poll(lambda: (ids := jobs_named(ssh_run, name))[1] and ids, f"sacct row of {name}") == ([job_id], [job_id])
+    log = f"{run_dir}/logs/{name}-{job_id}/main.out"
+    assert poll(lambda: ssh_run(join(["cat", log]))[1], f"output of job {job_id}") == f"done {job_id}\n"
+
+
+def test_async_run_never_repeats_a_command_whose_connection_dropped(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, ssh_run: SshRun
+) -> None:
+    name = f"hook_{TOKEN}_asyncfault"
+    hook = SlurmHook(settings=replace(slurm_settings, port=cluster.fault_port))
+    command = join(
+        ["sbatch", "--parsable", "-J", name, "-p", cluster.cpu_partition, "-o", "/dev/null", "--wrap", "true"]
+    )
+
+    with pytest.raises(ConnectionLostError):
+        asyncio.run(_a_run_once(hook, command))
+    assert len(jobs_named(ssh_run, name)[0]) == 1
+
+
+# ---------------------------------------------------------------------- logs and files
+
+
+@pytest.fixture
+def log_reader(slurm_hook: SlurmHook, request: pytest.FixtureRequest) -> Iterator[Callable[..., LogChunk]]:
+    """``read(path, offset, max_bytes)`` through ``read_log`` or, on one event loop, ``a_read_log``."""
+    if request.param == "sync":
+        yield slurm_hook.read_log
+        return
+    with asyncio.Runner() as runner:
+        try:
+            yield lambda path, offset, max_bytes: runner.run(slurm_hook.a_read_log(path, offset, max_bytes))
+        finally:
+            runner.run(async_pool().close_all())
+
+
+@pytest.mark.parametrize("log_reader", ["sync", "async"], indirect=True)
+def test_log_is_read_by_offset_and_restarts_after_truncation(
+    log_reader: Callable[..., LogChunk], ssh_run: SshRun, run_dir: str
+) -> None:
+    path = f"{run_dir}/{uuid.uuid4().hex}.log"
+    text = "abcde€ line\nünï 🙂 €€\ntail\n"
+    raw = text.encode()
+    assert raw[5:8] == "€".encode()  # the first 7-byte chunk ends inside "€"
+    assert ssh_run(f"cat > {quote(path)}", stdin=text)[0] == 0
+    chunks = [log_reader(path, 0, 7)]
+    assert chunks[0] == LogChunk(size=len(raw), data="abcde", next_offset=5)
+    while chunks[-1].next_offset < len(raw):
+        assert len(chunks) < len(raw), "log reading makes no progress"
+        chunks.append(log_reader(path, chunks[-1].next_offset, 7))
+    assert "".join(c.data for c in chunks) == text
+    assert all(c.size == len(raw) and not c.restarted for c in chunks)
+    starts = [0] + [c.next_offset for c in chunks[:-1]]
+    held_back = [c for start, c in zip(starts, chunks, strict=True) if c.next_offset - start < min(7, len(raw) - start)]
+    assert [c.data for c in held_back] == ["abcde", " 🙂 "]  # "€" then "€" cut by the 7-byte limit: read next time
+    end = chunks[-1].next_offset
+    assert log_reader(path, end, 7) == LogChunk(size=len(raw), data="", next_offset=end)
+    # a requeued rerun truncates the output file (JobFileAppend=0) and writes it anew
+    assert ssh_run(f": > {quote(path)} && printf 'rerun\\n' >> {quote(path)}")[0] == 0
+    assert log_reader(path, end, 7) == LogChunk(size=6, data="", next_offset=0, restarted=True)
+    assert log_reader(path, 0, 7) == LogChunk(size=6, data="rerun\n", next_offset=6)
+    assert log_reader(f"{path}.missing", 0, 7) == LogChunk(size=0, data="", next_offset=0)
+
+
+class ArgvSampler(threading.Thread):
+    """Samples every process's command line on this machine (the login host) with ``ps -eo args``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append(subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+
+
+def test_enroot_credentials_are_private_and_never_leak(
+    slurm_hook: SlurmHook,
+    ssh_run: SshRun,
+    cluster: ClusterEnv,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+    sent_commands: list[str],
+) -> None:
+    secret = "nvapi-" + secrets.token_urlsafe(32)
+    path = "~/.config/enroot/.credentials"
+    rc, backup, _ = ssh_run(f"cat {path}")
+    caplog.set_level(logging.DEBUG)
+    for name in ("airflow", "paramiko", "asyncssh", "airflow_provider_tao_slurm"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    sshd_logs = sorted(Path(cluster.state_dir, "log").glob("sshd*.log"))
+    assert sshd_logs
+    try:
+        sampler = ArgvSampler()
+        sampler.start()
+        try:
+            for _ in range(40):  # install again (idempotent) until ps has seen it running
+                slurm_hook.install_enroot_credentials("nvcr.io", secret)
+                if any(".config/enroot/.credentials" in sample for sample in sampler.samples):
+                    break
+        finally:
+            sampler.done.set()
+            sampler.join()
+        captured = capfd.readouterr()
+        assert any(".config/enroot/.credentials" in sample for sample in sampler.samples), "ps never saw the install"
+        assert not any(secret in sample for sample in sampler.samples)
+        assert sent_commands
+        assert not any(secret in command for command in sent_commands)
+        assert caplog.records
+        assert not any(secret in record.getMessage() for record in caplog.records)
+        assert secret not in caplog.text
+        assert secret not in captured.out + captured.err
+        for log in sshd_logs:
+            assert secret not in log.read_text(errors="replace")
+        rc_now, listing, err = ssh_run(f"stat -c %a {path} && cat {path}")
+        assert rc_now == 0, err
+        mode, *lines = listing.splitlines()
+        assert mode == "600"
+        assert sorted(line for line in lines if secret in line) == [
+            f"machine authn.nvidia.com login $oauthtoken password {secret}",
+            f"machine nvcr.io login $oauthtoken password {secret}",
+        ]
+    finally:
+        if rc == 0:
+            ssh_run(f"umask 077 && cat > {path}", stdin=backup)
+        else:
+            ssh_run(f"rm -f {path}")
+
+
+# ---------------------------------------------------------------------- controller down
+
+
+@pytest.fixture
+def controller_stopped() -> Iterator[None]:
+    """Stop slurmctld; afterwards restart slurmdbd and slurmctld (the harness waits until both nodes have
+    registered again; it does not require them idle, since other suites may run jobs at the same time)."""
+    harness("stop-slurmctld")
+    try:
+        yield
+    finally:
+        harness("start-slurmdbd")
+        harness("start-slurmctld")
+
+
+def test_controller_down_still_answers_from_accounting_then_fails_clearly(
+    slurm_settings: ClusterSettings,
+    slurm_hook: SlurmHook,
+    finished_job: str,
+    controller_stopped: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """squeue -j needs ~18 s to give up on a dead controller, so both polls run at once (two hooks):
+    the second one's sacct is held back until slurmdbd is stopped too."""
+    slurmdbd_stopped = threading.Event()
+    both_down = SlurmHook(settings=slurm_settings)
+    run = both_down.run
+
+    def run_sacct_after_slurmdbd_stopped(command: str, **kwargs: Any) -> CommandResult:
+        if command.startswith("sacct ") and not slurmdbd_stopped.wait(60):
+            pytest.fail("slurmdbd was never stopped")
+        return run(command, **kwargs)
+
+    monkeypatch.setattr(both_down, "run", run_sacct_after_slurmdbd_stopped)
+    with ThreadPoolExecutor(1) as executor:
+        later = executor.submit(both_down.get_states, [finished_job])
+        try:
+            started = time.monotonic()
+            state = slurm_hook.get_states([finished_job])[finished_job]
+            waited = time.monotonic() - started
+            harness("stop-slurmdbd")
+        finally:
+            slurmdbd_stopped.set()
+        with pytest.raises(RemoteCommandError) as caught:
+            later.result(timeout=60)
+    both_down.close()
+    assert (state.tao_state, state.source, state.exit_code) == (TaoState.COMPLETE, "sacct", 0)
+    assert waited > 5  # squeue really waited for the dead controller before sacct answered
+    message = str(caught.value)
+    assert "neither squeue nor sacct answered" in message
+    assert "slurmctld and slurmdbd" in message
+    assert "Connection refused" in caught.value.stderr
+
+
+# ---------------------------------------------------------------------- async side
+
+
+def test_twenty_concurrent_async_polls_share_one_connection(slurm_settings: ClusterSettings, finished_job: str) -> None:
+    hook = SlurmHook(settings=slurm_settings)
+
+    async def poll_twenty() -> tuple[list[dict[str, object]], int]:
+        pool = async_pool()
+        before = pool.opened
+        try:
+            results = await asyncio.gather(*(hook.a_get_states([finished_job]) for _ in range(20)))
+            return list(results), pool.opened - before
+        finally:
+            await pool.close_all()
+
+    results, opened = asyncio.run(poll_twenty())
+    assert opened == 1
+    assert len(results) == 20
+    assert all(r[finished_job].tao_state is TaoState.COMPLETE for r in results)  # type: ignore[attr-defined]
+
+
+def _server_pid(local_port: int, server_port: int) -> int:
+    """The sshd process serving the client socket ``127.0.0.1:local_port``."""
+    out = subprocess.run(
+        ["ss", "-H", "-t", "-n", "-p", "state", "established", "src", f"127.0.0.1:{server_port}", "dst",
+         f"127.0.0.1:{local_port}"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    pids = [int(p) for p in re.findall(r"pid=(\d+)", out)]
+    assert pids, out
+    return min(pids)
+
+
+def _parent_pid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_async_pool_reconnects_after_sshd_restart(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, finished_job: str
+) -> None:
+    hook = SlurmHook(settings=slurm_settings)
+    pidfile = Path(cluster.state_dir, "run", "sshd.pid")
+
+    async def scenario() -> tuple[int, int, int]:
+        pool = async_pool()
+        try:
+            await hook.a_get_states([finished_job])
+            old = await pool.connection(slurm_settings)
+            old_port = old.get_extra_info("sockname")[1]
+            opened = pool.opened
+            await asyncio.to_thread(harness, "restart-sshd")
+            # OpenSSH keeps established sessions across a listener restart; a real restart of the login
+            # host drops them: reset the server side of our pooled connection.
+            subprocess.run(
+                ["ss", "-K", "-t", "src", f"127.0.0.1:{cluster.port}", "dst", f"127.0.0.1:{old_port}"], check=True
+            )
+            states = await hook.a_get_states([finished_job])
+            assert states[finished_job].tao_state is TaoState.COMPLETE
+            new = await pool.connection(slurm_settings)
+            assert new is not old
+            served_by = _parent_pid(_server_pid(new.get_extra_info("sockname")[1], cluster.port))
+            return pool.opened - opened, served_by, int(pidfile.read_text().split()[0])
+        finally:
+            await pool.close_all()
+
+    reconnects, served_by, listener = asyncio.run(scenario())
+    assert reconnects == 1
+    assert served_by == listener  # the new connection came from the restarted sshd
+
+
+# ---------------------------------------------------------------------- test_connection
+
+
+def test_connection_succeeds_through_the_default_airflow_connection(slurm_connection_env: str) -> None:
+    hook = SlurmHook(slurm_connection_env)
+    try:
+        ok, message = hook.test_connection()
+    finally:
+        hook.close()
+    assert ok, message
+    assert "127.0.0.1" in message
+
+
+@pytest.mark.parametrize("results_dir", ["/usr", f"/srv/lustre/absent_{TOKEN}/results"], ids=["read-only", "missing"])
+def test_connection_reports_a_results_dir_that_is_not_writable(
+    slurm_settings: ClusterSettings, results_dir: str
+) -> None:
+    hook = SlurmHook(settings=replace(slurm_settings, results_dir=results_dir))
+    try:
+        ok, message = hook.test_connection()
+    finally:
+        hook.close()
+    assert not ok
+    assert f"results_dir {results_dir} is not writable by {slurm_settings.user}" in message
+    assert "set the results_dir extra" in message

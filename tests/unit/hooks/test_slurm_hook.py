@@ -1,0 +1,558 @@
+"""Fast tests of ``SlurmHook`` that need no cluster: settings, key checks, error texts, output parsing.
+
+Everything that talks SSH is covered by ``tests/cluster/test_hook.py`` against the real test cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import paramiko
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.exceptions import (
+    ConnectionConfigError,
+    HostKeyError,
+    KeyFilePermissionError,
+    RemoteCommandError,
+    SlurmAuthenticationError,
+    SlurmConnectionError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import (
+    CommandResult,
+    LogChunk,
+    SlurmHook,
+    _check_scancel,
+    _combine_poll,
+    _describe_connect_error,
+    _log_chunk,
+    _needs_sacct,
+    _no_host_answered,
+    _pinned_host_key,
+    _utf8_complete,
+    check_key_file,
+)
+
+HOST_KEY = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+SLURM_VARS = (
+    "SLURM_USER",
+    "SLURM_HOSTNAME",
+    "SSH_KEY_PATH",
+    "SLURM_PARTITION",
+    "SLURM_ACCOUNT",
+    "SLURM_BASE_RESULTS_DIR",
+    "SLURM_CONTAINER_MOUNTS",
+)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``SLURM_*`` variable or test connection leaks in from the caller's environment."""
+    for name in (*SLURM_VARS, "AIRFLOW_CONN_UNIT_SLURM"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def settings(**changes: Any) -> ClusterSettings:
+    """Settings for an unreachable documentation host, with ``changes`` applied."""
+    values: dict[str, Any] = {"hosts": ("login1.example.org",), "user": "alice", "cluster_name": "unit"}
+    return ClusterSettings(**{**values, **changes})
+
+
+# ---------------------------------------------------------------------- settings
+
+
+CONNECTION = {
+    "conn_type": "tao_slurm",
+    "host": "login1.example.org, login2.example.org",
+    "login": "alice",
+    "port": 2222,
+    "extra": {
+        "key_file": "/home/alice/.ssh/id_ed25519",
+        "host_key": HOST_KEY,
+        "partition": "polar,grizzly",
+        "account": "gpu_proj",
+        "results_dir": "/lustre/alice",
+        "cluster_name": "polaris",
+    },
+}
+FROM_CONNECTION = ClusterSettings(
+    hosts=("login1.example.org", "login2.example.org"),
+    user="alice",
+    port=2222,
+    key_file="/home/alice/.ssh/id_ed25519",
+    host_key=HOST_KEY,
+    partitions=("polar", "grizzly"),
+    account="gpu_proj",
+    results_dir="/lustre/alice",
+    cluster_name="polaris",
+)
+ENVIRONMENT = {
+    "SLURM_HOSTNAME": "login1.example.org,login2.example.org",
+    "SLURM_USER": "alice",
+    "SSH_KEY_PATH": "/home/alice/.ssh/id_ed25519",
+    "SLURM_PARTITION": "polar",
+    "SLURM_ACCOUNT": "gpu_proj",
+    "SLURM_BASE_RESULTS_DIR": "/lustre/alice",
+    "SLURM_CONTAINER_MOUNTS": "/lustre:/lustre",
+}
+FROM_ENVIRONMENT = ClusterSettings(
+    hosts=("login1.example.org", "login2.example.org"),
+    user="alice",
+    key_file="/home/alice/.ssh/id_ed25519",
+    partitions=("polar",),
+    account="gpu_proj",
+    results_dir="/lustre/alice",
+    container_mounts="/lustre:/lustre",
+    cluster_name="login1.example.org",
+)
+
+
+@pytest.mark.parametrize(
+    ("connection", "environment", "expected"),
+    [
+        (CONNECTION, {}, FROM_CONNECTION),
+        (CONNECTION, ENVIRONMENT, FROM_CONNECTION),
+        (None, ENVIRONMENT, FROM_ENVIRONMENT),
+    ],
+    ids=["connection", "connection-wins-over-environment", "environment-without-connection"],
+)
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_settings_come_from_the_connection_then_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+    connection: dict[str, Any] | None,
+    environment: dict[str, str],
+    expected: ClusterSettings,
+    side: str,
+) -> None:
+    if connection is not None:
+        monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(connection))
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    hook = SlurmHook("unit_slurm")
+    got = hook.settings if side == "sync" else asyncio.run(hook.a_settings())
+    assert got == expected
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_missing_connection_and_environment_says_what_to_create(side: str) -> None:
+    hook = SlurmHook("unit_slurm")
+    with pytest.raises(ConnectionConfigError) as caught:
+        _ = hook.settings if side == "sync" else asyncio.run(hook.a_settings())
+    assert str(caught.value) == (
+        "no Airflow connection 'unit_slurm' and SLURM_HOSTNAME is not set: create a 'tao_slurm' connection or "
+        "export SLURM_HOSTNAME, SLURM_USER and SSH_KEY_PATH"
+    )
+
+
+def test_invalid_connection_names_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps({**CONNECTION, "login": ""}))
+    with pytest.raises(ConnectionConfigError, match=r"^connection 'unit_slurm' is not usable: no SLURM user"):
+        _ = SlurmHook("unit_slurm").settings
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_explicit_settings_skip_the_lookup(side: str) -> None:
+    explicit = settings()
+    hook = SlurmHook("no_such_connection", settings=explicit)
+    assert (hook.settings if side == "sync" else asyncio.run(hook.a_settings())) is explicit
+
+
+def test_async_settings_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
+    hook = SlurmHook("unit_slurm")
+    first = asyncio.run(hook.a_settings())
+    monkeypatch.delenv("AIRFLOW_CONN_UNIT_SLURM")
+    assert asyncio.run(hook.a_settings()) is first
+
+
+# ---------------------------------------------------------------------- private key file
+
+
+@pytest.mark.parametrize(
+    ("mode", "refused"),
+    [
+        (0o600, False),
+        (0o400, False),
+        (0o700, False),
+        (0o640, True),
+        (0o644, True),
+        (0o604, True),
+        (0o660, True),
+        (0o610, True),
+        (0o601, True),
+    ],
+    ids=lambda value: f"{value:o}" if isinstance(value, int) and not isinstance(value, bool) else str(value),
+)
+def test_key_file_readable_by_group_or_others_is_refused(tmp_path: Path, mode: int, refused: bool) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text("not really a key\n")
+    key.chmod(mode)
+    if not refused:
+        check_key_file(str(key))
+        return
+    with pytest.raises(KeyFilePermissionError) as caught:
+        check_key_file(str(key))
+    assert str(caught.value) == (
+        f"SSH key file {str(key)!r} is accessible by group or others (mode {mode:o}); run: chmod 600 {key}"
+    )
+
+
+def test_missing_key_file_names_the_settings_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(KeyFilePermissionError, match=r"does not exist: fix key_file \(or SSH_KEY_PATH\)$"):
+        check_key_file(str(tmp_path / "absent"))
+
+
+@pytest.fixture
+def quiet_listener() -> Any:
+    """A local listener standing in for a login host; nothing must connect to it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        server.setblocking(False)
+        yield server
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_open_key_file_is_refused_before_any_connection(tmp_path: Path, quiet_listener: Any, side: str) -> None:
+    key = tmp_path / "id_ed25519"
+    key.write_text("not really a key\n")
+    key.chmod(0o644)
+    hook = SlurmHook(settings=settings(hosts=("127.0.0.1",), port=quiet_listener.getsockname()[1], key_file=str(key)))
+    with pytest.raises(KeyFilePermissionError, match="chmod 600"):
+        hook.run("true") if side == "sync" else asyncio.run(hook.a_run("true"))
+    with pytest.raises(BlockingIOError):
+        quiet_listener.accept()
+
+
+# ---------------------------------------------------------------------- pinned host key
+
+
+def test_pinned_host_key_accepts_a_known_hosts_key_with_comment() -> None:
+    key = _pinned_host_key(f"  {HOST_KEY} admin@cluster  ")
+    assert f"{key.get_name()} {key.get_base64()}" == HOST_KEY
+
+
+@pytest.mark.parametrize(
+    ("host_key", "problem"),
+    [
+        (HOST_KEY.split()[1], "host_key type 'AAAAC3NzaC1lZDI1NTE5"),
+        ("ssh-dss AAAAB3NzaC1kc3M=", "host_key type 'ssh-dss' is not one of ssh-rsa,"),
+        ("ssh-ed25519", "host_key is not a valid ssh-ed25519 key"),
+        ("ssh-ed25519 not*base64", "host_key is not a valid ssh-ed25519 key"),
+        (f"ssh-rsa {HOST_KEY.split()[1]}", "host_key is not a valid ssh-rsa key"),
+    ],
+    ids=["no-type", "dss", "no-key", "not-base64", "type-mismatch"],
+)
+def test_bad_pinned_host_key_is_a_configuration_error(host_key: str, problem: str) -> None:
+    with pytest.raises(ConnectionConfigError) as caught:
+        _pinned_host_key(host_key)
+    assert str(caught.value).startswith(problem)
+    assert str(caught.value).endswith(
+        "copy the '<type> <base64>' part of the host's line from `ssh-keyscan -p PORT HOST`"
+    )
+
+
+# ---------------------------------------------------------------------- connection errors
+
+
+def _refused() -> ConnectionRefusedError:
+    return ConnectionRefusedError(111, "Connect call failed ('10.0.0.1', 22)")
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "message"),
+    [
+        (
+            paramiko.ssh_exception.NoValidConnectionsError({("10.0.0.1", 22): _refused()}),
+            SlurmConnectionError,
+            "login1 port 22 unreachable (Connection refused); check the host name and port, and that sshd runs there",
+        ),
+        (
+            _refused(),
+            SlurmConnectionError,
+            "login1 port 22 unreachable (Connection refused); check the host name and port, and that sshd runs there",
+        ),
+        (
+            TimeoutError("timed out"),
+            SlurmConnectionError,
+            "login1 port 22 unreachable (timed out); check the host name and port, and that sshd runs there",
+        ),
+        (
+            paramiko.SSHException("Server '[login1]:22' not found in known_hosts"),
+            HostKeyError,
+            "host key of login1 is not trusted (Server '[login1]:22' not found in known_hosts); pin it with the "
+            "connection's host_key extra (ssh-keyscan shows it) or add it to ~/.ssh/known_hosts",
+        ),
+        (
+            asyncssh.HostKeyNotVerifiable("Host key is not trusted for host login1"),
+            HostKeyError,
+            "host key of login1 is not trusted (Host key is not trusted for host login1); pin it with the "
+            "connection's host_key extra (ssh-keyscan shows it) or add it to ~/.ssh/known_hosts",
+        ),
+        (
+            paramiko.AuthenticationException("Authentication failed."),
+            SlurmAuthenticationError,
+            "login1 refused the key (Authentication failed.); check the user and that the key is authorised",
+        ),
+        (
+            asyncssh.PermissionDenied("Permission denied for user alice on host login1"),
+            SlurmAuthenticationError,
+            "login1 refused the key (Permission denied for user alice on host login1); check the user and that "
+            "the key is authorised",
+        ),
+    ],
+    ids=["paramiko-refused", "asyncssh-refused", "timeout", "unknown-key", "async-unknown-key", "auth", "async-auth"],
+)
+def test_connect_errors_say_why_and_what_to_do(error: BaseException, kind: type, message: str) -> None:
+    assert _describe_connect_error("login1", 22, error) == (message, kind)
+
+
+def test_changed_host_key_warns_of_interception() -> None:
+    pinned = _pinned_host_key(HOST_KEY)
+    offered = _pinned_host_key(
+        Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    )
+    message, kind = _describe_connect_error("login1", 22, paramiko.BadHostKeyException("login1", offered, pinned))
+    assert kind is HostKeyError
+    assert message.startswith("host key of login1 CHANGED (")
+    assert message.endswith("otherwise someone may be intercepting the connection")
+
+
+@pytest.mark.parametrize(
+    ("kinds", "expected"),
+    [
+        ({HostKeyError}, HostKeyError),
+        ({SlurmConnectionError}, SlurmConnectionError),
+        ({HostKeyError, SlurmAuthenticationError}, SlurmConnectionError),
+    ],
+    ids=["all-host-key", "all-unreachable", "mixed"],
+)
+def test_failover_error_keeps_a_common_class_and_every_failure(
+    kinds: set[type[SlurmConnectionError]], expected: type
+) -> None:
+    failures = [("a", "a port 22 unreachable (Connection refused)"), ("b", "host key of b is not trusted")]
+    error = _no_host_answered("polaris", failures, set(kinds))
+    assert type(error) is expected
+    assert error.failures == failures
+    assert str(error) == (
+        "no login host of cluster 'polaris' answered: a port 22 unreachable (Connection refused); "
+        "host key of b is not trusted"
+    )
+
+
+# ---------------------------------------------------------------------- status.json, logs, results
+
+
+@pytest.mark.parametrize(
+    ("rc", "stdout", "expected"),
+    [
+        (1, "", None),
+        (0, "", []),
+        (0, '{"status": "STARTED"}\n{"status": "SUCCESS"}\n', [{"status": "STARTED"}, {"status": "SUCCESS"}]),
+        (0, '{"status": "SUCCESS", "message": "done"}', [{"status": "SUCCESS", "message": "done"}]),
+        (0, '[{"status": "RUNNING"}, 3]', [{"status": "RUNNING"}]),
+        (0, 'junk\n{"status": "FAILURE"}\n{"cut', [{"status": "FAILURE"}]),
+    ],
+    ids=["missing", "empty", "json-lines", "one-document", "list-document", "junk-lines-skipped"],
+)
+def test_read_status_json(
+    monkeypatch: pytest.MonkeyPatch, rc: int, stdout: str, expected: list[dict[str, Any]] | None
+) -> None:
+    hook = SlurmHook(settings=settings())
+    sent: list[str] = []
+
+    def run(command: str, **_: Any) -> CommandResult:
+        sent.append(command)
+        return CommandResult(rc, stdout, "")
+
+    monkeypatch.setattr(hook, "run", run)
+    assert hook.read_status_json("/lustre/alice/job/status.json") == expected
+    assert sent == ["head -c 1048576 -- /lustre/alice/job/status.json"]
+
+
+EURO = "€".encode()  # 3 bytes
+SMILE = "🙂".encode()  # 4 bytes
+
+
+@pytest.mark.parametrize(
+    ("data", "complete"),
+    [
+        (b"", 0),
+        (b"abc", 3),
+        (b"ab" + EURO, 5),
+        (b"ab" + EURO[:1], 2),
+        (b"ab" + EURO[:2], 2),
+        (b"a" + SMILE[:1], 1),
+        (b"a" + SMILE[:2], 1),
+        (b"a" + SMILE[:3], 1),
+        (b"a" + SMILE, 5),
+        ("é".encode(), 2),
+        ("é".encode()[:1], 0),
+        (b"a\x80\x80\x80\x80", 5),
+    ],
+    ids=[
+        "empty",
+        "ascii",
+        "whole-3-byte",
+        "3-byte-cut-after-1",
+        "3-byte-cut-after-2",
+        "4-byte-cut-after-1",
+        "4-byte-cut-after-2",
+        "4-byte-cut-after-3",
+        "whole-4-byte",
+        "whole-2-byte",
+        "lone-lead-byte",
+        "stray-continuation-bytes",
+    ],
+)
+def test_utf8_complete_drops_only_a_cut_off_character(data: bytes, complete: int) -> None:
+    assert _utf8_complete(data) == complete
+
+
+@pytest.mark.parametrize(
+    ("stdout", "offset", "expected"),
+    [
+        (b"MISSING\n", 0, LogChunk(size=0, data="", next_offset=0)),
+        (b"MISSING\n", 40, LogChunk(size=0, data="", next_offset=0, restarted=True)),
+        (b"SIZE 0 LEN 0\n", 0, LogChunk(size=0, data="", next_offset=0)),
+        (b"SIZE 10 LEN 3\nabc", 0, LogChunk(size=10, data="abc", next_offset=3)),
+        (b"SIZE 10 LEN 4\nab" + EURO[:2], 3, LogChunk(size=10, data="ab", next_offset=5)),
+        (b"SIZE 10 LEN 5\nab" + EURO, 3, LogChunk(size=10, data="ab€", next_offset=8)),
+        (b"SIZE 10 LEN 2\n" + SMILE[:2], 4, LogChunk(size=10, data="\ufffd", next_offset=6)),
+        (b"SIZE 10 LEN 1\n" + EURO[2:], 6, LogChunk(size=10, data="\ufffd", next_offset=7)),
+        (b"SIZE 6 LEN 0\n", 40, LogChunk(size=6, data="", next_offset=0, restarted=True)),
+        (b"SIZE 40 LEN 0\n", 40, LogChunk(size=40, data="", next_offset=40)),
+        (b"SIZE 10 LEN 3\nabcdef", 0, LogChunk(size=10, data="abc", next_offset=3)),
+        (b"SIZE 10 LEN 2\na\nbc", 0, LogChunk(size=10, data="a\n", next_offset=2)),
+    ],
+    ids=[
+        "missing",
+        "vanished-after-reading",
+        "empty-file",
+        "ascii",
+        "cut-character-left-for-next-read",
+        "whole-character",
+        "only-a-partial-character-still-advances",
+        "starting-inside-a-character",
+        "truncated-by-a-rerun",
+        "nothing-new",
+        "bytes-beyond-len-ignored",
+        "newlines-in-data",
+    ],
+)
+def test_log_chunk(stdout: bytes, offset: int, expected: LogChunk) -> None:
+    assert _log_chunk(stdout, offset) == expected
+
+
+def test_log_chunk_without_header_asks_to_read_again() -> None:
+    with pytest.raises(RemoteCommandError, match="instead of 'SIZE <n> LEN <m>'; run it again"):
+        _log_chunk(b"Welcome to the cluster!\nSIZE 3 LEN 3\nabc", 0)
+
+
+def test_results_and_chunks_are_immutable_values() -> None:
+    result = CommandResult(0, "out", "err")
+    assert result.host == ""
+    assert result == CommandResult(0, "out", "err", "")
+    assert LogChunk(size=1, data="a", next_offset=1).restarted is False
+    with pytest.raises(AttributeError):
+        result.rc = 1  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------------- polling and cancelling
+
+
+SQUEUE_RUNNING = "7|job_a|RUNNING|None|n1|2024-05-01T10:00:00|2024-05-01T14:00:00\n"
+SQUEUE_DONE = "8|job_b|COMPLETED|None|n1|2024-05-01T10:00:00|2024-05-01T10:05:00\n"
+SACCT_DONE = "8|job_b|COMPLETED|0:0|None|n1|2024-05-01T10:00:00|2024-05-01T10:05:00\n"
+SACCT_CANCELLED = "9|job_c|CANCELLED by 1001|0:15|None|n2|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
+DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)\n"
+
+
+@pytest.mark.parametrize(
+    ("squeue", "ids", "needs_sacct"),
+    [
+        (CommandResult(0, SQUEUE_RUNNING, ""), ["7"], []),
+        (CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, ""), ["7", "8"], ["8"]),
+        (CommandResult(0, SQUEUE_RUNNING, ""), ["7", "9"], ["9"]),
+        (CommandResult(1, "", DOWN), ["7", "9"], ["7", "9"]),
+    ],
+    ids=["live", "finished-in-squeue", "gone-from-squeue", "controller-down"],
+)
+def test_sacct_is_asked_only_for_jobs_squeue_cannot_settle(
+    squeue: CommandResult, ids: list[str], needs_sacct: list[str]
+) -> None:
+    assert _needs_sacct(ids, squeue) == needs_sacct
+
+
+def test_combined_poll_takes_live_states_from_squeue_and_final_ones_from_sacct() -> None:
+    states = _combine_poll(
+        CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, ""), CommandResult(0, SACCT_DONE + SACCT_CANCELLED, "")
+    )
+    assert {job_id: (s.tao_state, s.source) for job_id, s in states.items()} == {
+        "7": (TaoState.RUNNING, "squeue"),
+        "8": (TaoState.COMPLETE, "sacct"),
+        "9": (TaoState.CANCELED, "sacct"),
+    }
+    assert states["9"].raw_state == "CANCELLED by 1001"
+
+
+def test_controller_down_still_gives_accounting_states() -> None:
+    states = _combine_poll(CommandResult(1, "", DOWN, "login1"), CommandResult(0, SACCT_DONE, "", "login1"))
+    assert (states["8"].tao_state, states["8"].exit_code) == (TaoState.COMPLETE, 0)
+
+
+@pytest.mark.parametrize(
+    "sacct",
+    [None, CommandResult(1, "", "sacct: error: Problem talking to the database: Connection refused\n", "login1")],
+    ids=["no-sacct", "sacct-failed"],
+)
+def test_no_answer_at_all_is_a_clear_error(sacct: CommandResult | None) -> None:
+    with pytest.raises(RemoteCommandError) as caught:
+        _combine_poll(CommandResult(1, "", DOWN, "login1"), sacct)
+    assert str(caught.value).startswith("neither squeue nor sacct answered on login1: ")
+    assert str(caught.value).endswith("; check that slurmctld and slurmdbd are up (scontrol ping)")
+    assert caught.value.stderr == (sacct.stderr if sacct else DOWN)
+
+
+@pytest.mark.parametrize(
+    ("result", "fails"),
+    [
+        (CommandResult(0, "", ""), False),
+        (CommandResult(1, "", ""), False),
+        (CommandResult(1, "", DOWN), True),
+        (
+            CommandResult(8, "", "scancel: error: Kill job error on job id 7: Unable to contact slurm controller\n"),
+            True,
+        ),
+    ],
+    ids=["cancelled", "name-filter-matched-nothing", "controller-down", "kill-error"],
+)
+def test_scancel_outcome(result: CommandResult, fails: bool) -> None:
+    if not fails:
+        _check_scancel(result)
+        return
+    with pytest.raises(RemoteCommandError) as caught:
+        _check_scancel(result)
+    assert caught.value.rc == result.rc
+    assert str(caught.value).endswith("check that slurmctld is up (scontrol ping) and cancel again")
+
+
+def test_no_job_ids_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+
+    def run(command: str, **_: Any) -> CommandResult:
+        raise AssertionError(f"sent {command!r}")
+
+    monkeypatch.setattr(hook, "run", run)
+    assert hook.get_states([]) == {}
+    hook.cancel([])
+    assert hook.check_paths([]) == []
