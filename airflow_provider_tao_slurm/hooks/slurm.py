@@ -21,6 +21,7 @@ import selectors
 import stat
 import tarfile
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -755,31 +756,45 @@ def _exec_channel(
     return rc, bytes(out), bytes(err)
 
 
+@dataclass
+class _Pooled:
+    """One cluster account's pooled connection in one event loop."""
+
+    lock: asyncio.Lock
+    sessions: asyncio.Semaphore
+    conn: asyncssh.SSHClientConnection | None = None
+
+
 class _AsyncConnectionPool:
-    """One asyncssh connection per (cluster account, event loop), shared by all triggers of a process."""
+    """One asyncssh connection per (cluster account, event loop), shared by all triggers of a process.
+
+    Entries are kept per event-loop object (weakly), so a new loop never inherits a closed loop's
+    connection, lock or semaphore.
+    """
 
     def __init__(self) -> None:
-        self._conns: dict[tuple[str, tuple[str, ...], int, int], asyncssh.SSHClientConnection] = {}
-        self._locks: dict[tuple[str, tuple[str, ...], int, int], asyncio.Lock] = {}
-        self._sessions: dict[tuple[str, tuple[str, ...], int, int], asyncio.Semaphore] = {}
+        self._loops: weakref.WeakKeyDictionary[
+            asyncio.AbstractEventLoop, dict[tuple[str, tuple[str, ...], int], _Pooled]
+        ]
+        self._loops = weakref.WeakKeyDictionary()
         #: connections opened since start (benchmarks and tests read it)
         self.opened = 0
 
-    def _key(self, s: ClusterSettings) -> tuple[str, tuple[str, ...], int, int]:
-        return (s.pool_key, s.hosts, s.port, id(asyncio.get_running_loop()))
+    def _entry(self, s: ClusterSettings) -> _Pooled:
+        entries = self._loops.setdefault(asyncio.get_running_loop(), {})
+        key = (s.pool_key, s.hosts, s.port)
+        if key not in entries:
+            entries[key] = _Pooled(asyncio.Lock(), asyncio.Semaphore(ASYNC_MAX_SESSIONS))
+        return entries[key]
 
     async def connection(self, s: ClusterSettings) -> asyncssh.SSHClientConnection:
-        key = self._key(s)
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        async with lock:
-            conn = self._conns.get(key)
-            if conn is not None and not conn.is_closed():
-                return conn
-            conn = await _async_connect(s)
+        entry = self._entry(s)
+        async with entry.lock:
+            if entry.conn is not None and not entry.conn.is_closed():
+                return entry.conn
+            entry.conn = await _async_connect(s)
             self.opened += 1
-            self._conns[key] = conn
-            self._sessions[key] = asyncio.Semaphore(ASYNC_MAX_SESSIONS)
-            return conn
+            return entry.conn
 
     async def run(
         self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None
@@ -798,7 +813,7 @@ class _AsyncConnectionPool:
         delay = 0.5
         for attempt in range(4):
             conn = await self.connection(s)
-            async with self._sessions[self._key(s)]:
+            async with self._entry(s).sessions:
                 try:
                     process = await conn.create_process(command, input=stdin, encoding=None)
                 except (OSError, asyncssh.Error) as exc:
@@ -814,9 +829,9 @@ class _AsyncConnectionPool:
 
     async def close_all(self) -> None:
         """Close every pooled connection of the running loop (tests, benchmarks)."""
-        loop_id = id(asyncio.get_running_loop())
-        for key in [k for k in self._conns if k[3] == loop_id]:
-            self._conns.pop(key).close()
+        for entry in self._loops.pop(asyncio.get_running_loop(), {}).values():
+            if entry.conn is not None:
+                entry.conn.close()
 
 
 async def _finish(
@@ -824,7 +839,8 @@ async def _finish(
 ) -> tuple[int, bytes, bytes, str]:
     """Wait for a started remote command: ``(rc, stdout, stderr, host)``; a lost connection is an error."""
     try:
-        result = await asyncio.wait_for(process.wait(), timeout=timeout)
+        async with asyncio.timeout(timeout):
+            result = await process.wait()
     except TimeoutError:
         process.close()
         raise RemoteCommandError(f"remote command did not finish within {timeout} s on {host}") from None
