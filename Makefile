@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HARNESS := $(PYTHON) tests/cluster/harness.py
 
-.PHONY: venv cluster-up cluster-down lint unit test demo clean
+.PHONY: venv cluster-up cluster-down lint docs unit test demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -30,14 +30,26 @@ lint: venv
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
+docs: venv
+	$(BIN)/mkdocs build --strict --quiet
+
 unit: venv
 	$(BIN)/pytest tests/unit
 
-test: venv lint cluster-up
+test: venv lint docs cluster-up
 	$(BIN)/pytest
 
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py
 
+# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 7 minutes.
+bench: venv cluster-up
+	rm -rf "$${BENCH_OUT:-/tmp/tao-slurm-bench}"
+	$(BIN)/python benchmarks/poller.py
+	$(BIN)/python benchmarks/submit.py
+	$(BIN)/python benchmarks/import_parse.py
+	$(BIN)/python benchmarks/detect.py
+	$(BIN)/python benchmarks/report.py
+
 clean: cluster-down
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -2,6 +2,8 @@
 
 The order a GPU cluster needs:
 
+0. ``preflight`` — login, the SLURM tools, Pyxis options, Enroot on the conversion partition,
+   the results directory, the partitions and the account: every problem reported at once.
 1. ``check_datasets`` — every dataset path must already be on shared storage (one ``test -e``
    round trip from the login host; all missing paths are reported at once).
 2. ``import_image`` — the registry image is converted to ``.sqsh`` once, on the CPU partition;
@@ -34,6 +36,7 @@ from airflow.sdk import DAG, Param
 
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
+from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
@@ -73,6 +76,10 @@ with DAG(
     tags=["example", "tao", "slurm", "multi-node"],
     doc_md=__doc__,
 ) as dag:
+    # [START howto_operator_preflight]
+    preflight = SlurmPreflightOperator(task_id="preflight")
+    # [END howto_operator_preflight]
+
     check_datasets = StageDatasetCheckOperator(
         task_id="check_datasets",
         paths="{{ params.datasets }}",
@@ -124,7 +131,7 @@ with DAG(
         poke_interval=5,
     )
 
-    check_datasets >> import_image >> nccl_probe >> submit >> wait
+    preflight >> check_datasets >> import_image >> nccl_probe >> submit >> wait
 # [END example_tao_multinode_flow]
 
 

@@ -2,7 +2,7 @@
 
 TAO appends one JSON object per line, e.g.
 ``{"date": "6/1/2024", "time": "10:00:00", "status": "STARTED", "verbosity": "INFO", "message": "..."}``;
-a successful run ends with ``"status": "SUCCESS"``, a failed one has ``"status": "FAILURE"``.
+a successful run ends with ``"status": "SUCCESS"``, a failed one with ``"status": "FAILURE"``.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ def parse_status_lines(text: str) -> list[dict[str, Any]]:
 
 
 def status_verdict(entries: list[dict[str, Any]] | None) -> StatusVerdict:
-    """A FAILURE anywhere wins; otherwise the last SUCCESS; otherwise no verdict."""
+    """The LAST SUCCESS or FAILURE line decides (a resumed run appends after an old FAILURE)."""
     if not entries:
         return StatusVerdict(None, "status.json is missing or empty", 0)
-    for entry in entries:
-        if str(entry.get("status", "")).upper() == FAILURE:
+    for entry in reversed(entries):
+        status = str(entry.get("status", "")).upper()
+        if status == FAILURE:
             return StatusVerdict(False, str(entry.get("message") or "status.json reports FAILURE"), len(entries))
-    last_success = [e for e in entries if str(e.get("status", "")).upper() == SUCCESS]
-    if last_success:
-        return StatusVerdict(True, str(last_success[-1].get("message") or SUCCESS), len(entries))
+        if status == SUCCESS:
+            return StatusVerdict(True, str(entry.get("message") or SUCCESS), len(entries))
     return StatusVerdict(None, f"status.json has no SUCCESS line (last: {entries[-1].get('status')!r})", len(entries))

@@ -39,6 +39,7 @@ from airflow_provider_tao_slurm.core.shell import join, quote
 
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "example_tao_singlenode"
+MULTINODE_DAG_ID = "example_tao_multinode"
 TASKS = ("check_datasets", "import_image", "submit", "wait")
 DEFAULT_HOME = REPO / ".airflow-home"
 DEMO_DIR = "/srv/lustre/demo"
@@ -431,7 +432,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"demo: {exc}", file=sys.stderr)
         return 1
     print(summary(run, cluster, DEFAULT_HOME))
-    return 0 if run.succeeded else 1
+    if not run.succeeded:
+        return 1
+    return run_multinode(env)
+
+
+def run_multinode(env: Mapping[str, str]) -> int:
+    """Run the multi-node example (NCCL probe, then a 2-node job) and print its outcome."""
+    print(f"demo: airflow dags test {MULTINODE_DAG_ID}", flush=True)
+    try:
+        rc, _ = run_dag(env, dag_id=MULTINODE_DAG_ID)
+        facts = airflow_facts(env, MULTINODE_DAG_ID)
+    except DemoError as exc:
+        print(f"demo: {exc}", file=sys.stderr)
+        return 1
+    xcom = facts.get("xcom", {})
+    handle = xcom.get("submit") or {}
+    print(f"DAG run      {MULTINODE_DAG_ID}: {str(facts.get('state')).upper()}")
+    print(f"tasks        {', '.join(f'{t}={s}' for t, s in (facts.get('tasks') or {}).items())}")
+    print(f"NCCL env     {json.dumps(xcom.get('nccl_probe'))} (probed once per cluster, then cached)")
+    if handle:
+        print(f"SLURM job    {handle.get('slurm_job_id')} on 2 nodes; logs {handle.get('log_dir')}")
+    return 0 if rc == 0 and facts.get("state") == "success" else 1
 
 
 if __name__ == "__main__":

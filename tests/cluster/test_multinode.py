@@ -322,7 +322,7 @@ def test_multinode_dag_trains_on_both_nodes_with_the_probed_env(dag_run: DagRun,
     facts = dag_run.facts
     assert (dag_run.rc, facts["state"]) == (0, "success"), dag_run.output[-6000:]
     assert facts["tasks"] == dict.fromkeys(
-        ("check_datasets", "import_image", "nccl_probe", "submit", "wait"), "success"
+        ("preflight", "check_datasets", "import_image", "nccl_probe", "submit", "wait"), "success"
     )
     assert facts["xcom"]["nccl_probe"] == {"NCCL_P2P_DISABLE": "1"}
     assert "timeout (SLURM job" in dag_run.output  # the forced probe hung once, then passed

@@ -31,12 +31,13 @@ def test_parse_status_lines(text: str, count: int) -> None:
     ("text", "ok", "message"),
     [
         (f"{STARTED}\n{SUCCESS}", True, "Training finished successfully."),
-        (f"{STARTED}\n{FAILURE}\n{SUCCESS}", False, "Training failed: CUDA OOM"),
+        (f"{STARTED}\n{SUCCESS}\n{FAILURE}", False, "Training failed: CUDA OOM"),
+        (f"{STARTED}\n{FAILURE}\n{STARTED}\n{SUCCESS}", True, "Training finished successfully."),
         (STARTED, None, "no SUCCESS line"),
         ("", None, "missing or empty"),
         ('{"status": "success"}', True, "SUCCESS"),
     ],
-    ids=["success", "failure-wins", "no-verdict", "missing", "lowercase"],
+    ids=["success", "failure-last", "resumed-after-failure", "no-verdict", "missing", "lowercase"],
 )
 def test_status_verdict(text: str, ok: bool | None, message: str) -> None:
     verdict = status_verdict(parse_status_lines(text))
