@@ -44,7 +44,7 @@ _MACHINE_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::\d{1,5})
 _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 _INDEXED_RE = re.compile(r"(OK|MISSING) (\d+)")
 _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
-_SQSH_RE = re.compile(r"SQSH (\d+)(?: ([0-9a-f]{0,%d}))?" % (2 * SQSH_HEADER_BYTES))
+_SQSH_RE = re.compile(rf"SQSH (\d+)(?: ([0-9a-f]{{0,{2 * SQSH_HEADER_BYTES}}}))?")
 _SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{2}):(\d{2})")
 _UNLIMITED = frozenset({"infinite", "unlimited"})
 
