@@ -60,6 +60,10 @@ def get_provider_info() -> dict[str, Any]:
         ),
         "sensors": _modules("airflow_provider_tao_slurm.sensors.slurm_job"),
         "triggers": _modules("airflow_provider_tao_slurm.triggers.slurm_job"),
+        "extra-links": [
+            "airflow_provider_tao_slurm.operators.links.SlurmJobLogsLink",
+            "airflow_provider_tao_slurm.operators.links.SlurmJobResultsLink",
+        ],
         "connection-types": [
             {
                 "connection-type": "tao_slurm",
@@ -105,6 +109,11 @@ def get_provider_info() -> dict[str, Any]:
                         "Max wall time (h)", "Wall-time limit of the GPU partition.", kind="number", default=4
                     ),
                     "cluster_name": _conn_field("Cluster name", "Name used for per-cluster caches."),
+                    "log_url_template": _conn_field(
+                        "Log URL template",
+                        "Extra links of submitted jobs, e.g. https://ondemand.example.org/files{path}; "
+                        "also {slurm_job_id}, {job_id}, {cluster}. Empty: file:// links.",
+                    ),
                 },
             }
         ],

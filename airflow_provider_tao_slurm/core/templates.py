@@ -21,11 +21,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
+from typing import Any
 
 import jinja2
 import jinja2.meta
 
-from airflow_provider_tao_slurm.core.resources import parse_slurm_time
+from airflow_provider_tao_slurm.core.resources import Resources, parse_slurm_time
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.exceptions import (
     ImageReferenceError,
@@ -173,6 +174,23 @@ def render_template(name: str, values: Mapping[str, object]) -> str:
             "'@@NAME@@' text from the values or fix the template"
         )
     return text
+
+
+def resource_fields(resources: Resources) -> dict[str, Any]:
+    """The :class:`SbatchSpec` fields that come straight from validated :class:`Resources`."""
+    return {
+        "partition": resources.partition,
+        "account": resources.account,
+        "num_nodes": resources.num_nodes,
+        "gpus_per_node": resources.gpus_per_node,
+        "cpus_per_task": resources.cpus_per_task,
+        "time": resources.slurm_time,
+        "timeout_seconds": resources.timeout_seconds,
+        "exclusive": resources.exclusive,
+        "requeue": resources.requeue,
+        "exclude_nodes": resources.exclude_nodes,
+        "mem_mb": resources.mem_mb,
+    }
 
 
 def render_sbatch(spec: SbatchSpec) -> str:

@@ -38,7 +38,7 @@ from airflow_provider_tao_slurm.core.records import check_slurm_job_id, mint_job
 from airflow_provider_tao_slurm.core.resources import Resources, build_resources
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.storage import display_value
-from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
+from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     ImageReferenceError,
@@ -355,17 +355,8 @@ class NcclProbeOperator(SlurmBaseOperator):
             try:
                 script = render_sbatch(
                     SbatchSpec(
+                        **{**resource_fields(resources_), "requeue": False},
                         job_name=name,
-                        partition=resources_.partition,
-                        account=resources_.account,
-                        num_nodes=resources_.num_nodes,
-                        gpus_per_node=resources_.gpus_per_node,
-                        cpus_per_task=resources_.cpus_per_task,
-                        time=resources_.slurm_time,
-                        timeout_seconds=resources_.timeout_seconds,
-                        exclusive=resources_.exclusive,
-                        requeue=False,
-                        mem_mb=resources_.mem_mb,
                         log_dir=layout.log_dir,
                         job_dir=layout.job_dir,
                         image=image.path,

@@ -30,7 +30,7 @@ from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, bui
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.states import TaoState
-from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
+from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     ConnectionConfigError,
@@ -40,6 +40,7 @@ from airflow_provider_tao_slurm.exceptions import (
     ValidationError,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+from airflow_provider_tao_slurm.operators.links import SlurmJobLogsLink, SlurmJobResultsLink
 
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
@@ -153,6 +154,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         "bundle_root",
     )
     template_fields_renderers = {"spec": "yaml", "env": "json", "nccl_env": "json", "command": "bash"}
+    operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
 
     def __init__(
         self,
@@ -333,18 +335,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         resources = checked["resources"]
         script = render_sbatch(
             SbatchSpec(
+                **resource_fields(resources),
                 job_name=job_id,
-                partition=resources.partition,
-                account=resources.account,
-                num_nodes=resources.num_nodes,
-                gpus_per_node=resources.gpus_per_node,
-                cpus_per_task=resources.cpus_per_task,
-                time=resources.slurm_time,
-                timeout_seconds=resources.timeout_seconds,
-                exclusive=resources.exclusive,
-                requeue=resources.requeue,
-                exclude_nodes=resources.exclude_nodes,
-                mem_mb=resources.mem_mb,
                 log_dir=layout.log_dir,
                 job_dir=layout.job_dir,
                 image=checked["image"].path,

@@ -22,12 +22,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.shell import join, quote
@@ -50,20 +51,6 @@ TOKEN = uuid.uuid4().hex[:8]
 HARNESS = Path(__file__).with_name("harness.py")
 REFUSING_HOST = "127.0.0.2"  # loopback answers for all of 127/8, but sshd listens on 127.0.0.1 only
 UNKNOWN_JOB_ID = "99999999"
-
-T = TypeVar("T")
-
-
-def poll(probe: Callable[[], T | None], what: str, timeout: float = 30, every: float = 0.3) -> T:
-    """Call ``probe`` until it returns a truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not seen within {timeout:.0f} s")
-        time.sleep(every)
 
 
 def harness(*args: str) -> None:
@@ -128,7 +115,7 @@ def finished_job(slurm_settings: ClusterSettings, quick_script: str, run_dir: st
     hook = SlurmHook(settings=slurm_settings)
     try:
         job_id = hook.submit(quick_script, f"hook_{TOKEN}_finished", log_dir=f"{run_dir}/logs")
-        poll(
+        wait_until(
             lambda: (
                 (s := hook.get_states([job_id]).get(job_id)) is not None
                 and s.source == "sacct"
@@ -326,7 +313,7 @@ def test_cancel_is_idempotent_and_ends_cancelled(
     name = f"hook_{TOKEN}_cancel"
     job_id = slurm_hook.submit(sleep_script, name, log_dir=f"{run_dir}/logs")
     try:
-        poll(
+        wait_until(
             lambda: slurm_hook.get_states([job_id])[job_id].tao_state is TaoState.RUNNING,
             f"job {job_id} RUNNING",
             timeout=60,
@@ -340,7 +327,7 @@ def test_cancel_is_idempotent_and_ends_cancelled(
         slurm_hook.cancel([job_id, UNKNOWN_JOB_ID], job_name=name)
     finally:
         slurm_hook.cancel([job_id])
-    final = poll(
+    final = wait_until(
         lambda: (s := slurm_hook.get_states([job_id])[job_id]).raw_state.startswith("CANCELLED by") and s,
         f"sacct record of cancelled job {job_id}",
     )
@@ -366,9 +353,12 @@ def test_ambiguous_submission_is_reconciled_by_exact_name(
     replies = [line.split("\t")[1:] for line in Path(cluster.fault_sbatch_log).read_text().splitlines()]
     assert ["0", job_id] in replies  # sbatch really answered, and the session was cut before we read it
     # released (not left held), its log directory created: it runs to completion; sacct by name lags
-    assert poll(lambda: (ids := jobs_named(ssh_run, name))[1] and ids, f"sacct row of {name}") == ([job_id], [job_id])
+    assert wait_until(lambda: (ids := jobs_named(ssh_run, name))[1] and ids, f"sacct row of {name}") == (
+        [job_id],
+        [job_id],
+    )
     log = f"{run_dir}/logs/{name}-{job_id}/main.out"
-    assert poll(lambda: ssh_run(join(["cat", log]))[1], f"output of job {job_id}") == f"done {job_id}\n"
+    assert wait_until(lambda: ssh_run(join(["cat", log]))[1], f"output of job {job_id}") == f"done {job_id}\n"
 
 
 def test_async_run_never_repeats_a_command_whose_connection_dropped(

@@ -15,7 +15,6 @@ the DAG test runs ``airflow dags test example_tao_multinode`` like ``make demo``
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import json
@@ -25,24 +24,22 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from deferral import first_event, run_async
 from demo import REPO, load_cluster, prepare_airflow, stage_assets
 
 from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.shell import join, quote
-from airflow_provider_tao_slurm.hooks.slurm import async_pool
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
-    from airflow.triggers.base import TriggerEvent
-
     from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster
@@ -60,32 +57,8 @@ RENDEZVOUS = re.compile(
     re.MULTILINE,
 )
 
-T = TypeVar("T")
-
 
 # ---------------------------------------------------------------------- helpers
-
-
-def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a fresh loop (as the triggerer would), closing the pooled SSH connection after."""
-
-    async def main() -> T:
-        try:
-            return await coro
-        finally:
-            await async_pool().close_all()
-
-    return asyncio.run(main())
-
-
-async def first_event(trigger: SlurmJobTrigger, timeout: float = 240) -> TriggerEvent:
-    """The trigger's first event; the generator is then closed as the triggerer does."""
-    events = trigger.run()
-    try:
-        async with asyncio.timeout(timeout):
-            return await anext(events)
-    finally:
-        await events.aclose()
 
 
 def context(dag_id: str, run_id: str) -> dict[str, Any]:
@@ -104,7 +77,7 @@ def drive(op: NcclProbeOperator, ctx: dict[str, Any]) -> tuple[dict[str, str], l
             deferrals.append(deferral)
             classpath, kwargs = deferral.trigger.serialize()
             assert classpath == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
-            event = run_async(first_event(SlurmJobTrigger(**kwargs)))
+            event = run_async(first_event(SlurmJobTrigger(**kwargs), timeout=240))
             step = lambda d=deferral, e=event: op.execute_complete(ctx, event=e.payload, **d.kwargs)  # noqa: E731
 
 

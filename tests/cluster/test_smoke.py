@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import pytest
+from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.shell import join, quote
 
@@ -42,20 +43,6 @@ CONTAINER_OPTIONS = (
     "--no-container-entrypoint",
 )
 
-T = TypeVar("T")
-
-
-def poll(probe: Callable[[], T | None], what: str, timeout: float = 30) -> T:
-    """Call ``probe`` every 0.3 s until it returns a truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = probe()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not seen within {timeout:.0f} s")
-        time.sleep(0.3)
-
 
 def submit(ssh_run: SshRun, *args: str) -> str:
     """Submit with ``sbatch --parsable`` and return the job id."""
@@ -73,7 +60,7 @@ def final_state(ssh_run: SshRun, job_id: str, timeout: float = 30) -> str:
         state = out.strip()
         return None if state in ACTIVE_STATES else state
 
-    return poll(probe, f"final sacct state of job {job_id}", timeout)
+    return wait_until(probe, f"final sacct state of job {job_id}", timeout)
 
 
 @dataclass(frozen=True)
@@ -157,7 +144,7 @@ def test_lookup_by_exact_name_only(ssh_run: SshRun, gpu_job: FinishedJob) -> Non
         _, out, _ = ssh_run(join(["sacct", "-S", "now-1hours", f"--name={name}", "-X", "-n", "-P", "-o", "JobID"]))
         return out.strip()
 
-    assert poll(lambda: lookup(gpu_job.name), f"sacct --name={gpu_job.name}") == gpu_job.job_id
+    assert wait_until(lambda: lookup(gpu_job.name), f"sacct --name={gpu_job.name}") == gpu_job.job_id
     assert lookup(gpu_job.name[:-3]) == ""
 
 
@@ -192,7 +179,7 @@ def test_scancel_is_recorded_with_the_uid(cluster: ClusterEnv, ssh_run: SshRun) 
     job_id = submit(
         ssh_run, "-J", f"smoke_cancel_{TOKEN}", "-p", cluster.cpu_partition, "-o", "/dev/null", "--wrap", "sleep 120"
     )
-    poll(lambda: ssh_run(f"squeue -j {job_id} -h -o %T")[1].strip() == "RUNNING", f"job {job_id} RUNNING")
+    wait_until(lambda: ssh_run(f"squeue -j {job_id} -h -o %T")[1].strip() == "RUNNING", f"job {job_id} RUNNING")
     assert ssh_run(f"scancel {job_id}")[0] == 0
     assert final_state(ssh_run, job_id) == f"CANCELLED by {cluster.uid}"
 
@@ -352,7 +339,7 @@ def test_fault_sshd_submits_but_cuts_the_reply(cluster: ClusterEnv, ssh_run: Ssh
         port=cluster.fault_port,
     )
     assert (rc, out) == (255, "")
-    found = poll(
+    found = wait_until(
         lambda: ssh_run(join(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i"]))[1].split(),
         f"job named {name} in squeue",
     )
