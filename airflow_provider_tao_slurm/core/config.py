@@ -85,29 +85,41 @@ class ClusterSettings:
 
 
 def settings_from_connection(
-    *, host: str | None, login: str | None, port: int | None, extra: Mapping[str, Any], source: str
+    *,
+    host: str | None,
+    login: str | None,
+    port: int | None,
+    extra: Mapping[str, Any],
+    source: str,
+    names: Mapping[str, str] | None = None,
 ) -> ClusterSettings:
     """Build settings from the fields of a ``tao_slurm`` Airflow connection.
 
     :param source: how the user named these settings (e.g. ``connection 'slurm_default'``), used in errors.
+    :param names: what to tell the user to set for ``host``, ``login`` and ``key_file`` (defaults: the
+        connection's fields).
     :raises ConnectionConfigError: when a required field is missing or a value is invalid.
     """
+    field_names = {"host": "the connection's host", "login": "the connection's login", "key_file": "key_file"}
+    field_names.update(names or {})
     problems: list[str] = []
     hosts = _split(host)
     if not hosts:
-        problems.append("no login host: set the connection's host (comma separated for failover)")
+        problems.append(f"no login host: set {field_names['host']} (comma separated for failover)")
     for h in hosts:
         if not _HOST_RE.match(h):
             problems.append(f"login host {h!r} is not a valid host name")
     user = (login or "").strip()
     if not user:
-        problems.append("no SLURM user: set the connection's login")
+        problems.append(f"no SLURM user: set {field_names['login']}")
     elif not _USER_RE.match(user):
         problems.append(f"user {user!r} is not a valid user name")
     key_file = extra.get("key_file") or None
     private_key = extra.get("private_key") or None
     if key_file and private_key:
         problems.append("both key_file and private_key are set: keep only one")
+    if key_file and not str(key_file).startswith("/"):
+        problems.append(f"{field_names['key_file']} {key_file!r} must be an absolute path (~ is not expanded)")
     host_key = (extra.get("host_key") or "").strip() or None
     no_check = _truthy(extra.get("no_host_key_check", False))
     if host_key and no_check:
@@ -140,9 +152,12 @@ def settings_from_connection(
         if not numbers[key] > 0:
             problems.append(f"{key} must be greater than 0")
     try:
-        port_number = int(port) if port else 22
+        port_number = int(port) if port else 22  # 0 or empty: the SSH default, as the SSH provider reads it
     except (TypeError, ValueError):
         problems.append(f"port {port!r} is not a number")
+        port_number = 22
+    if not 1 <= port_number <= 65535:
+        problems.append(f"port {port_number} is outside 1-65535")
         port_number = 22
     if problems:
         raise ConnectionConfigError(f"{source} is not usable: " + "; ".join(problems))
@@ -185,4 +200,5 @@ def settings_from_env(env: Mapping[str, str]) -> ClusterSettings:
         port=None,
         extra={k: v for k, v in extra.items() if v},
         source="the SLURM_* environment variables",
+        names={"host": "SLURM_HOSTNAME", "login": "SLURM_USER", "key_file": "SSH_KEY_PATH"},
     )

@@ -282,3 +282,23 @@ def test_settings_identity_and_secrets() -> None:
     assert "PASSPHRASE" not in repr(settings)
     with pytest.raises(dataclasses.FrozenInstanceError):
         settings.user = "bob"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("port", "key_file", "message"),
+    [
+        (-1, None, "port -1 is outside 1-65535"),
+        (70000, None, "port 70000 is outside 1-65535"),
+        (22, "~/.ssh/id_ed25519", "must be an absolute path"),
+    ],
+    ids=["negative-port", "huge-port", "tilde-key"],
+)
+def test_connection_port_and_key_file_checks(port: int, key_file: str | None, message: str) -> None:
+    extra = {"key_file": key_file} if key_file else {}
+    with pytest.raises(ConnectionConfigError, match=message):
+        settings_from_connection(host="login1", login="u", port=port, extra=extra, source="connection 'x'")
+
+
+def test_env_errors_name_the_variables() -> None:
+    with pytest.raises(ConnectionConfigError, match=r"set SLURM_HOSTNAME.*set SLURM_USER"):
+        settings_from_env({})
