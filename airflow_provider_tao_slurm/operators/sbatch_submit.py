@@ -42,6 +42,7 @@ from airflow_provider_tao_slurm.exceptions import (
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.operators.links import SlurmJobLogsLink, SlurmJobResultsLink
 
+SECRET_SOURCES = ("env", "conn", "var")
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -59,26 +60,35 @@ def resolve_secret(name: str, source: str) -> str:
     from airflow.sdk.log import mask_secret
 
     kind, _, ref = source.partition(":")
-    if kind == "env" and ref:
+    if kind not in SECRET_SOURCES or not ref:
+        value = source
+    elif kind == "env":
         if ref not in os.environ:
             raise ValidationError(f"secret_env[{name!r}] reads ${ref}, which is not set on the worker")
         value = os.environ[ref]
-    elif kind == "conn" and ref:
+    elif kind == "conn":
         from airflow.sdk import BaseHook
 
         value = BaseHook.get_connection(ref).password or ""
         if not value:
             raise ValidationError(f"secret_env[{name!r}]: connection {ref!r} has no password; set it")
-    elif kind == "var" and ref:
+    else:
         from airflow.sdk import Variable
 
         value = Variable.get(ref)
-    else:
-        value = source
     if not value:
         raise ValidationError(f"secret_env[{name!r}] is empty; give a value or an env:/conn:/var: reference")
     mask_secret(value)
     return value
+
+
+def secret_references(secret_env: Mapping[str, str]) -> dict[str, str]:
+    """The ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
+
+    They travel in the job handle so the sensor can resolve the same secrets and redact them from
+    the log tails it shows.
+    """
+    return {name: source for name, source in secret_env.items() if source.partition(":")[0] in SECRET_SOURCES}
 
 
 def lint_bash(script: str) -> None:
@@ -432,6 +442,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             "submitted_at": now,
             "exclude_nodes": list(resources.exclude_nodes),
             "child_exit_code_path": exit_codes_path,
+            "secret_refs": secret_references(checked["secret_names"]),
         }
 
     def _helper_files(

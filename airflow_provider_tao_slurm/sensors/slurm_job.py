@@ -32,6 +32,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 from airflow_provider_tao_slurm.operators.base import SlurmHookMixin
+from airflow_provider_tao_slurm.operators.sbatch_submit import resolve_secret
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
 
 #: What the sensor needs from the submit operator's job handle.
@@ -366,17 +367,28 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         log_dir = handle.get("log_dir")
         if not log_dir:
             return ""
+        secrets = self._secret_values(handle)
         tails: list[str] = []
         for name in ("main.out", "main.err"):
             path = f"{log_dir}/{name}"
             chunk = self.hook.read_log(path, 0, 1)
             start = max(0, chunk.size - LOG_TAIL_BYTES)
             text = self.hook.read_log(path, start, LOG_TAIL_BYTES).data if chunk.size else ""
-            text = redact_text(text)
+            text = redact_text(text, secrets)
             if text:
                 self.log.info("---- %s (last %d bytes) ----\n%s", path, LOG_TAIL_BYTES, text)
             tails.append(text)
         return "\n".join(tails)
+
+    def _secret_values(self, handle: Mapping[str, Any]) -> list[str]:
+        """The job's secrets, resolved from the handle's references, so a job that prints one is redacted."""
+        values: list[str] = []
+        for name, source in (handle.get("secret_refs") or {}).items():
+            try:
+                values.append(resolve_secret(name, source))
+            except Exception as exc:  # a reference unresolvable here still leaves pattern redaction
+                self.log.warning("Cannot resolve secret_env[%s] for log redaction: %s", name, type(exc).__name__)
+        return values
 
     def _exit_codes(self, handle: Mapping[str, Any], job_code: int | None) -> dict[str, Any] | None:
         """The job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""

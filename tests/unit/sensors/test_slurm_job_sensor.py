@@ -368,3 +368,19 @@ def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
     assert retry["terminal_state"] == "ERROR"
     assert "not available" in retry["transitions"][-1]["message"]
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_log_tail_redacts_the_jobs_own_secrets(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    secret = "tok-1f3a9c5e7b"
+    monkeypatch.setenv("SENSOR_TEST_TOKEN", secret)
+    hook = FakeHook()
+    handle = make_handle(secret_refs={"HF_TOKEN": "env:SENSOR_TEST_TOKEN"})
+    hook.files[f"{handle['log_dir']}/main.out"] = f"epoch 1\nleaked {secret} here\n"
+
+    complete(sensor_with(hook), terminal("COMPLETED"), handle)
+
+    out, err = capfd.readouterr()
+    assert "leaked *** here" in out + err
+    assert secret not in out + err
