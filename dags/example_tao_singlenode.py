@@ -103,6 +103,7 @@ with DAG(
         task_id="wait",
         job=submit.output,
         poke_interval=5,  # the demo cluster is tiny; 30-60 s suits a real cluster
+        retries=1,  # a retried sensor re-settles the same job: it never resubmits what already ran
     )
     # [END howto_sensor_slurm_job]
 

@@ -862,6 +862,8 @@ def _raw(data: bytes | str | None) -> bytes:
 async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
     import asyncssh
 
+    # asyncssh logs every channel and command at INFO: it would bury the trigger's own lines in the task log.
+    asyncssh.set_log_level(logging.WARNING)
     if s.key_file:
         check_key_file(s.key_file)
     failures: list[tuple[str, str]] = []
