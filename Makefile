@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 HARNESS := $(PYTHON) tests/cluster/harness.py
 
-.PHONY: venv cluster-up cluster-down lint docs unit test demo bench clean
+.PHONY: venv cluster-up cluster-down lint docs unit test reliability demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -38,6 +38,11 @@ unit: venv
 
 test: venv lint docs cluster-up
 	$(BIN)/pytest
+
+# RELIABILITY.md from the fault and security suites and the tests they cite, about 10 minutes
+# (make test regenerates it too, from the same tests in its full run).
+reliability: venv cluster-up
+	$(BIN)/python tests/cluster/reliability_report.py
 
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py

@@ -1,0 +1,359 @@
+"""Shared helpers of the benchmarks: the test cluster, an isolated Airflow home, figures and results.
+
+Every benchmark script imports this module FIRST (before anything imports Airflow): it points
+``AIRFLOW_HOME`` at a temporary directory and defines two connections to the local test cluster
+(``bench_slurm`` of type ``tao_slurm`` and ``bench_ssh`` of type ``ssh`` for the SSH provider's
+hooks). Results go to ``$BENCH_OUT`` (default ``/tmp/tao-slurm-bench``) as one JSON file per
+script; ``report.py`` turns them into ``benchmarks/RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from airflow_provider_tao_slurm.core.shell import join, quote
+
+REPO = Path(__file__).resolve().parent.parent
+
+CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
+OUT_DIR = Path(os.environ.get("BENCH_OUT", "/tmp/tao-slurm-bench"))
+SLURM_CONN_ID = "bench_slurm"
+SSH_CONN_ID = "bench_ssh"
+#: A short random token naming this run's jobs and files on the cluster.
+TOKEN = secrets.token_hex(3)
+
+
+def load_cluster() -> dict[str, Any]:
+    """The running test cluster's description (``cluster.json``); exits with the fix when it is down."""
+    try:
+        return dict(json.loads(CLUSTER_JSON.read_text()))
+    except (OSError, ValueError) as exc:
+        sys.exit(f"the local SLURM test cluster is not up ({exc}): run `make cluster-up` first")
+
+
+CLUSTER = load_cluster()
+
+
+def _setup_airflow_env() -> None:
+    home = tempfile.mkdtemp(prefix="tao-slurm-bench-airflow-")
+    os.environ["AIRFLOW_HOME"] = home
+    os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")  # figures, not log lines, on stdout
+    os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home}/airflow.db"
+    c = CLUSTER
+    os.environ[f"AIRFLOW_CONN_{SLURM_CONN_ID.upper()}"] = json.dumps(
+        {
+            "conn_type": "tao_slurm",
+            "host": c["host"],
+            "login": c["user"],
+            "port": c["port"],
+            "extra": {
+                "key_file": c["key_file"],
+                "host_key": c["host_key"],
+                "cluster_name": c["cluster_name"],
+                "results_dir": c["results_dir"],
+                "account": c["account"],
+                "partition": c["gpu_partition"],
+                "container_mounts": f"{c['shared_dir']}:{c['shared_dir']}",
+            },
+        }
+    )
+    os.environ[f"AIRFLOW_CONN_{SSH_CONN_ID.upper()}"] = json.dumps(
+        {
+            "conn_type": "ssh",
+            "host": c["host"],
+            "login": c["user"],
+            "port": c["port"],
+            "extra": {"key_file": c["key_file"], "known_hosts": c["known_hosts"]},
+        }
+    )
+
+
+_setup_airflow_env()
+
+
+# ---------------------------------------------------------------------------------------- cluster
+
+
+def ssh_argv(command: str) -> list[str]:
+    """The OpenSSH client command line running ``command`` as the cluster user (strict host keys)."""
+    c = CLUSTER
+    return [
+        "ssh",
+        "-F",
+        "none",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        f"UserKnownHostsFile={c['known_hosts']}",
+        "-o",
+        "GlobalKnownHostsFile=/dev/null",
+        "-o",
+        "IdentitiesOnly=yes",
+        "-i",
+        c["key_file"],
+        "-p",
+        str(c["port"]),
+        f"{c['user']}@{c['host']}",
+        command,
+    ]
+
+
+def ssh(command: str, *, stdin: str | None = None, timeout: float = 300) -> str:
+    """Run ``command`` on the login host over OpenSSH; return stdout.
+
+    :raises RuntimeError: when the command fails (with its stderr).
+    """
+    proc = subprocess.run(
+        ssh_argv(command),
+        input=stdin,
+        stdin=subprocess.DEVNULL if stdin is None else None,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"ssh command failed (rc {proc.returncode}): {command[:200]}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def create_held_jobs(prefix: str, count: int) -> list[str]:
+    """Submit ``count`` held no-op jobs named ``<prefix>-<i>`` with ONE ssh command; return their ids."""
+    submit = join(["sbatch", "--parsable", "--hold", "-p", CLUSTER["cpu_partition"], "-o", "/dev/null"])
+    try:
+        out = ssh(
+            f"for i in $(seq 1 {int(count)}); do {submit} -J {quote(prefix)}-$i --wrap true || exit 1; done",
+            timeout=600,
+        )
+    except (RuntimeError, subprocess.TimeoutExpired):
+        cancel_by_prefix(prefix)  # the loop may have stopped halfway
+        raise
+    ids = [line.split(";")[0] for line in out.split()]
+    if len(ids) != count or not all(i.isdigit() for i in ids):
+        raise RuntimeError(f"expected {count} job ids from sbatch, got {len(ids)}: {out[:200]!r}")
+    return ids
+
+
+def cancel_jobs(job_ids: Sequence[str]) -> None:
+    """Cancel jobs with the local SLURM client (root may cancel any job); finished ones are fine."""
+    if job_ids:
+        subprocess.run(["scancel", "-Q", *job_ids], check=False, capture_output=True, timeout=120)
+
+
+def cancel_by_prefix(prefix: str) -> None:
+    """Cancel every live job named ``<prefix>-<anything>`` (local SLURM client, as root)."""
+    listing = subprocess.run(
+        ["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=120, check=False
+    ).stdout
+    cancel_jobs(
+        [
+            job_id
+            for job_id, _, name in (line.partition(" ") for line in listing.splitlines())
+            if name.startswith(f"{prefix}-")
+        ]
+    )
+
+
+def sqsh_image() -> str:
+    """Import a stand-in ``.sqsh`` image (the harness's Enroot stand-in) for this run; return its path."""
+    path = f"{CLUSTER['containers_dir']}/bench_{TOKEN}.sqsh"
+    ssh(join(["enroot", "import", "-o", path, f"docker://nvcr.io#nvidia/bench:{TOKEN}"]))
+    return path
+
+
+def remove_remote(paths: Sequence[str]) -> None:
+    """``rm -rf`` paths on the cluster (benchmark leftovers), in one command."""
+    if paths:
+        ssh(join(["rm", "-rf", "--", *paths]))
+
+
+# ---------------------------------------------------------------------------- scheduler statistics
+
+_SDIAG_RPC = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+def _rpc_table(text: str, header: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    inside = False
+    for line in text.splitlines():
+        if line.startswith("Remote Procedure Call statistics by"):
+            inside = line.startswith(header)
+            continue
+        match = _SDIAG_RPC.match(line) if inside else None
+        if match:
+            counts[match.group(1)] = int(match.group(2))
+    return counts
+
+
+def _admin(argv: list[str], attempts: int = 5) -> str:
+    """Run a local SLURM admin command, retrying while a daemon restarts (other work may restart them)."""
+    for attempt in range(attempts):
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+        if proc.returncode == 0:
+            return proc.stdout
+        if attempt < attempts - 1:
+            time.sleep(2)
+    raise RuntimeError(f"{' '.join(argv)} failed (rc {proc.returncode}): {proc.stderr.strip()}; is the cluster up?")
+
+
+def reset_rpc_counts() -> None:
+    """Zero slurmctld's (``sdiag -r``) and slurmdbd's (``sacctmgr clear stats``) RPC counters (root)."""
+    _admin(["sdiag", "-r"])
+    _admin(["sacctmgr", "-i", "clear", "stats"])
+
+
+def rpc_counts() -> dict[str, dict[str, int]]:
+    """RPC counts by message type since the last reset: ``{"slurmctld": {...}, "slurmdbd": {...}}``."""
+    by_type = "Remote Procedure Call statistics by message type"
+    return {
+        "slurmctld": _rpc_table(_admin(["sdiag"]), by_type),
+        "slurmdbd": _rpc_table(_admin(["sacctmgr", "show", "stats"]), by_type),
+    }
+
+
+#: slurmctld messages that read job state (squeue, scontrol show job) and the slurmdbd one (sacct).
+JOB_QUERY_RPCS = ("REQUEST_JOB_INFO", "REQUEST_JOB_INFO_SINGLE", "REQUEST_JOB_USER_INFO")
+DBD_JOB_QUERY_RPCS = ("DBD_GET_JOBS_COND",)
+#: RPCs that our own measuring (sdiag, sacctmgr) adds; left out of the totals.
+OWN_RPCS = ("REQUEST_STATS_INFO", "DBD_GET_STATS", "DBD_CLEAR_STATS", "SLURM_PERSIST_INIT", "DBD_FINI")
+
+
+def summarize_rpcs(counts: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Job-state queries and all RPCs (minus our own ``sdiag``/``sacctmgr``) on each daemon."""
+    ctld, dbd = counts["slurmctld"], counts["slurmdbd"]
+    return {
+        "ctld_job_queries": sum(ctld.get(name, 0) for name in JOB_QUERY_RPCS),
+        "dbd_job_queries": sum(dbd.get(name, 0) for name in DBD_JOB_QUERY_RPCS),
+        "ctld_rpcs": sum(v for k, v in ctld.items() if k not in OWN_RPCS),
+        "dbd_rpcs": sum(v for k, v in dbd.items() if k not in OWN_RPCS),
+    }
+
+
+# ------------------------------------------------------------------------------ process figures
+
+
+def rss_bytes() -> int:
+    """This process's resident set size (``VmRSS``)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("VmRSS missing from /proc/self/status")
+
+
+def median(values: Sequence[float]) -> float:
+    """The median (NaN for no values)."""
+    return statistics.median(values) if values else float("nan")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100), nearest-rank; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+# ------------------------------------------------------------------------------ figures and output
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One printed figure: what, the measured value (text), the baseline, the target and the verdict.
+
+    :ivar ok: True/False against the target, None when the figure has no target.
+    """
+
+    name: str
+    value: str
+    baseline: str = ""
+    target: str = ""
+    ok: bool | None = None
+
+
+def verdict(ok: bool | None) -> str:
+    """``ok`` / ``MISSED`` / ``-``."""
+    return "-" if ok is None else ("ok" if ok else "MISSED")
+
+
+def print_figures(title: str, figures: Sequence[Figure]) -> None:
+    """Print a table of figures with their targets."""
+    print(f"\n== {title}")
+    width = max(len(f.name) for f in figures)
+    vwidth = max(len(f.value) for f in figures)
+    for f in figures:
+        base = f"  (baseline {f.baseline})" if f.baseline else ""
+        target = f"  target {f.target} -> {verdict(f.ok)}" if f.target else ""
+        print(f"  {f.name:<{width}}  {f.value:>{vwidth}}{target}{base}")
+    sys.stdout.flush()
+
+
+def write_result(name: str, title: str, figures: Sequence[Figure], details: dict[str, Any]) -> Path:
+    """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``."""
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    path = OUT_DIR / f"{name}.json"
+    data = {
+        "name": name,
+        "title": title,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "figures": [asdict(f) for f in figures],
+        "details": details,
+    }
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
+def _version(module: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(module)
+    except PackageNotFoundError:
+        return "absent"
+
+
+def _first_line(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except OSError as exc:
+        return f"unavailable ({exc})"
+    return (proc.stdout or proc.stderr).strip().splitlines()[0] if (proc.stdout or proc.stderr).strip() else ""
+
+
+def machine_description() -> dict[str, str]:
+    """``nproc``, memory, CPU model, kernel, OS and the versions the figures depend on."""
+    meminfo = Path("/proc/meminfo").read_text()
+    mem_kb = int(re.search(r"MemTotal:\s+(\d+)", meminfo).group(1))  # type: ignore[union-attr]
+    cpu = re.search(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text())
+    os_name = re.search(r'PRETTY_NAME="([^"]+)"', Path("/etc/os-release").read_text())
+    return {
+        "nproc": str(os.cpu_count()),
+        "memory": f"{mem_kb / 1024 / 1024:.1f} GiB",
+        "cpu": cpu.group(1).strip() if cpu else "unknown",
+        "kernel": platform.release(),
+        "os": os_name.group(1) if os_name else platform.platform(),
+        "python": platform.python_version(),
+        "apache-airflow": _version("apache-airflow"),
+        "apache-airflow-providers-ssh": _version("apache-airflow-providers-ssh"),
+        "asyncssh": _version("asyncssh"),
+        "paramiko": _version("paramiko"),
+        "slurm": _first_line(["sinfo", "-V"]),
+        "openssh": _first_line(["ssh", "-V"]),
+        "load average 1/5/15 min, at report time": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
+    }

@@ -1,0 +1,170 @@
+"""Benchmark 3: DAG authoring cost: provider import time and example-DAG parse time.
+
+- Import: in fresh interpreters, the time to import every module of the provider's ``operators``,
+  ``sensors``, ``triggers`` and ``hooks`` packages on top of ``import airflow.sdk`` (the baseline,
+  measured in the same interpreters), and whether paramiko or asyncssh got imported.
+- Parse: every ``dags/*.py`` against a trivial one-task DAG, timed the way Airflow's DAG processor
+  pays for it (a child forked from a parent that has the parsing machinery and the file's
+  ``airflow.*`` imports loaded; see ``_parse_probe.py``), plus a cold figure (a fresh interpreter
+  doing the same parse, wall time) for context.
+
+Usage: ``python benchmarks/import_parse.py [--rounds 7]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import pkgutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common  # before Airflow: isolated Airflow home
+from _common import REPO, Figure
+
+PROBE = Path(__file__).resolve().parent / "_parse_probe.py"
+DAGS = REPO / "dags"
+PACKAGES = ("operators", "sensors", "triggers", "hooks")
+TRIVIAL_DAG = '''"""A trivial DAG: the parse-time baseline."""
+from airflow.providers.standard.operators.empty import EmptyOperator
+from airflow.sdk import DAG
+
+with DAG(dag_id="trivial_baseline", schedule=None):
+    EmptyOperator(task_id="noop")
+'''
+
+
+def provider_modules() -> list[str]:
+    """Every module of the DAG-facing provider packages (found on disk, nothing imported)."""
+    spec = importlib.util.find_spec("airflow_provider_tao_slurm")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("airflow_provider_tao_slurm is not installed: run `make venv`")
+    root = Path(next(iter(spec.submodule_search_locations)))
+    modules = []
+    for package in PACKAGES:
+        modules.append(f"airflow_provider_tao_slurm.{package}")
+        modules += [
+            f"airflow_provider_tao_slurm.{package}.{info.name}" for info in pkgutil.iter_modules([str(root / package)])
+        ]
+    return modules
+
+
+def probe(*args: str) -> Any:
+    """Run ``_parse_probe.py`` in a fresh interpreter; return its JSON answer."""
+    proc = subprocess.run([sys.executable, str(PROBE), *args], capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"probe {args[0]} failed (rc {proc.returncode}): {proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    """Measure, print and store the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+
+    modules = provider_modules()
+    imports = [probe("import", *modules) for _ in range(args.rounds)]
+    sdk_s = _common.median([r["sdk_s"] for r in imports])
+    extra_s = _common.median([r["provider_s"] for r in imports])
+    ssh_loaded = sorted({name for r in imports for name in r["ssh_after_provider"]})
+    ssh_by_sdk = sorted({name for r in imports for name in r["ssh_after_sdk"]})
+    figures = [
+        Figure(
+            f"import of {len(modules)} provider modules over airflow.sdk, median",
+            f"{extra_s * 1000:.0f} ms",
+            f"import airflow.sdk {sdk_s * 1000:.0f} ms, ratio {(sdk_s + extra_s) / sdk_s:.3f}x",
+            "< 100 ms",
+            extra_s < 0.1,
+        ),
+        Figure(
+            "SSH libraries loaded by those imports",
+            ", ".join(name for name in ssh_loaded if name not in ssh_by_sdk) or "none",
+            f"airflow.sdk alone: {', '.join(ssh_by_sdk) or 'none'}",
+            "none",
+            not [name for name in ssh_loaded if name not in ssh_by_sdk],
+        ),
+    ]
+
+    dag_files = sorted(DAGS.glob("*.py"))
+    with tempfile.TemporaryDirectory(prefix="tao-slurm-trivial-dag-") as tmp:
+        trivial = Path(tmp) / "trivial_dag.py"
+        trivial.write_text(TRIVIAL_DAG)
+        files = [(str(trivial.parent), str(trivial))] + [(str(DAGS), str(f)) for f in dag_files]
+        specs = [f"{bundle}={path}" for bundle, path in files]
+        forked = probe("parse", str(args.rounds), "-", *specs)
+        preloaded = probe("parse", str(args.rounds), ",".join(modules), *specs)
+        cold: dict[str, list[float]] = {path: [] for _, path in files}
+        for _ in range(max(3, args.rounds // 2)):
+            for bundle, path in files:
+                started = time.perf_counter()
+                probe("cold", f"{bundle}={path}")
+                cold[path].append(time.perf_counter() - started)
+
+    def parse_s(path: str, results: dict[str, list[dict[str, Any]]] = forked) -> float:
+        return _common.median([r["s"] for r in results[path] if "s" in r])
+
+    base_forked, base_cold = parse_s(str(trivial)), _common.median(cold[str(trivial)])
+    base_preloaded = parse_s(str(trivial), preloaded)
+    problems: dict[str, Any] = {}
+    for dag_file in dag_files:
+        path = str(dag_file)
+        runs = forked[path]
+        errors = sorted({e for r in runs for e in r.get("errors", [])} | {r["error"] for r in runs if "error" in r})
+        dags = sorted({d for r in runs for d in r.get("dags", [])})
+        ssh = sorted({s for r in runs for s in r.get("ssh", [])})
+        if errors or not dags or ssh:
+            problems[dag_file.name] = {"errors": errors, "dags": dags, "ssh": ssh}
+        ratio = parse_s(path) / base_forked
+        cold_ratio = _common.median(cold[path]) / base_cold
+        preloaded_ratio = parse_s(path, preloaded) / base_preloaded
+        parsed = not errors and bool(dags)
+        figures += [
+            Figure(
+                f"parse {dag_file.name} ({len(dags)} DAG), processor-style (forked child), median",
+                f"{parse_s(path) * 1000:.0f} ms, {ratio:.2f}x",
+                f"trivial DAG {base_forked * 1000:.0f} ms",
+                "<= 1.3x",
+                ratio <= 1.3 and parsed,
+            ),
+            Figure(
+                f"parse {dag_file.name}, fresh interpreter (wall), median",
+                f"{_common.median(cold[path]):.2f} s, {cold_ratio:.2f}x",
+                f"trivial DAG {base_cold:.2f} s",
+                "<= 1.3x",
+                cold_ratio <= 1.3 and parsed,
+            ),
+            Figure(
+                "  diagnostic: processor-style with the provider pre-imported in the parent",
+                f"{parse_s(path, preloaded) * 1000:.0f} ms, {preloaded_ratio:.2f}x",
+                f"trivial DAG {base_preloaded * 1000:.0f} ms",
+            ),
+        ]
+    if problems:
+        figures.append(
+            Figure("DAG files with import errors, no DAG or SSH imports", json.dumps(problems), "", "none", False)
+        )
+    title = "DAG authoring cost (benchmarks/import_parse.py)"
+    _common.print_figures(title, figures)
+    _common.write_result(
+        "import_parse",
+        title,
+        figures,
+        {
+            "modules": modules,
+            "imports": imports,
+            "forked": forked,
+            "preloaded": preloaded,
+            "cold": cold,
+            "problems": problems,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,556 @@
+"""Benchmark 1: status polling at scale, shared poller vs one SSH connection per watched job.
+
+For N = 1, 100, 1000 held jobs on the local test cluster, N triggers run in one event loop the way
+Airflow's triggerer runs them (rebuilt from ``serialize()``, ``greenback.ensure_portal()``, then
+``async for event in trigger.run()``), each mode in a fresh worker process:
+
+- ``shared``: N :class:`SlurmJobTrigger` s (one shared poller, one pooled connection);
+- ``baseline``: N :class:`PerJobSqueueTrigger` s, the shape of the SSH provider's remote-job
+  trigger: each opens its own connection with the SSH provider's ``SSHHookAsync`` (connects
+  bounded to :data:`CONNECT_CONCURRENCY` at a time, sshd's ``MaxStartups`` is 100:30:200) and runs
+  one ``squeue -h -j <id> -o %T`` per interval.
+
+Per mode and N: after every trigger has its first answer, a window of :data:`WINDOWS` poll
+intervals measures scheduler queries (slurmctld ``sdiag`` and slurmdbd ``sacctmgr show stats``
+counters, reset at the window's start; they include any other cluster user's traffic, which the
+shared run also measures in an equal window before its triggers start), status commands sent,
+SSH connections opened, the triggerer's CPU seconds (``time.process_time()`` of the event-loop
+process) and the machine's CPU seconds (``/proc/stat``, every process: sshd, squeue, slurmctld,
+...). The shared poller's own scheduler queries are then counted exactly: during
+:data:`ATTRIBUTED_POLLS` further polls the counters are reset right before and read right after
+each of its commands (the smallest count is kept). Memory per trigger is the process's RSS growth
+from before the triggers were created to the end of the warm-up, divided by N. Then every job is
+cancelled, in 10 batches spread over one interval, and the latency from the return of each
+``scancel`` (run locally as root; the jobs ended just before it returned) to its trigger's event is
+recorded.
+
+Usage: ``python benchmarks/poller.py [--sizes 1,100,1000] [--interval 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import importlib
+import json
+import random
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import _common  # before Airflow: isolated Airflow home and the bench connections
+from _common import Figure
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.core.states import state_from_native
+
+#: Poll intervals per measuring window.
+WINDOWS = 3
+#: Baseline triggers connecting at the same time.
+CONNECT_CONCURRENCY = 50
+#: Shared mode: polls whose scheduler queries are counted with the counters reset around each command;
+#: the smallest count is reported (other users' queries can only add to it).
+ATTRIBUTED_POLLS = 3
+#: Jobs are cancelled in this many batches spread over one interval (fewer when N is smaller).
+CANCEL_BATCHES = 10
+WARMUP_TIMEOUT_S = 240.0
+
+
+@dataclass
+class Counters:
+    """What the worker counts on the client side."""
+
+    commands: int = 0
+    connections: int = 0
+    connect_failures: int = 0
+    command_failures: int = 0
+    first_polls: int = 0
+
+
+COUNTERS = Counters()
+#: Set whenever something the orchestration waits for happened (a poll, a first answer, an event).
+PROGRESS = asyncio.Event()
+#: Completion times and sizes of the shared poller's batched queries.
+POLLS: list[tuple[float, int]] = []
+_CONNECT_LIMIT = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+
+class PerJobSqueueTrigger(BaseTrigger):
+    """Baseline: one SSH connection per watched job and one ``squeue`` per job per interval.
+
+    Mirrors ``SSHRemoteJobTrigger`` of the SSH provider: the connection comes from ``SSHHookAsync``
+    and is held for the whole loop; connection errors reconnect with backoff (at most 5 in a row).
+    It yields when squeue reports a terminal state or no longer knows the job.
+
+    :param ssh_conn_id: an ``ssh`` connection to the login host.
+    :param slurm_job_id: the job to watch.
+    :param poll_interval: seconds between polls.
+    """
+
+    def __init__(self, ssh_conn_id: str, slurm_job_id: str, poll_interval: float) -> None:
+        super().__init__()
+        self.ssh_conn_id = ssh_conn_id
+        self.slurm_job_id = slurm_job_id
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        """Classpath and kwargs, as every trigger."""
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {"ssh_conn_id": self.ssh_conn_id, "slurm_job_id": self.slurm_job_id, "poll_interval": self.poll_interval},
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        """Poll this one job over this trigger's own connection until it is over."""
+        import asyncssh
+        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+        command = join(["squeue", "-h", "-j", self.slurm_job_id, "-o", "%T"])
+        conn = None
+        failures = 0
+        first = True
+        try:
+            while True:
+                if conn is None:
+                    try:
+                        async with _CONNECT_LIMIT:
+                            conn = await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
+                        COUNTERS.connections += 1
+                    except (OSError, asyncssh.Error, TimeoutError) as exc:
+                        failures += 1
+                        COUNTERS.connect_failures += 1
+                        if failures > 5:
+                            yield TriggerEvent(
+                                {"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)}
+                            )
+                            return
+                        await asyncio.sleep(min(2 ** (failures - 1), 30) * (1 + random.random()))
+                        continue
+                try:
+                    result = await conn.run(command, timeout=30, check=False)
+                except (OSError, asyncssh.Error, TimeoutError) as exc:
+                    failures += 1
+                    COUNTERS.command_failures += 1
+                    conn.close()
+                    conn = None
+                    if failures > 5:
+                        yield TriggerEvent({"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)})
+                        return
+                    continue
+                failures = 0
+                COUNTERS.commands += 1
+                if first:
+                    COUNTERS.first_polls += 1
+                    PROGRESS.set()
+                    first = False
+                text = str(result.stdout or "").strip()
+                if not text or state_from_native(self.slurm_job_id, text, source="squeue").is_terminal:
+                    yield TriggerEvent({"status": "terminal", "slurm_job_id": self.slurm_job_id, "state": text})
+                    return
+                await asyncio.sleep(self.poll_interval)
+        finally:
+            if conn is not None:
+                conn.close()
+
+
+# ------------------------------------------------------------------------------------ worker side
+
+
+def _rebuild(trigger: Any) -> Any:
+    """What the triggerer does: the trigger row holds classpath + kwargs; the class is imported."""
+    classpath, kwargs = trigger.serialize()
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)(**kwargs)
+
+
+async def _run_trigger(trigger: Any, events: dict[str, tuple[float, dict[str, Any]]]) -> None:
+    """The triggerer's ``run_trigger`` reduced to what costs time: portal, the async loop, cleanup."""
+    import greenback
+
+    await greenback.ensure_portal()
+    try:
+        async for event in trigger.run():
+            events[trigger.slurm_job_id] = (time.time(), event.payload)
+            PROGRESS.set()
+    finally:
+        await trigger.cleanup()
+
+
+def _machine_cpu_s() -> float:
+    """CPU seconds used by every process on the machine since boot (``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / 100.0
+
+
+async def _wait_for(what: str, done: Any, timeout: float) -> None:
+    """Wait until ``done()`` holds, re-checking it whenever the instrumentation reports progress.
+
+    Event driven, not polled: a polling loop here would show up in the triggerer's CPU figures.
+    """
+    deadline = time.monotonic() + timeout
+    while not done():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what} did not happen within {timeout:.0f} s")
+        PROGRESS.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(PROGRESS.wait(), timeout=left)
+
+
+async def _warm_connection() -> None:
+    """Open and close one connection so both modes start with asyncssh's lazy setup already paid."""
+    from airflow.providers.ssh.hooks.ssh import SSHHookAsync
+
+    conn = await SSHHookAsync(ssh_conn_id=_common.SSH_CONN_ID).get_conn()
+    await conn.run("true", check=False)
+    conn.close()
+    await conn.wait_closed()
+
+
+async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, Any]:
+    """Run N triggers of ``mode`` over ``job_ids`` and return the raw measurements."""
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
+    from airflow_provider_tao_slurm.triggers.poller import active_pollers
+    from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+    n = len(job_ids)
+    pool = async_pool()
+    original_run = pool.run
+
+    attributed: list[dict[str, int]] = []
+    attributing = False
+
+    async def counted_run(*args: Any, **kwargs: Any) -> Any:
+        COUNTERS.commands += 1
+        if not attributing:
+            return await original_run(*args, **kwargs)
+        await asyncio.to_thread(_common.reset_rpc_counts)  # bracket this one command with the counters
+        try:
+            return await original_run(*args, **kwargs)
+        finally:
+            attributed.append(_common.summarize_rpcs(await asyncio.to_thread(_common.rpc_counts)))
+
+    pool.run = counted_run  # type: ignore[method-assign]
+    original_get_states = SlurmHook.a_get_states
+
+    async def recorded_get_states(self: SlurmHook, job_ids: Any, **kwargs: Any) -> Any:
+        ids = list(job_ids)
+        states = await original_get_states(self, ids, **kwargs)
+        POLLS.append((time.monotonic(), len(ids)))
+        PROGRESS.set()
+        return states
+
+    SlurmHook.a_get_states = recorded_get_states  # type: ignore[method-assign]
+    await _warm_connection()
+    background: dict[str, float] = {}
+    if mode == "shared":  # other users' scheduler traffic in a window of the same length, before we start
+        await asyncio.to_thread(_common.reset_rpc_counts)
+        await asyncio.sleep(WINDOWS * interval)
+        quiet = _common.summarize_rpcs(await asyncio.to_thread(_common.rpc_counts))
+        background = {k: v / WINDOWS for k, v in quiet.items()}
+    await asyncio.to_thread(_common.rpc_counts)  # starts the helper thread before the memory baseline
+    gc.collect()
+    rss0 = _common.rss_bytes()
+    cpu_start, t_start = time.process_time(), time.monotonic()
+
+    now = time.time()
+    if mode == "shared":
+        triggers = [
+            _rebuild(SlurmJobTrigger(_common.SLURM_CONN_ID, job_id, f"bench-{job_id}", interval, submitted_at=now))
+            for job_id in job_ids
+        ]
+    else:
+        triggers = [_rebuild(PerJobSqueueTrigger(_common.SSH_CONN_ID, job_id, interval)) for job_id in job_ids]
+    events: dict[str, tuple[float, dict[str, Any]]] = {}
+    tasks = [asyncio.create_task(_run_trigger(t, events)) for t in triggers]
+
+    def polls() -> int:
+        return len(POLLS)
+
+    try:
+        if mode == "shared":
+            await _wait_for("a poll covering every job", lambda: any(size == n for _, size in POLLS), WARMUP_TIMEOUT_S)
+        else:
+            await _wait_for("every trigger's first poll", lambda: COUNTERS.first_polls >= n, WARMUP_TIMEOUT_S)
+        warmup_s = time.monotonic() - t_start
+        warmup_cpu_s = time.process_time() - cpu_start
+        gc.collect()
+        rss1 = _common.rss_bytes()
+
+        # ---- steady window: WINDOWS poll intervals, nothing ends
+        if mode == "shared":
+            target = polls() + 1
+            await _wait_for("the next poll", lambda: polls() >= target, 4 * interval + 60)
+        await asyncio.to_thread(_common.reset_rpc_counts)
+        commands0, machine0 = COUNTERS.commands, _machine_cpu_s()
+        cpu0, wall0 = time.process_time(), time.monotonic()
+        if mode == "shared":
+            target = polls() + WINDOWS
+            await _wait_for("the measured polls", lambda: polls() >= target, WINDOWS * (4 * interval + 60))
+        else:
+            await asyncio.sleep(WINDOWS * interval)
+        cpu1, wall1 = time.process_time(), time.monotonic()
+        commands1, machine1 = COUNTERS.commands, _machine_cpu_s()
+        rpcs = await asyncio.to_thread(_common.rpc_counts)
+
+        # ---- shared: the scheduler queries of single polls, counters reset around each command
+        per_poll: list[int] = []
+        if mode == "shared":
+            for _ in range(ATTRIBUTED_POLLS):
+                attributed.clear()
+                attributing = True
+                target = polls() + 1
+                await _wait_for("an attributed poll", lambda t=target: polls() >= t, 4 * interval + 60)
+                attributing = False
+                per_poll.append(sum(a["ctld_job_queries"] + a["dbd_job_queries"] for a in attributed))
+
+        # ---- end phase: cancel every job, spread over one interval; latency scancel -> event
+        order = list(job_ids)
+        random.shuffle(order)
+        batches = min(n, CANCEL_BATCHES)
+        cancelled_at: dict[str, float] = {}
+        scancel_s: list[float] = []
+        end_commands0, end_polls0 = COUNTERS.commands, polls()
+        phase = time.time()
+        for k in range(batches):
+            batch = order[k::batches]
+            await asyncio.sleep(max(0.0, phase + (k + random.random()) * interval / batches - time.time()))
+            issued = time.time()
+            await asyncio.to_thread(_common.cancel_jobs, batch)
+            done = time.time()  # the jobs ended between issued and done; done is the tighter bound
+            scancel_s.append(done - issued)
+            cancelled_at.update(dict.fromkeys(batch, done))
+        end_timeout = 6 * interval + 60
+        try:
+            await _wait_for("every trigger's event", lambda: len(events) >= n, end_timeout)
+        except TimeoutError:
+            print(f"warning: {n - len(events)} of {n} events missing after {end_timeout:.0f} s", file=sys.stderr)
+        end_commands, end_polls = COUNTERS.commands - end_commands0, polls() - end_polls0
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await pool.close_all()
+
+    latencies = [at - cancelled_at[job_id] for job_id, (at, _) in events.items() if job_id in cancelled_at]
+    wrong = [job_id for job_id, (_, payload) in events.items() if payload.get("status") != "terminal"]
+    pollers_stats = [asdict(p.stats) for p in active_pollers()]
+    return {
+        "mode": mode,
+        "n": n,
+        "interval_s": interval,
+        "windows": WINDOWS,
+        "window_wall_s": wall1 - wall0,
+        "warmup_s": warmup_s,
+        "warmup_cpu_s": warmup_cpu_s,
+        "rss_growth_bytes": rss1 - rss0,
+        "rss_per_trigger_bytes": (rss1 - rss0) / n,
+        "cpu_s_per_interval": (cpu1 - cpu0) / WINDOWS,
+        "machine_cpu_s_per_interval": (machine1 - machine0) / WINDOWS,
+        "commands_per_interval": (commands1 - commands0) / WINDOWS,
+        "rpcs": rpcs,
+        "rpc_summary_per_interval": {k: v / WINDOWS for k, v in _common.summarize_rpcs(rpcs).items()},
+        "background_rpc_summary_per_interval": background,
+        "attributed_job_queries_per_poll": per_poll,
+        "end_phase_commands": end_commands,
+        "end_phase_polls": end_polls,
+        "connections_opened": pool.opened if mode == "shared" else COUNTERS.connections,
+        "connect_failures": COUNTERS.connect_failures,
+        "poll_failures": sum(s["failures"] for s in pollers_stats) + COUNTERS.command_failures,
+        "scancel_max_s": max(scancel_s),
+        "events": len(events),
+        "wrong_events": wrong[:5],
+        "latency_median_s": _common.median(latencies),
+        "latency_p95_s": _common.percentile(latencies, 95),
+        "latency_max_s": max(latencies) if latencies else float("nan"),
+        "poll_durations_s": [round(d, 3) for s in pollers_stats for d in s["durations"]][-8:],
+    }
+
+
+def worker(mode: str, interval: float, output: Path) -> None:
+    """Read job ids from stdin, measure, write the measurements as JSON to ``output``."""
+    import logging
+
+    for name in ("asyncssh", "airflow_provider_tao_slurm", "airflow.providers.ssh"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    job_ids = json.loads(sys.stdin.read())
+    result = asyncio.run(measure(mode, job_ids, interval))
+    output.write_text(json.dumps(result))
+
+
+# ------------------------------------------------------------------------------ orchestrator side
+
+
+def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
+    """Create N held jobs, run one worker process over them, cancel whatever is left."""
+    job_ids = _common.create_held_jobs(f"bench-{_common.TOKEN}-{mode}{n}", n)
+    log_path = _common.OUT_DIR / f"poller-{mode}-{n}.log"
+    out_path = _common.OUT_DIR / f"poller-{mode}-{n}.json"
+    out_path.unlink(missing_ok=True)
+    try:
+        with log_path.open("w") as log:
+            proc = subprocess.run(
+                [sys.executable, __file__, "--worker", mode, "--interval", str(interval), "--output", str(out_path)],
+                input=json.dumps(job_ids),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                timeout=900,
+                check=False,
+            )
+    finally:
+        _common.cancel_jobs(job_ids)
+    if proc.returncode != 0 or not out_path.exists():
+        tail = log_path.read_text()[-3000:]
+        raise RuntimeError(f"{mode} worker for N={n} failed (rc {proc.returncode}); {log_path}:\n{tail}")
+    return dict(json.loads(out_path.read_text()))
+
+
+def _kb(value: float) -> str:
+    return f"{value / 1024:.1f} KB"
+
+
+def _ratio(ours: float, base: float) -> str:
+    return f"{ours / base:.3f}x" if base else "n/a"
+
+
+def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: float) -> list[Figure]:
+    """The printed figures for one N; targets apply at N = 1000."""
+    at_target = n == 1000
+    sq, bq = shared["rpc_summary_per_interval"], base["rpc_summary_per_interval"]
+    s_queries = sq["ctld_job_queries"] + sq["dbd_job_queries"]
+    b_queries = bq["ctld_job_queries"] + bq["dbd_job_queries"]
+
+    def row(name: str, ours: float, theirs: float, fmt: str, target: str = "", ok: bool | None = None) -> Figure:
+        return Figure(
+            f"N={n} {name}",
+            format(ours, fmt),
+            f"{format(theirs, fmt)}, ratio {_ratio(ours, theirs)}",
+            target if at_target else "",
+            ok if at_target else None,
+        )
+
+    lat_target = interval + 2
+    s_rss, b_rss = shared["rss_per_trigger_bytes"], base["rss_per_trigger_bytes"]
+    bg = shared["background_rpc_summary_per_interval"]
+    own = min(shared["attributed_job_queries_per_poll"])
+    end_per_poll = shared["end_phase_commands"] / max(1, shared["end_phase_polls"])
+    return [
+        Figure(
+            f"N={n} scheduler job queries/interval, cluster-wide window (sdiag+sacctmgr)",
+            f"{s_queries:.1f} (other users' background {bg['ctld_job_queries'] + bg['dbd_job_queries']:.1f})",
+            f"{b_queries:.1f}, ratio {_ratio(s_queries, b_queries)}",
+        ),
+        Figure(
+            f"N={n} scheduler job queries/interval of the poller (sdiag+sacctmgr around its commands)",
+            f"{own}",
+            f"{b_queries:.1f} (window), ratio {_ratio(own, b_queries)}",
+            "<= 2" if at_target else "",
+            own <= 2 if at_target else None,
+        ),
+        Figure(
+            f"N={n} status commands per poll while jobs end (client: squeue + sacct)",
+            f"{end_per_poll:.1f}",
+            "1 squeue per job per poll",
+            "<= 2" if at_target else "",
+            end_per_poll <= 2 if at_target else None,
+        ),
+        row("slurmctld RPCs/interval, all types", sq["ctld_rpcs"], bq["ctld_rpcs"], ".1f"),
+        row(
+            "status commands sent/interval (client)",
+            shared["commands_per_interval"],
+            base["commands_per_interval"],
+            ".1f",
+        ),
+        row(
+            "SSH connections opened",
+            shared["connections_opened"],
+            base["connections_opened"],
+            "d",
+            "1",
+            shared["connections_opened"] == 1,
+        ),
+        row(
+            "triggerer CPU s/interval",
+            shared["cpu_s_per_interval"],
+            base["cpu_s_per_interval"],
+            ".3f",
+            "< 0.2",
+            shared["cpu_s_per_interval"] < 0.2,
+        ),
+        row(
+            "machine CPU s/interval (all processes)",
+            shared["machine_cpu_s_per_interval"],
+            base["machine_cpu_s_per_interval"],
+            ".2f",
+        ),
+        Figure(
+            f"N={n} RSS growth per trigger",
+            _kb(s_rss),
+            f"{_kb(b_rss)}, ratio {_ratio(s_rss, b_rss)}",
+            "< 50 KB" if at_target else "",
+            s_rss < 50 * 1024 if at_target else None,
+        ),
+        row(
+            "latency job end (scancel) -> event, median s", shared["latency_median_s"], base["latency_median_s"], ".2f"
+        ),
+        row(
+            "latency job end (scancel) -> event, p95 s",
+            shared["latency_p95_s"],
+            base["latency_p95_s"],
+            ".2f",
+            f"<= {lat_target:g}",
+            shared["latency_p95_s"] <= lat_target and shared["events"] == n,
+        ),
+        Figure(
+            f"N={n} events received (correct)",
+            f"{shared['events']}/{n} ({shared['events'] - len(shared['wrong_events'])})",
+            f"{base['events']}/{n} ({base['events'] - len(base['wrong_events'])})",
+        ),
+        Figure(
+            f"N={n} failed polls (cluster restarts by others) / slowest scancel s",
+            f"{shared['poll_failures']} / {shared['scancel_max_s']:.2f}",
+            f"{base['poll_failures']} / {base['scancel_max_s']:.2f}",
+        ),
+        row("warm-up until every trigger had an answer, s", shared["warmup_s"], base["warmup_s"], ".1f"),
+    ]
+
+
+def main() -> None:
+    """Run every size, both modes, print the figures and store them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,100,1000")
+    parser.add_argument("--interval", type=float, default=5.0)
+    parser.add_argument("--worker", choices=("shared", "baseline"), help=argparse.SUPPRESS)
+    parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.interval, args.output)
+        return
+    _common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    figures: list[Figure] = []
+    details: dict[str, Any] = {"interval_s": args.interval, "windows": WINDOWS, "runs": []}
+    started = time.monotonic()
+    for n in sizes:
+        base = run_mode("baseline", n, args.interval)
+        shared = run_mode("shared", n, args.interval)
+        details["runs"] += [base, shared]
+        rows = figures_for(n, shared, base, args.interval)
+        _common.print_figures(f"Status polling, N={n}, interval {args.interval:g} s (shared poller; baseline)", rows)
+        figures += rows
+    details["wall_s"] = time.monotonic() - started
+    _common.write_result("poller", "Status polling at scale (benchmarks/poller.py)", figures, details)
+    print(f"\npoller.py: {details['wall_s']:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""Benchmark 2: submission overhead of SbatchSubmitOperator.execute vs a bare ``ssh host sbatch``.
+
+Each round runs ``SbatchSubmitOperator.execute`` as a worker would (a fresh operator and hook, so
+a fresh SSH connection: validate, render, lint with ``bash -n``, stage the files in one tar over
+stdin, submit held + create the log dir + release, write the record), then a bare
+``ssh <host> sbatch --parsable <the script it staged>`` with the OpenSSH client (one connection,
+no staging, no record). One warm-up round is not counted. SSH round trips are the commands the
+hook sends (one channel each), connections the hook's logins; both are counted by wrapping the
+hook's internals. Every job is cancelled at the end and the staged files are removed.
+
+Usage: ``python benchmarks/submit.py [--rounds 7]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import _common  # before Airflow: isolated Airflow home and the bench connections
+from _common import Figure
+from airflow.sdk.bases.operator import ExecutorSafeguard
+
+from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.hooks import slurm as slurm_hook
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+
+@dataclass
+class Counters:
+    """Wrapped hook internals: commands sent, logins, and the seconds spent in each."""
+
+    round_trips: int = 0
+    connections: int = 0
+    remote_s: float = 0.0
+    connect_s: float = 0.0
+
+
+COUNTERS = Counters()
+
+
+def _instrument() -> None:
+    exec_channel = slurm_hook._exec_channel
+    connect = slurm_hook.SlurmHook._connect
+
+    def counted_exec(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return exec_channel(*args, **kwargs)
+        finally:
+            COUNTERS.round_trips += 1
+            COUNTERS.remote_s += time.perf_counter() - started
+
+    def counted_connect(self: slurm_hook.SlurmHook, host: str) -> Any:
+        started = time.perf_counter()
+        try:
+            return connect(self, host)
+        finally:
+            COUNTERS.connections += 1
+            COUNTERS.connect_s += time.perf_counter() - started
+
+    slurm_hook._exec_channel = counted_exec
+    slurm_hook.SlurmHook._connect = counted_connect  # type: ignore[method-assign]
+
+
+@dataclass(frozen=True)
+class FakeTaskInstance:
+    """The few task-instance fields ``execute`` reads from its context."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+    try_number: int = 1
+
+
+def operator_round(image: str, index: int) -> dict[str, Any]:
+    """One ``execute`` with fresh operator and hook; wall time and what it sent."""
+    before = Counters(**vars(COUNTERS))
+    started = time.perf_counter()
+    operator = SbatchSubmitOperator(
+        task_id="train",
+        slurm_conn_id=_common.SLURM_CONN_ID,
+        image=image,
+        command="true",
+        gpus_per_node=1,
+        cpus_per_task=1,
+        time_hours=0.25,
+        timeout_hours=0.2,
+    )
+    ti = FakeTaskInstance(f"bench_submit_{_common.TOKEN}", "train", f"round_{index}")
+    # the task runner passes this sentinel; without it execute() warns that it runs outside a task
+    sentinel = {f"{SbatchSubmitOperator.__name__}__sentinel": ExecutorSafeguard.sentinel_value}
+    handle = operator.execute({"ti": ti}, **sentinel)
+    wall = time.perf_counter() - started
+    operator.hook.close()
+    if COUNTERS.round_trips == before.round_trips or COUNTERS.connections == before.connections:
+        raise RuntimeError("the hook's commands were not counted: _exec_channel or SlurmHook._connect was renamed")
+    return {
+        "wall_s": wall,
+        "round_trips": COUNTERS.round_trips - before.round_trips,
+        "connections": COUNTERS.connections - before.connections,
+        "remote_s": COUNTERS.remote_s - before.remote_s,
+        "connect_s": COUNTERS.connect_s - before.connect_s,
+        "handle": handle,
+    }
+
+
+def bare_round(script_path: str) -> dict[str, Any]:
+    """``ssh <host> sbatch --parsable <script>`` with the OpenSSH client."""
+    started = time.perf_counter()
+    out = _common.ssh(join(["sbatch", "--parsable", script_path]))
+    return {"wall_s": time.perf_counter() - started, "job_id": out.strip().split(";")[0]}
+
+
+def main() -> None:
+    """Run the rounds, print and store the figures, clean up."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    _instrument()
+    image = _common.sqsh_image()
+    job_ids: list[str] = []
+    paths: list[str] = [image]
+    rounds: list[dict[str, Any]] = []
+    try:
+        for index in range(args.rounds + 1):
+            ours = operator_round(image, index)
+            handle = ours.pop("handle")
+            job_ids.append(handle["slurm_job_id"])
+            paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
+            bare = bare_round(handle["script_path"])
+            job_ids.append(bare["job_id"])
+            if index:  # round 0 warms up imports, templates and the cluster's caches
+                rounds.append({"operator": ours, "bare": bare, "ratio": ours["wall_s"] / bare["wall_s"]})
+    finally:
+        _common.cancel_jobs(job_ids)
+        _common.remove_remote(paths)
+
+    ratio = _common.median([r["ratio"] for r in rounds])
+    op_wall = _common.median([r["operator"]["wall_s"] for r in rounds])
+    bare_wall = _common.median([r["bare"]["wall_s"] for r in rounds])
+    trips = max(r["operator"]["round_trips"] for r in rounds)
+    conns = max(r["operator"]["connections"] for r in rounds)
+    connect_s = _common.median([r["operator"]["connect_s"] for r in rounds])
+    remote_s = _common.median([r["operator"]["remote_s"] for r in rounds])
+    local_s = _common.median(
+        [r["operator"]["wall_s"] - r["operator"]["remote_s"] - r["operator"]["connect_s"] for r in rounds]
+    )
+    figures = [
+        Figure(
+            "wall time per submission, median",
+            f"{op_wall:.3f} s",
+            f"bare ssh sbatch {bare_wall:.3f} s",
+        ),
+        Figure("wall-time ratio operator/bare, median of rounds", f"{ratio:.2f}x", "", "<= 2.0", ratio <= 2.0),
+        Figure("SSH round trips per submission (commands)", str(trips), "bare: 1", "<= 3", trips <= 3),
+        Figure("SSH connections per submission", str(conns), "bare: 1", "1", conns == 1),
+        Figure("  of which: SSH login (paramiko), median", f"{connect_s:.3f} s"),
+        Figure("  of which: remote commands, median", f"{remote_s:.3f} s"),
+        Figure("  of which: local work (validate, render, bash -n, record), median", f"{local_s:.3f} s"),
+    ]
+    title = f"Submission overhead, {len(rounds)} rounds (benchmarks/submit.py)"
+    _common.print_figures(title, figures)
+    _common.write_result("submit", title, figures, {"rounds": rounds})
+
+
+if __name__ == "__main__":
+    main()
