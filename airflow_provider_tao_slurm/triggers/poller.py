@@ -14,6 +14,7 @@ import contextlib
 import logging
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +39,15 @@ class PollUpdate:
     error: str | None = None
 
 
+#: How many recent poll durations the stats keep (a triggerer runs for months).
+STATS_WINDOW = 256
+
+
 @dataclass
 class _Stats:
     polls: int = 0
     failures: int = 0
-    durations: list[float] = field(default_factory=list)
+    durations: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
 
 class StatusPoller:
