@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
 from airflow_provider_tao_slurm.core.execution import (
     HELPERS_DIR,
@@ -110,6 +111,8 @@ def _check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
             )
         if not isinstance(value, str):
             raise ValidationError(f"{param}[{key!r}] must be a string (got {type(value).__name__}); quote it")
+        if "\x00" in value:
+            raise ValidationError(f"{param}[{key!r}] contains a NUL byte, which no shell can carry; remove it")
         checked[key] = value
     return checked
 
@@ -251,6 +254,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             raise ValidationError(
                 "command is empty; give the shell command to run inside the container (or execution.command)"
             )
+        if "\x00" in command:
+            raise ValidationError("command contains a NUL byte, which no shell can carry; remove it")
         if not settings.results_dir:
             raise ConnectionConfigError(
                 f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
@@ -323,7 +328,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 self.log.info("Job %s already finished: this try submits a fresh job %s", retry_of, job_id)
                 previous = None
             else:
-                adopted = self._adopt(job_id)
+                adopted = self._adopt(job_id, layout.log_dir)
 
         values = binding_values(results_dir=layout.results_dir, job_id=job_id, config_path=layout.spec_path)
         execution: Execution = checked["execution"]
@@ -469,8 +474,12 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         files[f"{rel}/manifest.json"] = (manifest_text.encode(), 0o644)
         return files
 
-    def _adopt(self, job_id: str) -> str | None:
-        """On a retry, the job an earlier try submitted (live or finished), if any."""
+    def _adopt(self, job_id: str, log_dir: str) -> str | None:
+        """On a retry, the job an earlier try submitted (live or finished), if any.
+
+        The earlier try may have died between ``sbatch --hold`` and the release (a killed worker, a
+        cut connection): the adopted job gets its log directory and is released (a no-op otherwise).
+        """
         ids = self.hook.find_jobs_by_name(job_id, all_hosts=True)
         if len(ids) > 1:
             raise AmbiguousSubmissionError(
@@ -478,6 +487,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             )
         if ids:
             self.log.info("Adopting SLURM job %s submitted by an earlier try of this task", ids[0])
+            self.hook.run(
+                commands.prepare_job_logs(log_dir, job_id, ids[0]), check=True, what="releasing the adopted job"
+            )
             return ids[0]
         return None
 

@@ -19,7 +19,15 @@ from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.records import (
+    JobRecord,
+    check_job_id,
+    from_json,
+    mark,
+    mint_job_id,
+    open_record,
+    to_json,
+)
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState, state_from_native
 from airflow_provider_tao_slurm.core.status import status_verdict
@@ -113,6 +121,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             raise ValidationError(f"job handle lacks {', '.join(missing)}; pass SbatchSubmitOperator's output")
         if not str(value["slurm_job_id"]).isdigit():
             raise ValidationError(f"job handle has a bad slurm_job_id {value['slurm_job_id']!r}")
+        check_job_id(value["job_id"], "job handle's job_id")
         handle = dict(value)
         handle.setdefault("infra_retries", 0)
         return handle
@@ -141,6 +150,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                 poll_interval=float(self.poke_interval),
                 submitted_at=submitted_at,
                 not_found_grace=self.not_found_grace,
+                sidecar_path=handle.get("sidecar_path"),
             ),
             method_name="execute_complete",
             kwargs={"job": dict(handle)},
@@ -178,6 +188,20 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             self._current = outcome["handle"]
             return False
         return PokeReturnValue(is_done=True, xcom_value=outcome)
+
+    def on_kill(self) -> None:
+        """A user killed the task waiting in the worker (``deferrable=False``): cancel the job, remove its sidecar.
+
+        A deferred sensor is killed through its trigger's ``on_kill`` instead; this one then has no job.
+        """
+        handle = self._current
+        if handle is None:
+            return
+        self.log.info("Cancelling SLURM job %s (%s) on user request", handle["slurm_job_id"], handle["job_id"])
+        self.hook.cancel([str(handle["slurm_job_id"])], job_name=str(handle["job_id"]))
+        sidecar = handle.get("sidecar_path")
+        if sidecar:
+            self.hook.run(commands.remove_files([sidecar]), check=True, what="removing the secret sidecar")
 
     # ------------------------------------------------------------------ settling
 

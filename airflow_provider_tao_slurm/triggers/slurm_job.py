@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.states import JobState, TaoState
 
 #: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
@@ -55,6 +56,8 @@ class SlurmJobTrigger(BaseTrigger):
         ``not_found_grace`` seconds after it (and after the job was last seen).
     :param last_state: the last state already reported (so a re-defer does not repeat it).
     :param last_reason: the last pending reason already reported.
+    :param sidecar_path: the job's secret sidecar, removed when a user kill cancels the job (no
+        ``execute_complete`` runs after a kill, so nothing else would remove it).
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class SlurmJobTrigger(BaseTrigger):
         not_found_grace: float = DEFAULT_NOT_FOUND_GRACE_S,
         last_state: str | None = None,
         last_reason: str | None = None,
+        sidecar_path: str | None = None,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -77,6 +81,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.not_found_grace = float(not_found_grace)
         self.last_state = last_state
         self.last_reason = last_reason
+        self.sidecar_path = sidecar_path
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and primitive kwargs; ``cls(**kwargs)`` rebuilds an equivalent trigger."""
@@ -91,6 +96,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "not_found_grace": self.not_found_grace,
                 "last_state": self.last_state,
                 "last_reason": self.last_reason,
+                "sidecar_path": self.sidecar_path,
             },
         )
 
@@ -176,9 +182,19 @@ class SlurmJobTrigger(BaseTrigger):
         }
 
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed/success or cleared it: cancel the SLURM job.
+        """A user marked the deferred task failed/success or cleared it: cancel the SLURM job, remove its sidecar.
 
         Airflow 3.3 calls this only on explicit user action, never on triggerer restarts.
         """
         self.log.info("Cancelling SLURM job %s (%s) on user request", self.slurm_job_id, self.job_name)
-        await self._hook().a_cancel([self.slurm_job_id], job_name=self.job_name)
+        hook = self._hook()
+        await hook.a_cancel([self.slurm_job_id], job_name=self.job_name)
+        if self.sidecar_path:
+            removed = await hook.a_run(commands.remove_files([self.sidecar_path]))
+            if removed.rc != 0:
+                self.log.warning(
+                    "Could not remove the secret sidecar %s (exit %s): %s; remove it by hand",
+                    self.sidecar_path,
+                    removed.rc,
+                    removed.stderr.strip(),
+                )

@@ -377,6 +377,7 @@ def through_node_failure(
         async def watch_and_fail() -> TriggerEvent:
             watch = asyncio.ensure_future(first_event(deferred.trigger))
             await asyncio.to_thread(wait_until, on_n2, "job running on n2")
+            await asyncio.sleep(2 * POLL_S)  # let the trigger's poll see RUNNING before the node fails
             await asyncio.to_thread(harness, "node-down", "n2")
             if then is not None:
                 await asyncio.to_thread(then, slurm_id)

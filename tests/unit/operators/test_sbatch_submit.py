@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
@@ -145,6 +146,7 @@ class FakeHook:
         self.files: dict[str, str] = {}
         self.submits: list[tuple[str, str, str]] = []
         self.found: list[str] = []
+        self.commands: list[str] = []
 
     def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
         self.staged.update({f"{base}/{name}": item for name, item in files.items()})
@@ -165,6 +167,9 @@ class FakeHook:
     def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
         assert all_hosts
         return list(self.found)
+
+    def run(self, command: str, **kwargs: Any) -> None:
+        self.commands.append(command)
 
 
 def staged_text(hook: FakeHook, path: str) -> str:
@@ -220,6 +225,8 @@ def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
 
     assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
     assert hook.staged == {}
+    # the first try may have died before releasing its held job: the adopting try releases it
+    assert hook.commands == [commands.prepare_job_logs(LAYOUT.log_dir, JOB_ID, first["slurm_job_id"])]
     assert second["slurm_job_id"] == first["slurm_job_id"]
     assert second["job_id"] == first["job_id"]
     record = from_json(hook.files[LAYOUT.record_path])

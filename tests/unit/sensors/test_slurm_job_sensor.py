@@ -150,6 +150,7 @@ def test_execute_defers_to_the_trigger_with_the_handle() -> None:
     assert isinstance(trigger, SlurmJobTrigger)
     assert (trigger.slurm_job_id, trigger.job_name, trigger.poll_interval) == (SLURM_ID, JOB_ID, 5.0)
     assert trigger.submitted_at == 1767323045.0
+    assert trigger.sidecar_path == LAYOUT.sidecar_path  # a user kill removes it (no execute_complete follows)
     assert deferred.value.method_name == "execute_complete"
     assert deferred.value.kwargs == {"job": {**make_handle(), "infra_retries": 0}}
     assert deferred.value.timeout is None

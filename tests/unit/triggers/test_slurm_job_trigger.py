@@ -14,12 +14,14 @@ from airflow.sdk.module_loading import import_string
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult
 from airflow_provider_tao_slurm.triggers import slurm_job as trigger_module
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 T = TypeVar("T")
 JOB = "4242"
 NAME = "tao-dag.submit-0123456789abcdef"
+SIDECAR = f"/lustre/u/jobs/{NAME}/.secrets.env"
 POLL = 0.02
 
 Script = list["dict[str, JobState] | Exception"]
@@ -44,6 +46,7 @@ class FakeHook:
         self.script = list(script)
         self.polls: list[list[str]] = []
         self.cancels: list[tuple[list[str], str | None]] = []
+        self.commands: list[str] = []
         self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
 
     async def a_settings(self) -> ClusterSettings:
@@ -58,6 +61,10 @@ class FakeHook:
 
     async def a_cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
         self.cancels.append((list(job_ids), job_name))
+
+    async def a_run(self, command: str) -> CommandResult:
+        self.commands.append(command)
+        return CommandResult(0, "", "")
 
 
 @pytest.fixture
@@ -77,7 +84,9 @@ async def all_events(trigger: SlurmJobTrigger) -> list[dict[str, Any]]:
 
 
 def test_serialize_round_trip() -> None:
-    trigger = make(submitted_at=1700000000.5, not_found_grace=60, last_state="RUNNING", last_reason="None")
+    trigger = make(
+        submitted_at=1700000000.5, not_found_grace=60, last_state="RUNNING", last_reason="None", sidecar_path=SIDECAR
+    )
     classpath, kwargs = trigger.serialize()
 
     assert classpath == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
@@ -90,6 +99,7 @@ def test_serialize_round_trip() -> None:
         "not_found_grace": 60.0,
         "last_state": "RUNNING",
         "last_reason": "None",
+        "sidecar_path": SIDECAR,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -203,6 +213,14 @@ def test_on_kill_cancels_the_job_by_id_and_exact_name(hook: FakeHook) -> None:
     run(make().on_kill())
 
     assert hook.cancels == [([JOB], NAME)]
+    assert hook.commands == []
+
+
+def test_on_kill_removes_the_secret_sidecar_after_cancelling(hook: FakeHook) -> None:
+    run(make(sidecar_path=SIDECAR).on_kill())
+
+    assert hook.cancels == [([JOB], NAME)]
+    assert hook.commands == [f"rm -f -- {SIDECAR}"]
 
 
 def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook: FakeHook) -> None:

@@ -1,0 +1,323 @@
+"""Shared helpers and fixtures of the fault and security suites (``tests/cluster/faults``, ``tests/cluster/security``).
+
+Everything runs against the local SLURM test cluster (``tests/cluster/harness.py``). The helpers ask the
+cluster through real OpenSSH (``ssh_run``), never through the provider, so what they report is
+independent evidence: which jobs carry a name, a file's mode, a record's content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Coroutine, MutableMapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import structlog
+
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.hooks.slurm import async_pool
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.config import ClusterSettings
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+HARNESS = Path(__file__).resolve().parent / "harness.py"
+CLUSTER_CONFTEST = "tao_cluster_conftest"
+SECRET_SOURCE = "TAO_RELIABILITY_SECRET"
+#: Prints a digest of the secret the job received: proves it arrived without ever printing it.
+SHOW_SECRET = 'echo "secret-digest=$(printf %s "$RL_TOKEN" | sha256sum | cut -c1-16)"'
+POLL_S = 1.0
+
+# ---------------------------------------------------------------------- the cluster, asked over OpenSSH
+
+
+def harness(*args: str, timeout: float = 120) -> str:
+    """Run a harness fault command (we run as root, as the harness requires); return its output."""
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, f"harness {' '.join(args)}: {proc.stdout}{proc.stderr}"
+    return proc.stdout + proc.stderr
+
+
+def remote_text(ssh_run: SshRun, path: str) -> str:
+    """A file's content on the cluster ('' when it does not exist)."""
+    _, out, _ = ssh_run(f"cat -- {quote(path)} 2>/dev/null")
+    return out
+
+
+def sidecar_mode(ssh_run: SshRun, path: str) -> str:
+    """``stat -c %a`` of a file (the secret sidecar), or ``gone``."""
+    _, out, _ = ssh_run(f"stat -c %a -- {quote(path)} 2>/dev/null || echo gone")
+    return out.strip()
+
+
+def squeue_field(ssh_run: SshRun, slurm_id: str, field: str) -> str:
+    """One ``squeue -t all`` column (``%T``, ``%N``, ``%r`` ...) of a job; empty when squeue forgot it."""
+    _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", field]))
+    return out.strip()
+
+
+def final_state(ssh_run: SshRun, slurm_id: str) -> str:
+    """The job's state as sacct has it, first word (``CANCELLED by 1001`` -> ``CANCELLED``)."""
+    _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", "State", "--starttime=now-1days"]))
+    words = out.split()
+    return words[0] if words else ""
+
+
+def jobs_named(ssh_run: SshRun, name: str) -> list[str]:
+    """Ids of every job (live, or finished in the last day) named exactly ``name``, by squeue and sacct."""
+    command = (
+        join(["squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i"])
+        + " ; "
+        + join(["sacct", "-X", "-n", "-P", "--starttime=now-1days", f"--name={name}", "-o", "JobIDRaw"])
+    )
+    _, out, _ = ssh_run(command)
+    return sorted(set(out.split()), key=int)
+
+
+def job_names(ssh_run: SshRun, prefix: str) -> dict[str, str]:
+    """``{slurm id: name}`` of every job of the cluster user (live or finished today) named ``prefix...``."""
+    command = (
+        join(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%j"])
+        + " ; "
+        + join(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobName", "--starttime=now-1days"])
+    )
+    _, out, _ = ssh_run(command)
+    found: dict[str, str] = {}
+    for line in out.splitlines():
+        slurm_id, _, name = line.partition("|")
+        if name.startswith(prefix):
+            found[slurm_id.strip()] = name
+    return found
+
+
+def record_of(ssh_run: SshRun, path: str) -> dict[str, Any]:
+    """The job record on the cluster, parsed."""
+    text = remote_text(ssh_run, path)
+    assert text, f"no record at {path}"
+    return dict(json.loads(text))
+
+
+def digest(value: str) -> str:
+    """What :data:`SHOW_SECRET` prints for ``value``."""
+    return hashlib.sha256(value.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- connections
+
+
+def connection_json(cluster: ClusterEnv, **changes: Any) -> str:
+    """``AIRFLOW_CONN_SLURM_DEFAULT`` for the test cluster (as ``slurm_connection_env`` sets it), for module
+    fixtures; ``changes`` replace connection fields, ``extra`` entries are merged.
+
+    ``tests/cluster/conftest.py`` is loaded by path: the import name ``conftest`` belongs to several modules.
+    """
+    module = sys.modules.get(CLUSTER_CONFTEST)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(CLUSTER_CONFTEST, HARNESS.with_name("conftest.py"))
+        assert spec is not None
+        assert spec.loader is not None
+        module = sys.modules[CLUSTER_CONFTEST] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    fields = {"conn_type": "tao_slurm", **module.connection_fields(cluster)}
+    fields["extra"] = {**fields["extra"], **changes.pop("extra", {})}
+    return json.dumps({**fields, **changes})
+
+
+async def pooled_port(settings: ClusterSettings) -> int:
+    """The local port of the pooled async SSH connection the triggers of this event loop share."""
+    conn = await async_pool().connection(settings)
+    return int(conn.get_extra_info("sockname")[1])
+
+
+def cut_connection(cluster: ClusterEnv, local_port: int) -> None:
+    """Reset one SSH connection on the server side (``ss -K``), as a login-host restart or a network cut does.
+
+    Only the connection from ``local_port`` is hit: other suites' sessions stay up.
+    """
+    subprocess.run(
+        ["ss", "-K", "-t", "src", f"{cluster.host}:{cluster.port}", "dst", f"{cluster.host}:{local_port}"],
+        check=True,
+        capture_output=True,
+    )
+
+
+# ---------------------------------------------------------------------- triggerer
+
+
+class Triggerer:
+    """One event loop in a background thread, as in a triggerer process: every trigger runs in it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="triggerer", daemon=True)
+        self.thread.start()
+
+    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
+        """Run ``coroutine`` on the triggerer's loop; wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def first_event(self, trigger: Any, timeout: float = 180) -> dict[str, Any]:
+        """Rebuild ``trigger`` from ``serialize()`` (as the triggerer does) and return its first event's payload."""
+        classpath, kwargs = trigger.serialize()
+        module, _, name = classpath.rpartition(".")
+        rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+
+        async def first() -> dict[str, Any]:
+            events = rebuilt.run()
+            try:
+                return dict((await anext(events)).payload)
+            finally:
+                await events.aclose()
+
+        return dict(self.call(first(), timeout))
+
+    def close(self) -> None:
+        """Close the pooled connections of the loop and stop it."""
+        self.call(async_pool().close_all(), 10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+# ---------------------------------------------------------------------- operators
+
+
+def submit_op(image: str, command: str, **kwargs: Any) -> SbatchSubmitOperator:
+    """A small, fast job: one GPU, one CPU, six minutes (three for the program), the test secret in ``RL_TOKEN``."""
+    kwargs.setdefault("secret_env", {"RL_TOKEN": f"env:{SECRET_SOURCE}"})
+    kwargs.setdefault("time_hours", 0.1)
+    kwargs.setdefault("timeout_hours", 0.05)
+    return SbatchSubmitOperator(
+        task_id=kwargs.pop("task_id", "submit"),
+        image=image,
+        command=command,
+        gpus_per_node=kwargs.pop("gpus_per_node", 1),
+        cpus_per_task=1,
+        **kwargs,
+    )
+
+
+def submit(op: SbatchSubmitOperator, ctx: dict[str, Any]) -> dict[str, Any]:
+    """``op.execute(ctx)``, closing the operator's SSH connection afterwards."""
+    try:
+        return dict(op.execute(ctx))
+    finally:
+        op.hook.close()
+
+
+def sensor_for(handle: dict[str, Any], **kwargs: Any) -> SlurmJobSensor:
+    """The sensor on a job handle, polling every second."""
+    kwargs.setdefault("poke_interval", POLL_S)
+    return SlurmJobSensor(task_id="wait", job=handle, **kwargs)
+
+
+# ---------------------------------------------------------------------- evidence collectors
+
+
+class ArgvSampler(threading.Thread):
+    """Samples every process's command line on this machine (it is the login host) with ``ps -eo args``."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True, name="argv-sampler")
+        self.samples: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.samples.append(subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout)
+
+    def stop(self) -> list[str]:
+        """Stop sampling; return the samples."""
+        self.done.set()
+        self.join(10)
+        return self.samples
+
+
+class LogCapture(logging.Handler):
+    """Every log line this process emits while active: Airflow's structlog loggers (operators, hooks,
+    triggers) and the standard library loggers (poller, asyncssh, paramiko) down to DEBUG.
+
+    The structlog recorder sits right before the renderer, after the message was formatted, and
+    before any masking a task runner might add: what it sees is what the code wrote.
+    """
+
+    LOGGERS = ("", "airflow_provider_tao_slurm", "asyncssh", "paramiko", "airflow")
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+        self._levels: dict[str, int] = {}
+        self._processors: list[Any] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.name}: {record.getMessage()}")
+
+    def _record(self, _logger: Any, _method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        self.lines.append(" ".join(f"{key}={value}" for key, value in event_dict.items()))
+        return event_dict
+
+    def __enter__(self) -> LogCapture:
+        self._processors = list(structlog.get_config()["processors"])
+        structlog.configure(processors=[*self._processors[:-1], self._record, self._processors[-1]])
+        for name in self.LOGGERS:
+            logger = logging.getLogger(name)
+            self._levels[name] = logger.level
+            logger.setLevel(logging.DEBUG)
+        logging.getLogger().addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger().removeHandler(self)
+        for name, level in self._levels.items():
+            logging.getLogger(name).setLevel(level)
+        structlog.configure(processors=self._processors)
+
+
+# ---------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def image(cluster: ClusterEnv, ssh_run: SshRun) -> str:
+    """A real squashfs made once by the Enroot stand-in (reused while its magic is right)."""
+    path = f"{cluster.containers_dir}/reliability.sqsh"
+    _, magic, _ = ssh_run(f"head -c 4 -- {quote(path)} 2>/dev/null")
+    if magic != "hsqs":
+        ssh_run(f"rm -f -- {quote(path)}")
+        rc, _, err = ssh_run(join(["enroot", "import", "-o", path, "docker://nvcr.io#nvidia/x:1"]), timeout=120)
+        assert rc == 0, err
+    return path
+
+
+@pytest.fixture(scope="session")
+def secret_value() -> str:
+    """The secret of this session's jobs (``secret_env`` reads it from the worker's environment)."""
+    return f"rl-{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def conn(slurm_connection_env: str, secret_value: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The ``slurm_default`` connection, plus the worker-side variable the secret is read from."""
+    monkeypatch.setenv(SECRET_SOURCE, secret_value)
+    return slurm_connection_env
+
+
+@pytest.fixture
+def dag_id(request: pytest.FixtureRequest) -> str:
+    """A DAG id unique to this test and run (it is part of every job name)."""
+    node = hashlib.sha256(f"{request.node.nodeid}{uuid.uuid4()}".encode()).hexdigest()[:10]
+    return f"rl-{re.sub(r'[^a-z0-9]+', '-', request.node.originalname.removeprefix('test_'))[:24]}-{node}"

@@ -1,0 +1,95 @@
+"""Fault suite (issue 10): three DAG runs at once on the same image and dataset.
+
+Three worker threads each run one DAG run's chain (dataset check -> image import -> submit -> sensor),
+as three Airflow workers would; every deferred step goes to one shared triggerer event loop. The
+image is new (a per-run tag), so it must be converted, and the three runs race for it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+from clusterkit import Triggerer, jobs_named, record_of, sensor_for, submit_op
+from deferral import context
+
+from airflow_provider_tao_slurm.core.images import parse_image
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
+from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator
+
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+
+def drive(op: BaseOperator, ctx: Any, triggerer: Triggerer) -> Any:
+    """Run ``op`` like Airflow: execute, and while it defers, the trigger on the shared loop then the resume."""
+    try:
+        try:
+            return op.execute(ctx)
+        except TaskDeferred as first:
+            deferred = first
+        while True:
+            event = triggerer.first_event(deferred.trigger)
+            try:
+                return getattr(op, deferred.method_name)(ctx, event=event, **(deferred.kwargs or {}))
+            except TaskDeferred as again:
+                deferred = again
+    finally:
+        op.hook.close()  # type: ignore[attr-defined]
+
+
+def test_three_concurrent_dag_runs_share_one_conversion(
+    conn: str, cluster: ClusterEnv, ssh_run: SshRun, dag_id: str, record_property: Any
+) -> None:
+    """Three DAG runs of one DAG were started at the same moment, each checking the same dataset, importing
+    the same not-yet-converted registry image, then submitting and watching its training job. Expected: the
+    image is converted exactly once (the other runs wait for that conversion and reuse its .sqsh), the three
+    runs get the same .sqsh path, three GPU jobs with three job names run, and three job records end
+    COMPLETE; one SLURM job per run."""
+    token = uuid.uuid4().hex[:8]
+    image = f"example.org/reliability/concurrent-{token}:1"
+    dataset = f"{cluster.results_dir}/rl-dataset-{token}"
+    assert ssh_run(f"mkdir -p {quote(dataset)} && echo labels > {quote(dataset)}/labels.txt")[0] == 0
+    triggerer = Triggerer()
+
+    def dag_run(index: int) -> tuple[str, dict[str, Any], dict[str, Any]]:
+        ctx = context(dag_id, "train", f"run{index}")
+        StageDatasetCheckOperator(task_id="check", paths=[dataset]).execute(ctx)
+        importer = EnrootImportOperator(
+            task_id="import", image=image, containers_dir=cluster.containers_dir, poke_interval=1
+        )
+        sqsh = drive(importer, ctx, triggerer)
+        submitter = submit_op(sqsh, f"cat {dataset}/labels.txt; sleep 1", secret_env=None)
+        handle = drive(submitter, ctx, triggerer)
+        return sqsh, handle, drive(sensor_for(handle), ctx, triggerer)
+
+    try:
+        with ThreadPoolExecutor(3) as workers:
+            runs = list(workers.map(dag_run, range(3)))
+    finally:
+        triggerer.close()
+        sqsh_file = f"{cluster.containers_dir}/*concurrent-{token}*"
+        ssh_run(f"rm -rf -- {quote(dataset)} {sqsh_file}")
+
+    uri = parse_image(image).enroot_uri
+    conversions = [line for line in Path(cluster.enroot_imports_log).read_text().splitlines() if line.endswith(uri)]
+    handles = [handle for _, handle, _ in runs]
+    record_property(
+        "detail", f"conversions={len(conversions)}; distinct jobs={len({h['slurm_job_id'] for h in handles})}"
+    )
+    assert len(conversions) == 1
+    assert len({sqsh for sqsh, _, _ in runs}) == 1
+    assert len({h["job_id"] for h in handles}) == len({h["slurm_job_id"] for h in handles}) == 3
+    for handle in handles:
+        assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
+        assert record_of(ssh_run, handle["record_path"])["terminal_state"] == "COMPLETE"
+    assert [result["terminal_state"] for _, _, result in runs] == ["COMPLETE"] * 3

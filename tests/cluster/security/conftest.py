@@ -1,0 +1,19 @@
+"""Fixtures of the security suite; ``tests/cluster/conftest.py`` (cluster, ssh_run, slurm_settings, ...) applies too.
+
+The suite lives under ``tests/cluster`` so that the cluster conftest applies without importing it by
+name (two ``conftest`` modules cannot share one import name). The reliability recorder that writes
+RELIABILITY.md is registered here, so a run that collects the fault suite records every catalogued case.
+"""
+
+from __future__ import annotations
+
+import pytest
+from clusterkit import conn, dag_id, image, secret_value
+from reliability_report import register
+
+__all__ = ["conn", "dag_id", "image", "secret_value"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the reliability recorder (once per session, whichever suite's conftest comes first)."""
+    register(config)
