@@ -220,7 +220,7 @@ CATALOGUE: dict[str, list[Case]] = {
                 "file:// and relative dataset paths refused before any SSH.",
             ),
             Ref(
-                "tests/cluster/test_execution.py::test_bad_supporting_files_are_refused_before_anything_is_staged",
+                "tests/cluster/test_cluster_execution.py::test_bad_supporting_files_are_refused_before_anything_is_staged",
                 "Spec-bundle supporting files escaping their root or missing: refused before staging.",
             ),
             Ref(
