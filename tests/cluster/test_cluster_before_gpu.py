@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.images import parse_image, sqsh_cache_name
 from airflow_provider_tao_slurm.core.shell import quote
@@ -310,9 +311,16 @@ def test_first_import_converts_on_the_cpu_partition_and_the_second_reuses(
     assert event is not None
     job_id = event["slurm_job_id"]
     assert sqsh_header(ssh_run, path) == "hsqs"
-    rc, out, err = ssh_run(f"sacct -j {job_id} -X -n -P -o JobName,Partition,State,AllocCPUS,ReqMem,Timelimit")
-    assert rc == 0, err
-    assert out.strip() == f"{event['job_name']}|{cluster.cpu_partition}|COMPLETED|4|7200M|02:00:00"
+    # sacct keeps a placeholder row (JobName "allocation", no partition) for a few seconds after a short job
+    row = wait_until(
+        lambda: (
+            (out := ssh_run(f"sacct -j {job_id} -X -n -P -o JobName,Partition,State,AllocCPUS,ReqMem,Timelimit")[1])
+            and not out.startswith("allocation|")
+            and out.strip()
+        ),
+        f"accounting row of job {job_id}",
+    )
+    assert row == f"{event['job_name']}|{cluster.cpu_partition}|COMPLETED|4|7200M|02:00:00"
     assert [line[2] for line in imports_of(cluster, image)] == [job_id], "enroot ran inside the conversion job"
     rc, _, _ = ssh_run(f"ls -d {quote(path)}.lock {quote(path)}.tmp-* /tmp/enroot-{job_id}")
     assert rc != 0, "the lock, the partial file and the node-local temp dir are gone"
