@@ -420,7 +420,7 @@ def test_log_is_read_by_offset_and_restarts_after_truncation(
 
 
 class ArgvSampler(threading.Thread):
-    """Samples every process's command line on this machine (the login host) with ``ps -eo args``."""
+    """Samples every process's command line on this machine (the login host) with ``ps -eww -o args=``."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
@@ -429,7 +429,7 @@ class ArgvSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            self.samples.append(subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout)
+            self.samples.append(subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout)
 
 
 def test_enroot_credentials_are_private_and_never_leak(

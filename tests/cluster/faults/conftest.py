@@ -2,7 +2,7 @@
 
 The suite lives under ``tests/cluster`` so that the cluster conftest applies without importing it by
 name (two ``conftest`` modules cannot share one import name). The reliability recorder that writes
-RELIABILITY.md is registered here, so a run that collects the fault suite records every catalogued case.
+RELIABILITY.md is registered here too, so a run that collects either suite records every catalogued case.
 """
 
 from __future__ import annotations

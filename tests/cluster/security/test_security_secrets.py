@@ -82,8 +82,6 @@ class Evidence:
 
     runs: dict[str, Run]
     places: dict[str, str]
-    samples: list[str]
-    log_lines: list[str]
 
 
 def _watch(run: Run, ssh_run: SshRun) -> Any:
@@ -191,7 +189,7 @@ def evidence(cluster: ClusterEnv, ssh_run: SshRun, image: str) -> Iterator[Evide
         "login host process list, sampled during submission and run": "\n".join(samples),
         "sshd logs": "\n".join(path.read_text(errors="replace") for path in sshd_logs),
     }
-    yield Evidence(runs, places, samples, log_lines)
+    yield Evidence(runs, places)
     ssh_run("rm -rf -- " + " ".join(quote(h[key]) for h in handles for key in ("job_dir", "results_dir", "log_dir")))
 
 
