@@ -391,7 +391,7 @@ class Recorder:
         if session.config.option.collectonly or self.deselected or missing:
             return
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(self.tests, indent=1, sort_keys=True) + "\n")
+        RESULTS.write_text(json.dumps(self.tests, indent=1) + "\n")  # in collection order, as rendered
         REPORT.write_text(render(self.tests))
 
 
@@ -479,7 +479,7 @@ def _hostile_table(tests: dict[str, dict[str, Any]]) -> list[str]:
         "",
         "Each value was given to one parameter and the task (or hook) run, with paramiko's connect/exec and",
         "asyncssh's connect watched: refused with an error naming the parameter or the problem, and no SSH",
-        "activity at all. `CANARY` is `/tmp/tao-rl-canary-<run token>`; `x` * 5000 stands for a 5000-character run.",
+        "activity at all. `CANARY` is `/tmp/tao-rl-canary`; `x…` stands for a 5000-character run.",
         "",
         "| id | parameter | value | outcome |",
         "|---|---|---|---|",

@@ -376,7 +376,7 @@ def test_refused(
     message = str(refused.value)
     record_property("parameter", case.parameter)
     record_property("value", display_value(case.value, 80))
-    record_property("outcome", f"refused: {type(refused.value).__name__}: {message.splitlines()[0][:180]}")
+    record_property("outcome", f"refused: {type(refused.value).__name__}: {' '.join(message.split())[:200]}")
     assert case.mentions in message, message
     assert ssh_activity == []
     assert not Path(CANARY).exists()
@@ -411,7 +411,7 @@ WRITE_BACK = (
 )
 MOUNTS = f"/srv/lustre:/srv/lustre,/srv/lustre/containers:/mnt/x $({TOUCH});`{TOUCH}`"
 SPEC = {"train": {"note": LITERAL, "values": list(HOSTILE_TEXT.values())[:6], "path": "{results_dir}/out"}}
-HOSTILE_RUN_ID = f"manual__2026-01-01T00:00:00+00:00 $({TOUCH});`{TOUCH}`\n&&"
+HOSTILE_RUN_ID = f"manual__{TOKEN} $({TOUCH});`{TOUCH}`\n&&"  # unique per run: the job name derives from it
 
 
 @pytest.fixture(scope="module")
@@ -439,7 +439,7 @@ def test_accepted_values_arrive_byte_exact(
     the texts, the canary never appeared, and every file under the results base belongs to the job."""
     monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, extra={"results_dir": results_base}))
     monkeypatch.setenv(SECRET_SOURCE, SECRET_LITERAL)
-    ctx = context("rl-hostile", "train", HOSTILE_RUN_ID)
+    ctx = context("rl-hostile", "train", f"{HOSTILE_RUN_ID} {TOKEN}")  # a job name of its own per run
     op = SbatchSubmitOperator(
         task_id="train",
         image=image,
