@@ -105,6 +105,40 @@ def job_names(ssh_run: SshRun, prefix: str) -> dict[str, str]:
     return found
 
 
+def as_other(cluster: ClusterEnv, command: str, timeout: float = 60) -> tuple[int, str, str]:
+    """Run a shell command on this machine (the login host) as the cluster's second user; ``(rc, out, err)``."""
+    proc = subprocess.run(
+        ["runuser", "-u", cluster.other_user, "--", "bash", "-c", command],
+        cwd=cluster.other_dir,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "HOME": cluster.other_dir},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def submit_as_other(
+    cluster: ClusterEnv, job_name: str, command: str = "sleep 300", *, hold: bool = False, partition: str | None = None
+) -> str:
+    """Submit a job named ``job_name`` as the second user (held with ``hold``); return its SLURM id."""
+    argv = [
+        "sbatch",
+        "--parsable",
+        *(["--hold"] if hold else []),
+        f"--job-name={job_name}",
+        f"--output={cluster.other_dir}/%x-%j.out",
+        f"--partition={partition or cluster.gpu_partition}",
+        "--time=00:10:00",
+        f"--wrap={command}",
+    ]
+    rc, out, err = as_other(cluster, join(argv))
+    if rc != 0:
+        pytest.fail(f"sbatch as {cluster.other_user} failed: {err.strip()}")
+    return out.strip().split(";")[0]
+
+
 def record_of(ssh_run: SshRun, path: str) -> dict[str, Any]:
     """The job record on the cluster, parsed."""
     text = remote_text(ssh_run, path)

@@ -40,6 +40,9 @@ class ClusterEnv:
     closed_port: int
     user: str
     uid: int
+    other_user: str
+    other_uid: int
+    other_dir: str
     key_file: str
     known_hosts: str
     host_key: str

@@ -18,7 +18,9 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
 127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
 four fake GPUs (char devices, GRES); partitions ``polar`` (default, 4 h) and ``cpu_long`` (7 days);
-account ``gpu_proj``. The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
+account ``gpu_proj`` with two users: ``slurmuser`` (the provider's) and ``slurmother`` (another person on
+the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
+The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
 then cuts the connection before the reply. ``/usr/local/bin/enroot`` and the SPANK plugin
 ``fakepyxis.so`` stand in for Enroot and Pyxis (see those files). Jobs get CPU PyTorch from the venv
@@ -97,6 +99,9 @@ TORCH_REQUIREMENT = "torch==2.13.0"
 
 USER = "slurmuser"
 PREFERRED_UID = 1001
+#: A second cluster user: "other people" on a shared cluster (no SSH login; tests submit as it with runuser).
+OTHER_USER = "slurmother"
+OTHER_PREFERRED_UID = 1002
 CLUSTER = "mini"
 ACCOUNT = "gpu_proj"
 GPU_PARTITION = "polar"
@@ -270,20 +275,20 @@ def ensure_packages() -> None:
             policy.unlink()
 
 
-def ensure_user() -> pwd.struct_passwd:
-    """Create the cluster user (uid 1001 when free) and make sure key logins are not locked out."""
+def ensure_user(name: str = USER, preferred_uid: int = PREFERRED_UID) -> pwd.struct_passwd:
+    """Create a cluster user (``preferred_uid`` when free) and make sure key logins are not locked out."""
     try:
-        entry = pwd.getpwnam(USER)
+        entry = pwd.getpwnam(name)
     except KeyError:
-        uid_free = all(other.pw_uid != PREFERRED_UID for other in pwd.getpwall())
-        uid_args = ["-u", str(PREFERRED_UID)] if uid_free else []
-        run(["useradd", "-m", "-s", "/bin/bash", *uid_args, USER])
-        entry = pwd.getpwnam(USER)
-        step(f"user: created {USER} (uid {entry.pw_uid})")
+        uid_free = all(other.pw_uid != preferred_uid for other in pwd.getpwall())
+        uid_args = ["-u", str(preferred_uid)] if uid_free else []
+        run(["useradd", "-m", "-s", "/bin/bash", *uid_args, name])
+        entry = pwd.getpwnam(name)
+        step(f"user: created {name} (uid {entry.pw_uid})")
     shadow = {line.split(":")[0]: line.split(":")[1] for line in Path("/etc/shadow").read_text().splitlines()}
-    if shadow.get(USER) != "*":
-        run(["usermod", "-p", "*", USER])
-        step(f"user: {USER} unlocked for key login (password field '*')")
+    if shadow.get(name) != "*":
+        run(["usermod", "-p", "*", name])
+        step(f"user: {name} unlocked for key login (password field '*')")
     return entry
 
 
@@ -317,6 +322,7 @@ def ensure_layout() -> None:
         (SHARED, "root", 0o1777),
         (CONTAINERS, "root", 0o1777),
         (SHARED / USER, USER, 0o755),
+        (SHARED / OTHER_USER, OTHER_USER, 0o755),
         (ENROOT_KNOBS.parent, "root", 0o755),
     ]
     for path, owner, mode in dirs:
@@ -978,7 +984,7 @@ def ensure_accounting() -> None:
         )  # fmt: skip
         added.append(f"account {ACCOUNT}")
     associations = sacctmgr_list("association", f"cluster={CLUSTER}", "format=account,user")
-    for user in ("root", USER):
+    for user in ("root", USER, OTHER_USER):
         if [ACCOUNT, user] not in associations:
             run(
                 [
@@ -987,7 +993,10 @@ def ensure_accounting() -> None:
                 ]
             )  # fmt: skip
             added.append(f"user {user}")
-    step("accounting: " + (f"added {', '.join(added)}" if added else f"{CLUSTER}/{ACCOUNT}/root,{USER} present"))
+    step(
+        "accounting: "
+        + (f"added {', '.join(added)}" if added else f"{CLUSTER}/{ACCOUNT}/root,{USER},{OTHER_USER} present")
+    )
 
 
 def node_states() -> dict[str, str]:
@@ -1093,6 +1102,9 @@ def cluster_env() -> dict[str, object]:
         "closed_port": closed_port(),
         "user": USER,
         "uid": pwd.getpwnam(USER).pw_uid,
+        "other_user": OTHER_USER,
+        "other_uid": pwd.getpwnam(OTHER_USER).pw_uid,
+        "other_dir": str(SHARED / OTHER_USER),
         "key_file": str(CLIENT_KEY),
         "known_hosts": str(KNOWN_HOSTS),
         "host_key": public_key(HOST_KEY),
@@ -1132,6 +1144,7 @@ def cmd_up() -> int:
     started = time.monotonic()
     ensure_packages()
     user = ensure_user()
+    ensure_user(OTHER_USER, OTHER_PREFERRED_UID)
     ensure_layout()
     ensure_hosts()
     ensure_torch_venv()
