@@ -7,7 +7,8 @@ Airflow treats any exception raised from ``execute()`` as a task failure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class TaoSlurmError(Exception):
@@ -96,6 +97,32 @@ class RemoteCommandError(TaoSlurmError):
         super().__init__(message)
         self.rc = rc
         self.stderr = stderr
+
+
+class JobLookupError(RemoteCommandError):
+    """A scheduler query (squeue, sacct) failed: it says nothing about whether a job exists.
+
+    Never read as "no such job": no code path submits again because of it.
+
+    :param evidence: what failed (the tool, its exit status, its stderr), for the task log.
+    """
+
+    def __init__(self, message: str, evidence: str = "", rc: int | None = None) -> None:
+        super().__init__(message, rc=rc, stderr=evidence)
+        self.evidence = evidence
+
+
+class StatusQueryError(JobLookupError):
+    """A batched status poll answered for some jobs only.
+
+    :param states: the states that were answered (job id -> state), to be used as usual.
+    :param unanswered: the job ids no query could speak for; they are neither running nor gone.
+    """
+
+    def __init__(self, message: str, states: Mapping[str, Any], unanswered: Sequence[str], evidence: str = "") -> None:
+        super().__init__(message, evidence=evidence)
+        self.states = dict(states)
+        self.unanswered = list(unanswered)
 
 
 class SubmissionError(RemoteCommandError):

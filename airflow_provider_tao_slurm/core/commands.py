@@ -181,16 +181,6 @@ def squeue_states(job_ids: Sequence[str]) -> str:
     return join(["squeue", "-h", "-t", "all", "-j", ",".join(_slurm_job_ids(job_ids)), "-o", SQUEUE_FORMAT])
 
 
-def squeue_by_name(name: str) -> str:
-    """``squeue -h -t all --name=NAME -o SQUEUE_ID_FORMAT``: ids of the jobs named exactly ``name``.
-
-    :param name: the job name (a job id from ``records.mint_job_id``).
-    :returns: the command line; parse its output with ``states.parse_job_ids_by_name``.
-    :raises ValidationError: when ``name`` is not a safe job name.
-    """
-    return join(["squeue", "-h", "-t", "all", f"--name={check_job_id(name, 'job name')}", "-o", SQUEUE_ID_FORMAT])
-
-
 def sacct_states(job_ids: Sequence[str], starttime: str) -> str:
     """``sacct -X -n -P -j ID,... -o SACCT_FIELDS --starttime=START``: final states and exit codes.
 
@@ -214,43 +204,57 @@ def sacct_states(job_ids: Sequence[str], starttime: str) -> str:
     )
 
 
-def sacct_by_name(name: str, starttime: str) -> str:
-    """``sacct -X -n -P --name=NAME -o SACCT_ID_FIELDS --starttime=START``: ids of jobs named ``name``.
+def jobs_by_name(name: str, user: str, starttime: str) -> str:
+    """Every job named exactly ``name`` and owned by ``user``, live (squeue) and finished (sacct), in one round trip.
 
-    Without ``--starttime`` sacct would only look back to midnight.
+    Both queries filter by the user on the server side (``-u``), so another user's job of the same
+    name is never listed; the owner column lets the parser check it once more. Each query's exit
+    status follows its rows as ``#rc squeue <n>`` / ``#rc sacct <n>``: a failed query is not an
+    empty answer. Read the output with ``states.parse_jobs_by_name``.
 
-    :param name: the job name.
-    :param starttime: ``now-<n><unit>`` or ``YYYY-MM-DDTHH:MM:SS``.
-    :returns: the command line; parse its output with ``states.parse_job_ids_by_name``.
-    :raises ValidationError: for a bad name or start time.
+    :param name: the job name (a job id from ``records.mint_job_id``).
+    :param user: the connection's SLURM user.
+    :param starttime: how far back sacct looks (``now-7days``); without it sacct stops at midnight.
+    :returns: the command line.
+    :raises ValidationError: for a bad name, user or start time.
     """
-    return join(
+    job = check_job_id(name, "job name")
+    owner = _names([user], _SLURM_NAME_RE, "SLURM user name")[0]
+    squeue = join(["squeue", "-h", "-t", "all", f"--name={job}", f"--user={owner}", "-o", SQUEUE_ID_FORMAT])
+    sacct = join(
         [
             "sacct",
             "-X",
             "-n",
             "-P",
-            f"--name={check_job_id(name, 'job name')}",
+            f"--name={job}",
+            f"--user={owner}",
             "-o",
             SACCT_ID_FIELDS,
             f"--starttime={_starttime(starttime)}",
         ]
     )
+    return f'{squeue}; echo "#rc squeue $?"; {sacct}; echo "#rc sacct $?"'
 
 
-def scancel(job_ids: Sequence[str], *, name: str | None = None) -> str:
-    """``scancel -Q [--name=NAME] ID ...``: cancel jobs; already finished ones are not an error.
+def scancel(job_ids: Sequence[str], *, name: str | None = None, user: str | None = None) -> str:
+    """``scancel -Q [--name=NAME] [--user=USER] ID ...``: cancel jobs; already finished ones are not an error.
 
     With ``name`` only jobs that carry exactly that name are cancelled, so a reused job id of
-    someone else's job is never hit. With ``name`` and no ids, every job of that name is cancelled.
+    someone else's job is never hit; with ``user`` only that user's jobs (an operator or admin
+    account could otherwise cancel other people's jobs). With ``name`` and no ids, every job of
+    that name (and user) is cancelled.
 
     :param job_ids: SLURM job ids.
     :param name: our job name, to restrict the cancel to our own job.
+    :param user: the connection's SLURM user, to restrict the cancel to our own jobs.
     :returns: the command line.
-    :raises ValidationError: with neither ids nor a name, or for a bad id or name.
+    :raises ValidationError: with neither ids nor a name, or for a bad id, name or user.
     """
     guard = [] if name is None else [f"--name={check_job_id(name, 'job name')}"]
-    return join(["scancel", "-Q", *guard, *_slurm_job_ids(job_ids, allow_empty=bool(guard))])
+    if user is not None:
+        guard.append(f"--user={_names([user], _SLURM_NAME_RE, 'SLURM user name')[0]}")
+    return join(["scancel", "-Q", *guard, *_slurm_job_ids(job_ids, allow_empty=name is not None)])
 
 
 def sinfo_partitions() -> str:
@@ -664,6 +668,52 @@ def existing_nodes(node_list: str) -> str:
     if not _NODELIST_RE.fullmatch(node_list or ""):
         raise ValidationError(f"node list {node_list!r} is not a SLURM hostlist such as n1 or n[1-3,5]")
     return join(["sinfo", "-h", "-N", "-o", "%N", "-n", node_list])
+
+
+def node_states() -> str:
+    """``sinfo -h -N -o '%N|%P|%t'``: every node of every partition with its short state, one per line.
+
+    Read it with :func:`parse_node_states`; a node in several partitions has one line per partition.
+    """
+    return join(["sinfo", "-h", "-N", "-o", "%N|%P|%t"])
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    """One node of one partition as ``sinfo`` shows it.
+
+    :param name: node name.
+    :param partition: partition name (without the default marker ``*``).
+    :param state: sinfo's short state (``idle``, ``mix``, ``down*``, ``drain`` ...).
+    """
+
+    name: str
+    partition: str
+    state: str
+
+    @property
+    def usable(self) -> bool:
+        """Whether the scheduler can start a job on it (not down, drained, failing, in maintenance or silent)."""
+        return not self.state.endswith("*") and not self.state.startswith(_UNUSABLE_NODE_STATES)
+
+
+_UNUSABLE_NODE_STATES = ("down", "drain", "drng", "fail", "maint", "unk", "inval", "futr", "boot", "powered", "pow")
+
+
+def parse_node_states(stdout: str) -> list[NodeRow]:
+    """Parse :func:`node_states` output.
+
+    :raises RemoteCommandError: for a line that is not ``NODE|PARTITION|STATE``.
+    """
+    rows: list[NodeRow] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        parts = line.strip().split("|")
+        if len(parts) != 3 or not all(parts):
+            raise RemoteCommandError(f"sinfo printed {line!r}, expected 'NODE|PARTITION|STATE'")
+        rows.append(NodeRow(parts[0], parts[1].rstrip("*"), parts[2].lower()))
+    return rows
 
 
 # ------------------------------------------------------------------ preflight

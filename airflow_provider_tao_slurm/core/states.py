@@ -7,8 +7,8 @@ The format constants below are the only place the hook and the parsers agree on 
 
     squeue -h -o "$SQUEUE_FORMAT" -j <ids>
     sacct -X -n -P -o "$SACCT_FIELDS" -j <ids>
-    squeue -h -o "$SQUEUE_ID_FORMAT" --name <name>      # -> parse_job_ids_by_name
-    sacct -X -n -P -o "$SACCT_ID_FIELDS" --name <name>  # -> parse_job_ids_by_name
+    squeue -h -o "$SQUEUE_ID_FORMAT" --name <name> -u <user>      # -> parse_jobs_by_name
+    sacct -X -n -P -o "$SACCT_ID_FIELDS" --name <name> -u <user>  # -> parse_jobs_by_name
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Literal
+
+from airflow_provider_tao_slurm.exceptions import JobLookupError
 
 Source = Literal["squeue", "sacct"]
 
@@ -90,10 +92,12 @@ INFRA_NATIVE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%S|%e"
 #: ``sacct -X -n -P -o SACCT_FIELDS`` (allocation rows only, ``|``-separated, no padding).
 SACCT_FIELDS = "JobIDRaw,JobName,State,ExitCode,Reason,NodeList,Start,End"
-#: ``squeue -h -o SQUEUE_ID_FORMAT``: job ids only (for reconciling by job name).
-SQUEUE_ID_FORMAT = "%i"
-#: ``sacct -X -n -P -o SACCT_ID_FIELDS``: job ids only (for reconciling by job name).
-SACCT_ID_FIELDS = "JobIDRaw"
+#: What squeue prints (exit 1) when asked about one job id it does not know: an answer, not a failure.
+SQUEUE_UNKNOWN_JOB = "Invalid job id specified"
+#: ``squeue -h -o SQUEUE_ID_FORMAT``: job id and owner (for reconciling by job name).
+SQUEUE_ID_FORMAT = "%i|%u"
+#: ``sacct -X -n -P -o SACCT_ID_FIELDS``: job id and owner (for reconciling by job name).
+SACCT_ID_FIELDS = "JobIDRaw,User"
 
 _SQUEUE_KEYS = {
     "%i": "job_id",
@@ -366,11 +370,46 @@ def parse_sbatch_reply(stdout: str) -> tuple[str, str | None] | None:
     return None if match is None else (match.group(1), match.group(2))
 
 
-def parse_job_ids_by_name(text: str) -> list[str]:
-    """Parse job ids from ``squeue -h -o SQUEUE_ID_FORMAT`` or ``sacct -X -n -P -o SACCT_ID_FIELDS``.
+@dataclass(frozen=True)
+class NameLookup:
+    """What ``commands.jobs_by_name`` found.
 
-    :param text: the command's stdout, one id per line.
-    :returns: distinct job ids in first-seen order; blank lines, step rows and non-id lines dropped.
+    :param job_ids: ids of the user's jobs of that name, first seen first.
+    :param foreign: ``(id, owner)`` of rows another user owns (never acted on; kept as evidence).
     """
-    ids = (line.strip() for line in text.splitlines())
-    return list(dict.fromkeys(job_id for job_id in ids if _JOB_ID.fullmatch(job_id)))
+
+    job_ids: tuple[str, ...]
+    foreign: tuple[tuple[str, str], ...] = ()
+
+
+_LOOKUP_RC_RE = re.compile(r"#rc (squeue|sacct) (\d+)")
+
+
+def parse_jobs_by_name(stdout: str, user: str, stderr: str = "") -> NameLookup:
+    """Read ``commands.jobs_by_name`` output; only rows owned by ``user`` count.
+
+    :raises JobLookupError: when either query failed or its status line is missing (the connection
+        was cut): that says nothing about whether the job exists.
+    """
+    rows: list[tuple[str, str]] = []
+    status: dict[str, int] = {}
+    for line in stdout.splitlines():
+        marker = _LOOKUP_RC_RE.fullmatch(line.strip())
+        if marker:
+            status[marker.group(1)] = int(marker.group(2))
+            continue
+        job_id, _, owner = line.strip().partition("|")
+        if job_id and _JOB_ID.fullmatch(job_id):
+            rows.append((job_id, owner.strip()))
+    failed = [f"{tool} exited {status[tool]}" for tool in ("squeue", "sacct") if status.get(tool, 0) != 0]
+    failed += [f"{tool} gave no answer" for tool in ("squeue", "sacct") if tool not in status]
+    if failed:
+        evidence = "; ".join(failed) + (f": {stderr.strip()[-500:]}" if stderr.strip() else "")
+        raise JobLookupError(
+            f"looking up jobs by name failed ({evidence}); that is not the same as 'no such job', so nothing is "
+            "submitted: check that slurmctld and slurmdbd answer (scontrol ping, sacct) and retry",
+            evidence=evidence,
+        )
+    mine = tuple(dict.fromkeys(job_id for job_id, owner in rows if owner == user))
+    foreign = tuple(dict.fromkeys((job_id, owner) for job_id, owner in rows if owner != user))
+    return NameLookup(mine, foreign)

@@ -38,9 +38,11 @@ from airflow_provider_tao_slurm.core.config import (
 )
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
+    SQUEUE_UNKNOWN_JOB,
     JobState,
+    NameLookup,
     merge_states,
-    parse_job_ids_by_name,
+    parse_jobs_by_name,
     parse_sacct,
     parse_sbatch_reply,
     parse_squeue,
@@ -51,10 +53,12 @@ from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     ConnectionLostError,
     HostKeyError,
+    JobLookupError,
     KeyFilePermissionError,
     RemoteCommandError,
     SlurmAuthenticationError,
     SlurmConnectionError,
+    StatusQueryError,
     SubmissionError,
 )
 
@@ -466,13 +470,23 @@ class SlurmHook(BaseHook):
         return parsed[0] if parsed else None
 
     def reconcile_by_name(self, job_name: str, *, timeout: float, interval: float) -> str | None:
-        """Poll every login host for jobs named exactly ``job_name`` until one appears or time runs out.
+        """Poll every login host for our jobs named exactly ``job_name`` until one appears or time runs out.
+
+        A lookup that failed is asked again until ``timeout``; only answered lookups can end in "none".
 
         :raises AmbiguousSubmissionError: when more than one job has that name.
+        :raises JobLookupError: when the last lookup before the deadline failed.
         """
         deadline = time.monotonic() + timeout
         while True:
-            ids = self.find_jobs_by_name(job_name, all_hosts=True)
+            try:
+                ids = self.find_jobs_by_name(job_name, all_hosts=True)
+            except JobLookupError as exc:
+                if time.monotonic() >= deadline:
+                    raise
+                self.log.warning("job lookup failed, asking again: %s", exc)
+                time.sleep(interval)
+                continue
             if len(ids) > 1:
                 raise AmbiguousSubmissionError(
                     f"{len(ids)} jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones with "
@@ -488,41 +502,67 @@ class SlurmHook(BaseHook):
     def find_jobs_by_name(
         self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
     ) -> list[str]:
-        """Job ids whose name is exactly ``job_name`` (live in squeue, or finished in sacct).
+        """Ids of OUR jobs whose name is exactly ``job_name`` (live in squeue, or finished in sacct).
+
+        Both queries filter by the connection's user on the server side, and every row's owner is
+        checked again: another user's job of the same name is never returned (it is logged).
 
         :param all_hosts: ask every reachable login host, not only the connected one.
+        :raises JobLookupError: when a query failed or no login host answered: that is never
+            "no such job".
         """
-        command = commands.squeue_by_name(job_name) + " ; " + commands.sacct_by_name(job_name, since)
-        outputs: list[str] = []
+        user = self.settings.user
+        command = commands.jobs_by_name(job_name, user, since)
+        answers: list[NameLookup] = []
         if all_hosts:
+            unreachable: list[str] = []
             for host in self.settings.hosts:
                 try:
                     client = self._client if host == self._host and self._client else self._connect(host)
                 except SlurmConnectionError as exc:
-                    self.log.warning("reconcile: %s", exc)
+                    self.log.warning("job lookup: %s", exc)
+                    unreachable.append(str(exc))
                     continue
                 try:
-                    _rc, out, _ = _exec_channel(client, command, None, self.settings.cmd_timeout)
+                    _rc, out, err = _exec_channel(client, command, None, self.settings.cmd_timeout)
                 except SlurmConnectionError as exc:
-                    self.log.warning("reconcile: %s", exc)
+                    self.log.warning("job lookup on %s: %s", host, exc)
+                    unreachable.append(f"{host}: {exc}")
                     continue
                 finally:
                     if client is not self._client:
                         client.close()
-                outputs.append(out.decode("utf-8", "replace"))
+                answers.append(parse_jobs_by_name(out.decode("utf-8", "replace"), user, redact_text(err.decode())))
+            if not answers:
+                raise JobLookupError(
+                    f"no login host answered the lookup of job {job_name} ({'; '.join(unreachable)}); that is not "
+                    "'no such job', so nothing is submitted: retry when a login host is reachable",
+                    evidence="; ".join(unreachable),
+                )
         else:
-            outputs.append(self.run(command, what="job lookup by name").stdout)
+            result = self.run(command, what="job lookup by name")
+            answers.append(parse_jobs_by_name(result.stdout, user, result.stderr))
         seen: dict[str, None] = {}
-        for text in outputs:
-            for job_id in parse_job_ids_by_name(text):
-                seen[job_id] = None
+        for answer in answers:
+            for job_id, owner in answer.foreign:
+                self.log.warning(
+                    "SLURM job %s is also named %s but belongs to %s, not %s: it is left alone",
+                    job_id,
+                    job_name,
+                    owner,
+                    user,
+                )
+            seen.update(dict.fromkeys(answer.job_ids))
         return list(seen)
 
     def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         """States of many jobs in at most two queries: squeue for live jobs, sacct for the rest.
 
-        Jobs neither command knows are absent from the result (the caller's grace window decides).
-        :raises RemoteCommandError: when neither squeue nor sacct answered.
+        Jobs neither command knows are absent from the result (the caller's grace window decides);
+        a job that a failed query could not speak for is never reported absent.
+
+        :raises StatusQueryError: when squeue or sacct failed and some job was answered by neither
+            (``states`` has the answered ones).
         """
         ids = list(dict.fromkeys(job_ids))
         if not ids:
@@ -530,7 +570,7 @@ class SlurmHook(BaseHook):
         squeue = self.run(commands.squeue_states(ids), what="squeue")
         rest = _needs_sacct(ids, squeue)
         sacct = self.run(commands.sacct_states(rest, since), what="sacct") if rest else None
-        return _combine_poll(squeue, sacct)
+        return _combine_poll(ids, squeue, sacct)
 
     def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Cancel jobs; unknown or finished jobs are fine. With ``job_name`` only jobs of that name are hit.
@@ -538,7 +578,7 @@ class SlurmHook(BaseHook):
         :raises RemoteCommandError: when scancel reports an error (e.g. the controller is down).
         """
         if job_ids:
-            _check_scancel(self.run(commands.scancel(job_ids, name=job_name), what="scancel"))
+            _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
 
     def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
         """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""
@@ -626,7 +666,7 @@ class SlurmHook(BaseHook):
         squeue = await self.a_run(commands.squeue_states(ids))
         rest = _needs_sacct(ids, squeue)
         sacct = await self.a_run(commands.sacct_states(rest, since)) if rest else None
-        return _combine_poll(squeue, sacct)
+        return _combine_poll(ids, squeue, sacct)
 
     async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
         """Async twin of :meth:`read_log`."""
@@ -636,7 +676,26 @@ class SlurmHook(BaseHook):
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Async twin of :meth:`cancel`."""
         if job_ids:
-            _check_scancel(await self.a_run(commands.scancel(job_ids, name=job_name)))
+            user = (await self.a_settings()).user
+            _check_scancel(await self.a_run(commands.scancel(job_ids, name=job_name, user=user)))
+
+    async def a_read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        """Async twin of :meth:`read_file`."""
+        result = await self.a_run(commands.read_file(path, max_bytes))
+        return result.stdout if result.rc == 0 else None
+
+    async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        """Async twin of :meth:`write_file` (content over stdin).
+
+        :raises RemoteCommandError: when the write failed.
+        """
+        result = await self.a_run(commands.write_file_from_stdin(path, mode), stdin=data)
+        if result.rc != 0:
+            raise RemoteCommandError(
+                f"writing {path} failed on {result.host} with exit status {result.rc}: {result.stderr.strip()[-2000:]}",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
 
 
 # ---------------------------------------------------------------------- helpers shared by both sides
@@ -687,22 +746,33 @@ def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
     return [i for i in ids if i not in live or live[i].is_terminal]
 
 
-def _combine_poll(squeue: CommandResult, sacct: CommandResult | None) -> dict[str, JobState]:
+def _combine_poll(ids: Sequence[str], squeue: CommandResult, sacct: CommandResult | None) -> dict[str, JobState]:
     """Merge one squeue and one sacct answer; squeue wins for live jobs, sacct fills in the rest.
 
-    :raises RemoteCommandError: when neither answered (e.g. controller and accounting both down).
+    A failed query is not an answer: when squeue or sacct failed, every job that the other did not
+    answer for is "unanswered", never "not found". squeue's "Invalid job id specified" (asked about
+    one id it does not know) is an answer: not in the queue.
+
+    :raises StatusQueryError: when some job was left unanswered (e.g. controller or accounting down).
     """
     live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
     finished = parse_sacct(sacct.stdout) if sacct is not None and sacct.rc == 0 else {}
-    if squeue.rc != 0 and (sacct is None or sacct.rc != 0):
-        reason = (sacct.stderr if sacct is not None else "") or squeue.stderr
-        raise RemoteCommandError(
-            f"neither squeue nor sacct answered on {squeue.host}: {reason.strip()[-500:]}; check that "
-            "slurmctld and slurmdbd are up (scontrol ping)",
-            rc=squeue.rc,
-            stderr=reason,
+    states = merge_states(live, finished)
+    squeue_failed = squeue.rc != 0 and SQUEUE_UNKNOWN_JOB not in squeue.stderr
+    failures = [f"squeue exited {squeue.rc}: {squeue.stderr.strip()[-300:]}"] if squeue_failed else []
+    if sacct is not None and sacct.rc != 0:
+        failures.append(f"sacct exited {sacct.rc}: {sacct.stderr.strip()[-300:]}")
+    unanswered = [job_id for job_id in ids if job_id not in states] if failures else []
+    if unanswered:
+        evidence = "; ".join(failures)
+        raise StatusQueryError(
+            f"{len(unanswered)} of {len(ids)} job(s) unanswered on {squeue.host} ({evidence}); they are not taken "
+            "as gone: check that slurmctld and slurmdbd are up (scontrol ping)",
+            states,
+            unanswered,
+            evidence=evidence,
         )
-    return merge_states(live, finished)
+    return states
 
 
 def _exec_channel(

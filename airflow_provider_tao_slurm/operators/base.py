@@ -2,23 +2,12 @@
 
 from __future__ import annotations
 
-from functools import cached_property
 from typing import Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
-
-
-class SlurmHookMixin:
-    """Gives an operator or sensor a :attr:`hook` built from ``self.slurm_conn_id`` on first use."""
-
-    slurm_conn_id: str
-
-    @cached_property
-    def hook(self) -> SlurmHook:
-        """The hook, created on first use (never at DAG parse time)."""
-        return SlurmHook(self.slurm_conn_id)
+from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin
 
 
 class SlurmBaseOperator(SlurmHookMixin, BaseOperator):

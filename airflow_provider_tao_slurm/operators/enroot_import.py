@@ -36,69 +36,37 @@ from airflow_provider_tao_slurm.core.images import (
     check_sqsh_header,
     needs_conversion,
     parse_image,
-    registry_host,
     sqsh_cache_path,
 )
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import check_slurm_job_id
-from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     ImageConversionError,
+    JobLookupError,
     RemoteCommandError,
     TaoSlurmError,
     ValidationError,
 )
+from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.support import (
+    install_registry_credentials,
+    registry_credentials_from_connection,
+)
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.triggers.slurm_job import DEFAULT_NOT_FOUND_GRACE_S, SlurmJobTrigger, state_to_payload
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
-    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+    pass
 
-#: The registry login NGC expects with an API key as the password.
-NGC_LOGIN = "$oauthtoken"
 #: Bytes of each conversion log quoted in a failure message.
 LOG_TAIL_BYTES = 4096
 #: Seconds between looks at a lock whose owner is still submitting its job.
 LOCK_POLL_S = 2.0
 #: How :meth:`EnrootImportOperator._sqsh_problem` describes a file that is not there.
 MISSING = "the file does not exist"
-
-
-def registry_credentials_from_connection(conn_id: str) -> tuple[str, str]:
-    """Read a registry login and key from an Airflow connection (password field) and mask the key in logs.
-
-    :param conn_id: the connection; its login defaults to ``$oauthtoken`` (NGC).
-    :returns: ``(login, password)``.
-    :raises ConnectionConfigError: when the connection has no password.
-    """
-    from airflow.sdk import BaseHook
-    from airflow.sdk.log import mask_secret
-
-    conn = BaseHook.get_connection(conn_id)
-    if not conn.password:
-        raise ConnectionConfigError(
-            f"registry connection {conn_id!r} has no password; put the registry key (for nvcr.io: the NGC API "
-            "key) in its password field"
-        )
-    mask_secret(conn.password)
-    return conn.login or NGC_LOGIN, conn.password
-
-
-def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, password: str) -> list[str]:
-    """Install Enroot credentials for ``image``'s registry on the cluster (the key travels over stdin only).
-
-    :returns: the credentials-file machines written (both NGC hosts for nvcr.io); empty for a ``.sqsh`` image.
-    :raises ValidationError: for a login or key that cannot go in the credentials file (the key is not shown).
-    """
-    host = registry_host(image)
-    if host is None:
-        return []
-    commands.credentials_line(host, login, password)
-    hook.install_enroot_credentials(host, password, login)
-    return list(commands.enroot_credential_machines(host))
 
 
 @dataclass(frozen=True)
@@ -373,64 +341,63 @@ class EnrootImportOperator(SlurmBaseOperator):
         return _Job(job_id, job_name, time.time())
 
     def _wait(self, job: _Job) -> dict[str, Any]:
-        """Non-deferrable mode: poll until the job is terminal; return the event the trigger would send."""
+        """Non-deferrable mode: poll until the job is terminal; return the event the trigger would send.
+
+        A failed query is no evidence that the job is gone: it restarts the not-found clock.
+        """
         last_seen = job.submitted_at
         while True:
-            state = self.hook.get_states([job.job_id]).get(job.job_id)
-            if state is not None:
+            try:
+                state = self.hook.get_states([job.job_id]).get(job.job_id)
+            except JobLookupError as exc:
+                self.log.warning("SLURM status query failed, still waiting: %s", exc)
                 last_seen = time.time()
-                if state.is_terminal:
-                    return {
-                        "status": "terminal",
-                        "slurm_job_id": job.job_id,
-                        "job_name": job.job_name,
-                        "state": state_to_payload(state),
-                    }
-            elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
-                return {
-                    "status": "error",
-                    "slurm_job_id": job.job_id,
-                    "job_name": job.job_name,
-                    "message": f"is unknown to squeue and sacct; check `sacct -j {job.job_id}`",
-                }
+                state = None
+            else:
+                if state is not None:
+                    last_seen = time.time()
+                    if state.is_terminal:
+                        return JobEvent(EventStatus.TERMINAL, job.job_id, job.job_name, state).to_dict()
+                elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
+                    return JobEvent(
+                        EventStatus.VANISHED,
+                        job.job_id,
+                        job.job_name,
+                        message=f"is unknown to squeue and sacct; check `sacct -j {job.job_id}`",
+                    ).to_dict()
             time.sleep(self.poke_interval)
 
     def _read_event(self, event: Any) -> tuple[str, str, str | None]:
         """``(job id, job name, failure description or None)`` from a trigger event."""
         try:
-            if not isinstance(event, dict):
-                raise ValidationError(f"the event is {display_value(event)}, not a dict")
-            job_id = check_slurm_job_id(str(event.get("slurm_job_id")))
-            job_name = str(event.get("job_name"))
-            owner_of_job(job_name)
+            parsed = JobEvent.from_dict(event, what="conversion trigger event")
+            owner_of_job(parsed.job_name)
         except ValidationError as exc:
             raise ImageConversionError(
                 f"the conversion trigger sent an unusable event ({exc}); check the triggerer's log and run the task "
                 "again"
             ) from None
-        raw_state = event.get("state")
-        state: dict[str, Any] = raw_state if isinstance(raw_state, dict) else {}
-        if event.get("status") == "terminal" and state.get("tao_state") == TaoState.COMPLETE:
-            return job_id, job_name, None
-        if event.get("status") == "terminal":
+        state = parsed.state
+        if parsed.status is EventStatus.TERMINAL and state is not None and state.tao_state is TaoState.COMPLETE:
+            return parsed.slurm_job_id, parsed.job_name, None
+        if parsed.status is EventStatus.TERMINAL and state is not None:
             return (
-                job_id,
-                job_name,
-                f"ended {state.get('message') or state.get('native')} (exit code {state.get('exit_code')})",
+                parsed.slurm_job_id,
+                parsed.job_name,
+                f"ended {state.message or state.native} (exit code {state.exit_code})",
             )
-        return job_id, job_name, str(event.get("message") or f"ended with event status {event.get('status')!r}")
+        return parsed.slurm_job_id, parsed.job_name, parsed.message or f"ended with event status {parsed.status}"
 
     def _log_tail(self, results_dir: str, job_id: str, job_name: str) -> str:
         """The last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
-        out, err = JobLayout(results_dir, job_name).log_paths(job_id)
+        lifecycle = JobLifecycle(self.hook, self.log)
         sections = []
-        for path in (err, out):
+        for path in JobLayout(results_dir, job_name).log_paths(job_id)[::-1]:
             try:
-                size = self.hook.read_log(path, 0, 1).size
-                text = self.hook.read_log(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES).data if size else ""
+                text = lifecycle.log_tail(path, LOG_TAIL_BYTES)
             except TaoSlurmError as exc:
                 text = f"(could not read it: {exc})"
-            sections.append(f"--- end of {path} ---\n{redact_text(text.strip()) or '(empty or missing)'}")
+            sections.append(f"--- end of {path} ---\n{text.strip() or '(empty or missing)'}")
         return "\n".join(sections)
 
     def _remove_lock(self, lock: str, owner: str | None) -> None:

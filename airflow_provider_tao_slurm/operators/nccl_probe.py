@@ -45,8 +45,10 @@ from airflow_provider_tao_slurm.exceptions import (
     NcclProbeError,
     ValidationError,
 )
+from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.support import lint_bash, utc_now
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.operators.sbatch_submit import lint_bash, utc_now
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 #: Bytes of the end of each probe log that are judged (and shown on failure).
@@ -200,25 +202,26 @@ class NcclProbeOperator(SlurmBaseOperator):
         resources_ = self._resources()
         names = list(job_names) or self._job_names(context, len(candidate_envs(self.candidate_envs)))
         plan = self._plan(resources_, names)
-        event_name = event.get("job_name") if isinstance(event, Mapping) else None
-        current = next((a for a in plan.attempts if a.job_name == event_name), None)
-        if current is None or not isinstance(event, Mapping):
+        try:
+            parsed = JobEvent.from_dict(event, what="probe trigger event")
+        except ValidationError:
+            parsed = None
+        current = next((a for a in plan.attempts if parsed is not None and a.job_name == parsed.job_name), None)
+        if current is None or parsed is None:
             raise NcclProbeError(
                 f"the trigger sent {display_value(event)}, which is not the end of one of this task's probe jobs "
                 f"({', '.join(names)}); check the triggerer's log and clear the task"
             )
-        slurm_job_id = check_slurm_job_id(str(event.get("slurm_job_id")))
+        slurm_job_id = parsed.slurm_job_id
         attempt = current.index
-        state = event.get("state")
-        if not isinstance(state, Mapping):
-            state = {}
-        native = str(state.get("native") or "")
-        exit_code = state.get("exit_code")
+        terminal = parsed.state if parsed.status is EventStatus.TERMINAL else None
+        native = terminal.native if terminal is not None else ""
+        exit_code = terminal.exit_code if terminal is not None else None
         label = f"candidate {attempt + 1}/{len(plan.attempts)} [{_env_text(current.env)}]"
         log_text = self._log_tail(current, slurm_job_id)
         outcome = judge_probe(
             native_state=native,
-            exit_code=exit_code if isinstance(exit_code, int) else None,
+            exit_code=exit_code,
             log_text=log_text,
             world_size=plan.world_size,
         )
@@ -450,9 +453,8 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _log_tail(self, attempt: _Attempt, slurm_job_id: str) -> str:
         """The last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
-        parts = []
-        for path in attempt.layout.log_paths(slurm_job_id):
-            size = self.hook.read_log(path, 0, 1).size
-            text = self.hook.read_log(path, max(0, size - LOG_TAIL_BYTES), LOG_TAIL_BYTES).data if size else ""
-            parts.append(f"--- {path} ---\n{text}")
-        return "\n".join(parts)
+        lifecycle = JobLifecycle(self.hook, self.log)
+        return "\n".join(
+            f"--- {path} ---\n{lifecycle.log_tail(path, LOG_TAIL_BYTES)}"
+            for path in attempt.layout.log_paths(slurm_job_id)
+        )

@@ -25,12 +25,12 @@ from airflow_provider_tao_slurm.exceptions import (
     TaoSlurmError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.operators.enroot_import import (
+from airflow_provider_tao_slurm.lifecycle.support import (
     NGC_LOGIN,
     install_registry_credentials,
     registry_credentials_from_connection,
 )
+from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 #: The SLURM commands the provider runs on the login host.
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun")

@@ -5,16 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import subprocess
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
 from airflow_provider_tao_slurm.core.execution import (
     HELPERS_DIR,
@@ -26,80 +22,24 @@ from airflow_provider_tao_slurm.core.execution import (
 )
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.records import open_record, to_json
 from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
 from airflow_provider_tao_slurm.core.shell import quote
-from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
 from airflow_provider_tao_slurm.exceptions import (
-    AmbiguousSubmissionError,
     ConnectionConfigError,
     ImageReferenceError,
     SecretLeakError,
-    TemplateRenderError,
     ValidationError,
 )
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.support import lint_bash, resolve_secret, secret_references, utc_now
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.operators.links import SlurmJobLogsLink, SlurmJobResultsLink
 
-SECRET_SOURCES = ("env", "conn", "var")
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
-def utc_now() -> str:
-    """Now as the ISO-8601 UTC text records use."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def resolve_secret(name: str, source: str) -> str:
-    """Resolve one ``secret_env`` value at run time and register it with Airflow's log masker.
-
-    ``env:VAR`` reads the worker's environment, ``conn:ID`` a connection's password,
-    ``var:KEY`` an Airflow Variable; anything else is the literal value.
-    """
-    from airflow.sdk.log import mask_secret
-
-    kind, _, ref = source.partition(":")
-    if kind not in SECRET_SOURCES or not ref:
-        value = source
-    elif kind == "env":
-        if ref not in os.environ:
-            raise ValidationError(f"secret_env[{name!r}] reads ${ref}, which is not set on the worker")
-        value = os.environ[ref]
-    elif kind == "conn":
-        from airflow.sdk import BaseHook
-
-        value = BaseHook.get_connection(ref).password or ""
-        if not value:
-            raise ValidationError(f"secret_env[{name!r}]: connection {ref!r} has no password; set it")
-    else:
-        from airflow.sdk import Variable
-
-        value = Variable.get(ref)
-    if not value:
-        raise ValidationError(f"secret_env[{name!r}] is empty; give a value or an env:/conn:/var: reference")
-    mask_secret(value)
-    return value
-
-
-def secret_references(secret_env: Mapping[str, str]) -> dict[str, str]:
-    """The ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
-
-    They travel in the job handle so the sensor can resolve the same secrets and redact them from
-    the log tails it shows.
-    """
-    return {name: source for name, source in secret_env.items() if source.partition(":")[0] in SECRET_SOURCES}
-
-
-def lint_bash(script: str) -> None:
-    """``bash -n`` on the rendered script, locally, before anything is staged.
-
-    :raises TemplateRenderError: with bash's message when the script does not parse.
-    """
-    result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30, check=False)
-    if result.returncode != 0:
-        raise TemplateRenderError(f"the rendered sbatch script does not parse (bash -n): {result.stderr.strip()}")
 
 
 def _check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
@@ -313,22 +253,11 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         secrets = {name: resolve_secret(name, source) for name, source in checked["secret_names"].items()}
         secret_values = list(secrets.values())
 
-        job_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index)
-        layout = JobLayout(settings.results_dir, job_id)
-        adopted: str | None = None
-        retry_of: str | None = None
-        previous: JobRecord | None = None
-        if ti.try_number > 1:
-            stored = self.hook.read_file(layout.record_path)
-            previous = from_json(stored) if stored is not None else None
-            if previous is not None and previous.terminal_state is not None:
-                retry_of = job_id
-                job_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number)
-                layout = JobLayout(settings.results_dir, job_id)
-                self.log.info("Job %s already finished: this try submits a fresh job %s", retry_of, job_id)
-                previous = None
-            else:
-                adopted = self._adopt(job_id, layout.log_dir)
+        lifecycle = JobLifecycle(self.hook, self.log)
+        attempt = lifecycle.plan_attempt(ti, settings.results_dir)
+        job_id, layout = attempt.job_id, attempt.layout
+        # An adopted job keeps the record its earlier try opened (history and submitted_at).
+        previous = attempt.previous if attempt.adopted is not None else None
 
         values = binding_values(results_dir=layout.results_dir, job_id=job_id, config_path=layout.spec_path)
         execution: Execution = checked["execution"]
@@ -372,30 +301,26 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         lint_bash(script)
 
         now = utc_now()
-        # An adopted job keeps the record its first try opened (history and submitted_at).
-        record = (
-            previous
-            if adopted is not None and previous is not None
-            else open_record(
-                job_id=job_id,
-                cluster=settings.cluster_name,
-                image=checked["image"].path,
-                network_arch=self.network_arch,
-                action=self.action,
-                results_dir=layout.results_dir,
-                job_dir=layout.job_dir,
-                log_dir=layout.log_dir,
-                job_name=job_id,
-                now=now,
-                retry_of=retry_of,
-                bundle_sha256=canonical_sha256({"execution": self.execution, "files": helpers and helpers[1]})
-                if self.execution is not None
-                else None,
-                config_sha256=hashlib.sha256(spec_text.encode()).hexdigest() if spec is not None else None,
-                secrets=secret_values,
-            )
+        record = previous or open_record(
+            job_id=job_id,
+            cluster=settings.cluster_name,
+            image=checked["image"].path,
+            network_arch=self.network_arch,
+            action=self.action,
+            results_dir=layout.results_dir,
+            job_dir=layout.job_dir,
+            log_dir=layout.log_dir,
+            job_name=job_id,
+            now=now,
+            retry_of=attempt.retry_of,
+            bundle_sha256=canonical_sha256({"execution": self.execution, "files": helpers and helpers[1]})
+            if self.execution is not None
+            else None,
+            config_sha256=hashlib.sha256(spec_text.encode()).hexdigest() if spec is not None else None,
+            secrets=secret_values,
         )
-        if adopted is None:
+        staged: dict[str, tuple[bytes | None, int]] = {}
+        if attempt.adopted is None:
             staged = _job_files(layout, script, spec_text, env_text, secrets, record)
             if helpers is not None:
                 staged.update(self._helper_files(layout, *helpers))
@@ -415,40 +340,34 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 json.dumps(meta, separators=(",", ":"), sort_keys=True).encode(),
                 0o644,
             )
-            self.hook.stage_files(settings.results_dir, staged)
-            adopted = self.hook.submit(layout.script_path, job_id, log_dir=layout.log_dir)
-        record = mark(
-            record,
-            TaoState.RUNNING,
-            now=utc_now(),
-            message=f"submitted as SLURM job {adopted}",
-            source="submit",
-            backend_ref=adopted,
-            secrets=secret_values,
+        adopted, record = lifecycle.submit_once(
+            attempt, results_base=settings.results_dir, files=staged, record=record, secrets=secret_values
         )
-        self.hook.write_file(layout.record_path, to_json(record, secret_values).encode(), "644")
         out_log, err_log = layout.log_paths(adopted)
         self.log.info("SLURM job %s (%s) submitted on %s", adopted, job_id, settings.cluster_name)
         self.log.info(
             "Logs: %s and %s; results: %s; record: %s", out_log, err_log, layout.results_dir, layout.record_path
         )
-        return {
-            "job_id": job_id,
-            "slurm_job_id": adopted,
-            "job_dir": layout.job_dir,
-            "results_dir": layout.results_dir,
-            "log_dir": layout.job_log_dir(adopted),
-            "record_path": layout.record_path,
-            "cluster": settings.cluster_name,
-            "script_path": layout.script_path,
-            "sidecar_path": layout.sidecar_path if secrets else None,
-            "exit_code_path": layout.exit_code_path,
-            "results_base": settings.results_dir,
-            "submitted_at": now,
-            "exclude_nodes": list(resources.exclude_nodes),
-            "child_exit_code_path": exit_codes_path,
-            "secret_refs": secret_references(checked["secret_names"]),
-        }
+        return JobHandle(
+            job_id=job_id,
+            slurm_job_id=adopted,
+            job_dir=layout.job_dir,
+            results_dir=layout.results_dir,
+            log_dir=layout.job_log_dir(adopted),
+            record_path=layout.record_path,
+            cluster=settings.cluster_name,
+            script_path=layout.script_path,
+            sidecar_path=layout.sidecar_path if secrets else None,
+            exit_code_path=layout.exit_code_path,
+            results_base=settings.results_dir,
+            submitted_at=record.submitted_at,
+            exclude_nodes=tuple(resources.exclude_nodes),
+            child_exit_code_path=exit_codes_path,
+            secret_refs=secret_references(checked["secret_names"]),
+            retry_of=record.retry_of,
+            num_nodes=resources.num_nodes,
+            partition=resources.partition,
+        ).to_dict()
 
     def _helper_files(
         self, layout: JobLayout, contents: Mapping[str, bytes], manifest_text: str
@@ -473,25 +392,6 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         }
         files[f"{rel}/manifest.json"] = (manifest_text.encode(), 0o644)
         return files
-
-    def _adopt(self, job_id: str, log_dir: str) -> str | None:
-        """On a retry, the job an earlier try submitted (live or finished), if any.
-
-        The earlier try may have died between ``sbatch --hold`` and the release (a killed worker, a
-        cut connection): the adopted job gets its log directory and is released (a no-op otherwise).
-        """
-        ids = self.hook.find_jobs_by_name(job_id, all_hosts=True)
-        if len(ids) > 1:
-            raise AmbiguousSubmissionError(
-                f"{len(ids)} SLURM jobs are named {job_id} ({', '.join(ids)}); cancel the extra ones", ids
-            )
-        if ids:
-            self.log.info("Adopting SLURM job %s submitted by an earlier try of this task", ids[0])
-            self.hook.run(
-                commands.prepare_job_logs(log_dir, job_id, ids[0]), check=True, what="releasing the adopted job"
-            )
-            return ids[0]
-        return None
 
 
 def _job_files(

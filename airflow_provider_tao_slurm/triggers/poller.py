@@ -4,7 +4,9 @@ Every :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` of
 account in a triggerer process subscribes its job id here. One background task per (cluster
 account, event loop) asks the cluster about ALL subscribed jobs in one go over the hook's pooled
 SSH connection, and fans the answers out to the subscribers. A failed poll is retried with
-backoff; subscribers get an error notice but keep waiting.
+backoff; subscribers get an error notice but keep waiting. A poll that answered for some jobs
+only (controller or accounting down) gives the answered jobs their state and the others an
+error notice: a job a failed query could not speak for is never reported gone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_tao_slurm.core.states import JobState
+from airflow_provider_tao_slurm.exceptions import StatusQueryError
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +119,24 @@ class StatusPoller:
             self._wake.clear()
             ids = list(self._subscribers)
             started = time.monotonic()
+            unanswered: list[str] = []
             try:
                 states = await self._fetch(ids)
             except asyncio.CancelledError:
                 raise
+            except StatusQueryError as partial:
+                # Some jobs were answered: they get their state; the rest an error notice, never "gone".
+                self.stats.failures += 1
+                log.warning(
+                    "status poll on %s left %d of %d job(s) unanswered: %s",
+                    self.key,
+                    len(partial.unanswered),
+                    len(ids),
+                    partial,
+                )
+                unanswered = partial.unanswered
+                self._publish(unanswered, {}, error=str(partial))
+                states = partial.states
             except Exception as exc:
                 self.stats.failures += 1
                 log.warning("status poll of %d job(s) on %s failed (retrying): %s", len(ids), self.key, exc)
@@ -130,7 +147,7 @@ class StatusPoller:
             backoff = self.interval
             self.stats.polls += 1
             self.stats.durations.append(time.monotonic() - started)
-            self._publish(ids, states)
+            self._publish([i for i in ids if i not in unanswered], states)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await self._sleep_until_new_subscriber(ids)

@@ -15,34 +15,18 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.states import JobState, TaoState
+from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.lifecycle.events import (
+    DEFAULT_NOT_FOUND_GRACE_S,
+    DEFAULT_UNRECOGNISED_GRACE_S,
+    EventStatus,
+    JobEvent,
+    Observation,
+)
 
-#: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
-DEFAULT_NOT_FOUND_GRACE_S = 300.0
 #: How long a terminal state seen only by squeue waits for sacct's row, which carries the exit
 #: code (sacct lags squeue by seconds; without accounting the squeue state is used after this).
 ACCOUNTING_SETTLE_S = 30.0
-
-
-def state_to_payload(state: JobState) -> dict[str, Any]:
-    """A JSON-safe dict of a :class:`JobState` (enums as plain strings)."""
-    return {
-        "job_id": state.job_id,
-        "native": state.native,
-        "raw_state": state.raw_state,
-        "tao_state": str(state.tao_state),
-        "exit_code": state.exit_code,
-        "signal": state.signal,
-        "reason": state.reason,
-        "node_list": state.node_list,
-        "start": state.start,
-        "end": state.end,
-        "name": state.name,
-        "source": state.source,
-        "err_class": str(state.err_class) if state.err_class else None,
-        "message": state.message,
-    }
 
 
 class SlurmJobTrigger(BaseTrigger):
@@ -58,6 +42,9 @@ class SlurmJobTrigger(BaseTrigger):
     :param last_reason: the last pending reason already reported.
     :param sidecar_path: the job's secret sidecar, removed when a user kill cancels the job (no
         ``execute_complete`` runs after a kill, so nothing else would remove it).
+    :param record_path: the job record, marked CANCELED (source ``trigger on_kill``) on a user kill.
+    :param unrecognised_grace: seconds a state this provider does not know may last before the
+        trigger gives up (the task then fails naming the raw state).
     """
 
     def __init__(
@@ -71,6 +58,8 @@ class SlurmJobTrigger(BaseTrigger):
         last_state: str | None = None,
         last_reason: str | None = None,
         sidecar_path: str | None = None,
+        record_path: str | None = None,
+        unrecognised_grace: float = DEFAULT_UNRECOGNISED_GRACE_S,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -82,6 +71,8 @@ class SlurmJobTrigger(BaseTrigger):
         self.last_state = last_state
         self.last_reason = last_reason
         self.sidecar_path = sidecar_path
+        self.record_path = record_path
+        self.unrecognised_grace = float(unrecognised_grace)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and primitive kwargs; ``cls(**kwargs)`` rebuilds an equivalent trigger."""
@@ -97,6 +88,8 @@ class SlurmJobTrigger(BaseTrigger):
                 "last_state": self.last_state,
                 "last_reason": self.last_reason,
                 "sidecar_path": self.sidecar_path,
+                "record_path": self.record_path,
+                "unrecognised_grace": self.unrecognised_grace,
             },
         )
 
@@ -113,23 +106,47 @@ class SlurmJobTrigger(BaseTrigger):
         settings = await hook.a_settings()
         poller = get_poller(settings.pool_key, hook.a_get_states, self.poll_interval)
         queue = poller.subscribe(self.slurm_job_id, self.poll_interval)
-        transitions: list[dict[str, Any]] = []
+        transitions: list[Observation] = []
         last = (self.last_state, self.last_reason)
         last_seen = self.submitted_at
         ended_at: float | None = None
+        strange_since: float | None = None
         try:
             while True:
                 update = await queue.get()
                 if update.error is not None:
+                    # A failed poll is no evidence that the job is gone: the not-found clock restarts.
+                    last_seen = max(last_seen, update.polled_at)
                     self.log.warning("SLURM status poll failed, still waiting: %s", update.error)
                     continue
                 state = update.state
                 if state is None:
                     if update.polled_at - last_seen > self.not_found_grace:
-                        yield TriggerEvent(self._vanished(update.polled_at - last_seen))
+                        yield self._event(
+                            EventStatus.VANISHED,
+                            f"SLURM job {self.slurm_job_id} ({self.job_name}) is unknown to squeue and sacct for "
+                            f"{update.polled_at - last_seen:.0f} s; check `sacct -j {self.slurm_job_id}` and the "
+                            "cluster's accounting",
+                            transitions,
+                        )
                         return
                     continue
                 last_seen = update.polled_at
+                if state.tao_state is TaoState.UNKNOWN:
+                    strange_since = strange_since if strange_since is not None else update.polled_at
+                    if update.polled_at - strange_since >= self.unrecognised_grace:
+                        yield self._event(
+                            EventStatus.UNRECOGNISED,
+                            f"SLURM reports job {self.slurm_job_id} ({self.job_name}) in state "
+                            f"{state.raw_state.strip()!r}, which this provider does not know, for "
+                            f"{update.polled_at - strange_since:.0f} s; check `scontrol show job {self.slurm_job_id}`, "
+                            "cancel it if it should not run, and report the state to the provider maintainers",
+                            transitions,
+                            state,
+                        )
+                        return
+                else:
+                    strange_since = None
                 if state.is_terminal and state.source == "squeue":
                     if ended_at is None:
                         ended_at = update.polled_at
@@ -141,60 +158,36 @@ class SlurmJobTrigger(BaseTrigger):
                         "SLURM job %s (%s): %s%s%s",
                         self.slurm_job_id,
                         self.job_name,
-                        state.native,
+                        state.native or state.raw_state,
                         f" reason={state.reason}" if state.reason else "",
                         f" nodes={state.node_list}" if state.node_list else "",
                     )
-                    transitions.append(
-                        {
-                            "ts": update.polled_at,
-                            "state": str(state.tao_state),
-                            "native": state.native,
-                            "reason": state.reason,
-                        }
-                    )
+                    transitions.append(Observation(update.polled_at, state.tao_state, state.native, state.reason))
                     last = current
                 if state.is_terminal:
-                    yield TriggerEvent(
-                        {
-                            "status": "terminal",
-                            "slurm_job_id": self.slurm_job_id,
-                            "job_name": self.job_name,
-                            "state": state_to_payload(state),
-                            "transitions": transitions,
-                        }
-                    )
+                    yield self._event(EventStatus.TERMINAL, "", transitions, state)
                     return
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
 
-    def _vanished(self, unseen_for: float) -> dict[str, Any]:
-        return {
-            "status": "error",
-            "slurm_job_id": self.slurm_job_id,
-            "job_name": self.job_name,
-            "state": {"tao_state": str(TaoState.UNKNOWN), "native": "NOT_FOUND"},
-            "message": (
-                f"SLURM job {self.slurm_job_id} ({self.job_name}) is unknown to squeue and sacct for "
-                f"{unseen_for:.0f} s; check `sacct -j {self.slurm_job_id}` and the cluster's accounting"
-            ),
-            "transitions": [],
-        }
+    def _event(
+        self, status: EventStatus, message: str, transitions: list[Observation], state: Any = None
+    ) -> TriggerEvent:
+        return TriggerEvent(
+            JobEvent(status, self.slurm_job_id, self.job_name, state, tuple(transitions), message).to_dict()
+        )
 
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed/success or cleared it: cancel the SLURM job, remove its sidecar.
+        """A user marked the deferred task failed/success or cleared it: cancel the job, record it, remove the sidecar.
 
         Airflow 3.3 calls this only on explicit user action, never on triggerer restarts.
         """
-        self.log.info("Cancelling SLURM job %s (%s) on user request", self.slurm_job_id, self.job_name)
-        hook = self._hook()
-        await hook.a_cancel([self.slurm_job_id], job_name=self.job_name)
-        if self.sidecar_path:
-            removed = await hook.a_run(commands.remove_files([self.sidecar_path]))
-            if removed.rc != 0:
-                self.log.warning(
-                    "Could not remove the secret sidecar %s (exit %s): %s; remove it by hand",
-                    self.sidecar_path,
-                    removed.rc,
-                    removed.stderr.strip(),
-                )
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
+        await JobLifecycle(self._hook(), self.log).a_cancel(
+            self.slurm_job_id,
+            self.job_name,
+            record_path=self.record_path,
+            sidecar_path=self.sidecar_path,
+            source="trigger on_kill",
+        )

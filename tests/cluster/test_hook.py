@@ -37,8 +37,8 @@ from airflow_provider_tao_slurm.exceptions import (
     ConnectionLostError,
     HostKeyError,
     KeyFilePermissionError,
-    RemoteCommandError,
     SlurmConnectionError,
+    StatusQueryError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook, async_pool
 
@@ -301,8 +301,8 @@ def test_fifty_jobs_are_polled_with_one_squeue(
         slurm_hook.cancel(ids)
         cancels = list(sent_commands)
     assert len(cancels) == 1
-    assert cancels[0].split()[:2] == ["scancel", "-Q"]
-    assert set(cancels[0].split()[2:]) == set(ids)
+    assert cancels[0].split()[:3] == ["scancel", "-Q", f"--user={slurm_hook.settings.user}"]  # our jobs only
+    assert set(cancels[0].split()[3:]) == set(ids)
     _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%T"]))
     assert set(out.split()) == {"CANCELLED"}
 
@@ -528,15 +528,17 @@ def test_controller_down_still_answers_from_accounting_then_fails_clearly(
             harness("stop-slurmdbd")
         finally:
             slurmdbd_stopped.set()
-        with pytest.raises(RemoteCommandError) as caught:
+        with pytest.raises(StatusQueryError) as caught:
             later.result(timeout=60)
     both_down.close()
     assert (state.tao_state, state.source, state.exit_code) == (TaoState.COMPLETE, "sacct", 0)
     assert waited > 5  # squeue really waited for the dead controller before sacct answered
     message = str(caught.value)
-    assert "neither squeue nor sacct answered" in message
+    assert caught.value.unanswered == [finished_job]  # not answered is never "not found"
+    assert "squeue exited" in message
+    assert "sacct exited" in message
     assert "slurmctld and slurmdbd" in message
-    assert "Connection refused" in caught.value.stderr
+    assert "Connection refused" in caught.value.evidence
 
 
 # ---------------------------------------------------------------------- async side

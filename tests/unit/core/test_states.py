@@ -12,12 +12,13 @@ from airflow_provider_tao_slurm.core.states import (
     TaoState,
     merge_states,
     normalize_state,
-    parse_job_ids_by_name,
+    parse_jobs_by_name,
     parse_sacct,
     parse_sbatch_reply,
     parse_squeue,
     state_from_native,
 )
+from airflow_provider_tao_slurm.exceptions import JobLookupError
 
 P, R, C, E, X, U = (
     TaoState.PENDING,
@@ -463,18 +464,40 @@ def test_parse_sbatch_reply(stdout: str, expected: tuple[str, str | None] | None
     assert parse_sbatch_reply(stdout) == expected
 
 
+OK = "#rc squeue 0\n#rc sacct 0\n"
+
+
 @pytest.mark.parametrize(
-    ("text", "expected"),
+    ("text", "mine", "foreign"),
     [
-        pytest.param("11\n", ["11"], id="one"),
-        pytest.param("11\n12\n11\n", ["11", "12"], id="dedup-keeps-order"),
-        pytest.param("12\n11\n", ["12", "11"], id="order-kept"),
-        pytest.param("11\n11.batch\n11.extern\n11.0\n", ["11"], id="steps-dropped"),
-        pytest.param("  11  \n\n\n13\n", ["11", "13"], id="padding-and-blanks"),
-        pytest.param("123_4\n123+0\n", ["123_4", "123+0"], id="array-het-kept"),
-        pytest.param("", [], id="empty"),
-        pytest.param("JOBID\nnoise line\n14\n", ["14"], id="non-id-lines-dropped"),
+        pytest.param("11|alice\n" + OK, ("11",), (), id="one"),
+        pytest.param("11|alice\n12|alice\n11|alice\n" + OK, ("11", "12"), (), id="dedup-keeps-order"),
+        pytest.param("11|alice\n11.batch|alice\n11.0|alice\n" + OK, ("11",), (), id="steps-dropped"),
+        pytest.param("  11|alice  \n\n\n13|alice\n" + OK, ("11", "13"), (), id="padding-and-blanks"),
+        pytest.param("123_4|alice\n123+0|alice\n" + OK, ("123_4", "123+0"), (), id="array-het-kept"),
+        pytest.param(OK, (), (), id="none"),
+        pytest.param("JOBID|USER\nnoise line\n14|alice\n" + OK, ("14",), (), id="non-id-lines-dropped"),
+        pytest.param("14|bob\n15|alice\n" + OK, ("15",), (("14", "bob"),), id="another-users-job-is-foreign"),
+        pytest.param("14|alicex\n14|\n" + OK, (), (("14", "alicex"), ("14", "")), id="owner-must-match-exactly"),
     ],
 )
-def test_parse_job_ids_by_name(text: str, expected: list[str]) -> None:
-    assert parse_job_ids_by_name(text) == expected
+def test_parse_jobs_by_name_keeps_only_our_jobs(
+    text: str, mine: tuple[str, ...], foreign: tuple[tuple[str, str], ...]
+) -> None:
+    found = parse_jobs_by_name(text, "alice")
+    assert (found.job_ids, found.foreign) == (mine, foreign)
+
+
+@pytest.mark.parametrize(
+    ("text", "evidence"),
+    [
+        pytest.param("#rc squeue 1\n#rc sacct 0\n", "squeue exited 1", id="squeue-failed"),
+        pytest.param("11|alice\n#rc squeue 0\n#rc sacct 1\n", "sacct exited 1", id="sacct-failed-even-with-rows"),
+        pytest.param("#rc squeue 0\n", "sacct gave no answer", id="cut-before-sacct"),
+        pytest.param("", "squeue gave no answer", id="nothing-at-all"),
+    ],
+)
+def test_a_failed_lookup_is_never_an_empty_answer(text: str, evidence: str) -> None:
+    with pytest.raises(JobLookupError, match=evidence) as failed:
+        parse_jobs_by_name(text, "alice", stderr="slurm_load_jobs error: Unable to contact slurm controller")
+    assert "Unable to contact" in failed.value.evidence

@@ -26,6 +26,7 @@ from airflow_provider_tao_slurm.exceptions import (
     RemoteCommandError,
     SlurmAuthenticationError,
     SlurmConnectionError,
+    StatusQueryError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import (
     CommandResult,
@@ -495,7 +496,9 @@ def test_sacct_is_asked_only_for_jobs_squeue_cannot_settle(
 
 def test_combined_poll_takes_live_states_from_squeue_and_final_ones_from_sacct() -> None:
     states = _combine_poll(
-        CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, ""), CommandResult(0, SACCT_DONE + SACCT_CANCELLED, "")
+        ["7", "8", "9"],
+        CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, ""),
+        CommandResult(0, SACCT_DONE + SACCT_CANCELLED, ""),
     )
     assert {job_id: (s.tao_state, s.source) for job_id, s in states.items()} == {
         "7": (TaoState.RUNNING, "squeue"),
@@ -506,8 +509,21 @@ def test_combined_poll_takes_live_states_from_squeue_and_final_ones_from_sacct()
 
 
 def test_controller_down_still_gives_accounting_states() -> None:
-    states = _combine_poll(CommandResult(1, "", DOWN, "login1"), CommandResult(0, SACCT_DONE, "", "login1"))
+    states = _combine_poll(["8"], CommandResult(1, "", DOWN, "login1"), CommandResult(0, SACCT_DONE, "", "login1"))
     assert (states["8"].tao_state, states["8"].exit_code) == (TaoState.COMPLETE, 0)
+
+
+def test_squeue_not_knowing_one_id_is_an_answer() -> None:
+    unknown = CommandResult(1, "", "slurm_load_jobs error: Invalid job id specified\n", "login1")
+    assert _combine_poll(["99"], unknown, CommandResult(0, "", "", "login1")) == {}
+
+
+def test_a_job_a_failed_query_could_not_speak_for_is_unanswered_not_gone() -> None:
+    with pytest.raises(StatusQueryError) as caught:
+        _combine_poll(["8", "9"], CommandResult(1, "", DOWN, "login1"), CommandResult(0, SACCT_DONE, "", "login1"))
+    assert caught.value.unanswered == ["9"]
+    assert set(caught.value.states) == {"8"}
+    assert DOWN.strip() in caught.value.evidence
 
 
 @pytest.mark.parametrize(
@@ -516,11 +532,12 @@ def test_controller_down_still_gives_accounting_states() -> None:
     ids=["no-sacct", "sacct-failed"],
 )
 def test_no_answer_at_all_is_a_clear_error(sacct: CommandResult | None) -> None:
-    with pytest.raises(RemoteCommandError) as caught:
-        _combine_poll(CommandResult(1, "", DOWN, "login1"), sacct)
-    assert str(caught.value).startswith("neither squeue nor sacct answered on login1: ")
-    assert str(caught.value).endswith("; check that slurmctld and slurmdbd are up (scontrol ping)")
-    assert caught.value.stderr == (sacct.stderr if sacct else DOWN)
+    with pytest.raises(StatusQueryError) as caught:
+        _combine_poll(["7"], CommandResult(1, "", DOWN, "login1"), sacct)
+    assert str(caught.value).startswith("1 of 1 job(s) unanswered on login1 (squeue exited 1: ")
+    assert str(caught.value).endswith("check that slurmctld and slurmdbd are up (scontrol ping)")
+    assert caught.value.unanswered == ["7"]
+    assert (sacct is not None) == ("sacct exited 1" in caught.value.evidence)
 
 
 @pytest.mark.parametrize(

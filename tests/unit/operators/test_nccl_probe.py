@@ -26,9 +26,10 @@ from airflow_provider_tao_slurm.exceptions import (
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import LogChunk
+from airflow_provider_tao_slurm.lifecycle.events import state_to_payload
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 IMAGE = "/lustre/u/containers/pytorch.sqsh"
 CACHE = "/lustre/u/nccl/mini.multi-node.json"

@@ -18,11 +18,13 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobNotFoundError,
     SubmissionError,
+    UnknownStateError,
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger, state_to_payload
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 BASE = "/lustre/u"
 SLURM_ID = "500"
@@ -99,6 +101,8 @@ class FakeHook:
 
     def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
         self.commands.append(command)
+        if "%N|%P|%t" in command:  # node states: n2 went down with the failure
+            return CommandResult(0, "n1|polar*|idle\nn2|polar*|down*\n", "")
         return CommandResult(0, "n2\n" if command.startswith("sinfo") else "", "")
 
     def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
@@ -130,7 +134,13 @@ def sensor_with(hook: Any, **kwargs: Any) -> SlurmJobSensor:
 
 def terminal(native: str, *, exit_code: int = 0, node_list: str | None = "n2", **extra: Any) -> dict[str, Any]:
     state = state_from_native(SLURM_ID, native, source="sacct", exit_code=exit_code, signal=0, node_list=node_list)
-    return {"status": "terminal", "slurm_job_id": SLURM_ID, "state": state_to_payload(state), **extra}
+    return {
+        "status": "terminal",
+        "slurm_job_id": SLURM_ID,
+        "job_name": JOB_ID,
+        "state": state_to_payload(state),
+        **extra,
+    }
 
 
 def complete(sensor: SlurmJobSensor, event: Any, handle: dict[str, Any] | None = None) -> Any:
@@ -152,7 +162,10 @@ def test_execute_defers_to_the_trigger_with_the_handle() -> None:
     assert trigger.submitted_at == 1767323045.0
     assert trigger.sidecar_path == LAYOUT.sidecar_path  # a user kill removes it (no execute_complete follows)
     assert deferred.value.method_name == "execute_complete"
-    assert deferred.value.kwargs == {"job": {**make_handle(), "infra_retries": 0}}
+    kept = deferred.value.kwargs["job"]
+    assert {key: kept[key] for key in make_handle()} == make_handle()  # the public handle keys travel as they are
+    assert (kept["infra_retries"], kept["retry_of"]) == (0, None)
+    assert trigger.record_path == LAYOUT.record_path  # a user kill records CANCELED
     assert deferred.value.timeout is None
 
 
@@ -177,7 +190,9 @@ def test_execute_refuses_a_bad_handle_before_any_ssh(job: Any, match: str) -> No
         pytest.param("terminal", "unexpected trigger event", id="text"),
         pytest.param({"slurm_job_id": SLURM_ID}, "unexpected trigger event", id="no-status"),
         pytest.param({**terminal("COMPLETED"), "slurm_job_id": "999"}, "not 500; clear the task", id="other-job"),
-        pytest.param({"status": "terminal"}, "not 500", id="no-job-id"),
+        pytest.param({"status": "terminal"}, "unexpected trigger event", id="no-job-id"),
+        pytest.param({**terminal("COMPLETED"), "status": "done"}, "unexpected trigger event", id="unknown-status"),
+        pytest.param({**terminal("RUNNING")}, "carries no terminal state", id="terminal-without-terminal-state"),
     ],
 )
 def test_execute_complete_refuses_a_bad_event_before_any_ssh(event: Any, match: str) -> None:
@@ -252,14 +267,72 @@ def test_cancelled_job_is_canceled_not_unknown() -> None:
     assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
 
 
-def test_vanished_job_fails_with_the_trigger_message() -> None:
+@pytest.mark.parametrize("status", ["vanished", "error"], ids=["vanished", "older-provider-error"])
+def test_vanished_job_is_recorded_unknown_and_its_sidecar_removed(status: str) -> None:
     hook = FakeHook()
-    event = {"status": "error", "slurm_job_id": SLURM_ID, "message": "SLURM job 500 is unknown to squeue and sacct"}
+    event = {
+        "status": status,
+        "slurm_job_id": SLURM_ID,
+        "job_name": JOB_ID,
+        "message": "SLURM job 500 is unknown to squeue and sacct",
+    }
 
     with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
         complete(sensor_with(hook), event)
 
-    assert hook.record()["terminal_state"] == "ERROR"
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_unrecognised_state_fails_naming_it_and_keeps_the_sidecar() -> None:
+    hook = FakeHook()
+    state = state_from_native(SLURM_ID, "WEIRD_STATE", source="squeue")
+    message = "SLURM reports job 500 in state 'WEIRD_STATE', which this provider does not know"
+    event = {
+        "status": "unrecognised",
+        "slurm_job_id": SLURM_ID,
+        "job_name": JOB_ID,
+        "state": state_to_payload(state),
+        "message": message,
+    }
+
+    with pytest.raises(UnknownStateError, match="'WEIRD_STATE'"):
+        complete(sensor_with(hook), event)
+
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
+    assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands  # the job may still run and need it
+
+
+def test_non_deferrable_on_kill_cancels_records_and_removes_the_sidecar() -> None:
+    hook = FakeHook()
+    cancels: list[tuple[list[str], str | None]] = []
+    hook.cancel = lambda ids, job_name=None: cancels.append((list(ids), job_name))  # type: ignore[attr-defined]
+    sensor = sensor_with(hook, deferrable=False)
+    sensor._current = JobHandle.from_dict(make_handle())
+
+    sensor.on_kill()
+
+    assert cancels == [([SLURM_ID], JOB_ID)]
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "sensor on_kill")
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() -> None:
+    hook = FakeHook()
+    handle = make_handle(num_nodes=2, partition="polar")
+
+    with pytest.raises(JobFailedError, match=r"only 1 node\(s\) \(n1\) for a 2-node job, which could never start"):
+        complete(sensor_with(hook), terminal("NODE_FAIL", node_list="n[1-2]"), handle)
+
+    assert hook.submits == []
+    assert RETRY_LAYOUT.record_path not in hook.files
+    old = hook.record()
+    assert (old["terminal_state"], old["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert "not resubmitted" in old["transitions"][-1]["message"]
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
 
 
 def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it() -> None:

@@ -43,6 +43,7 @@ class FakeHook:
     """Answers each poll with the next scripted result (the last one repeats); records cancels."""
 
     def __init__(self, script: Script) -> None:
+        self.files: dict[str, str] = {}
         self.script = list(script)
         self.polls: list[list[str]] = []
         self.cancels: list[tuple[list[str], str | None]] = []
@@ -65,6 +66,12 @@ class FakeHook:
     async def a_run(self, command: str) -> CommandResult:
         self.commands.append(command)
         return CommandResult(0, "", "")
+
+    async def a_read_file(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.files[path] = data.decode()
 
 
 @pytest.fixture
@@ -100,6 +107,8 @@ def test_serialize_round_trip() -> None:
         "last_state": "RUNNING",
         "last_reason": "None",
         "sidecar_path": SIDECAR,
+        "record_path": None,
+        "unrecognised_grace": 600.0,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -173,8 +182,8 @@ def test_not_found_is_tolerated_then_reported_as_vanished(hook: FakeHook) -> Non
     assert time.time() - started >= 0.3
     assert len(events) == 1
     (event,) = events
-    assert event["status"] == "error"
-    assert event["state"] == {"tao_state": "UNKNOWN", "native": "NOT_FOUND"}
+    assert event["status"] == "vanished"
+    assert event["state"] is None
     assert JOB in event["message"]
     assert NAME in event["message"]
     assert f"sacct -j {JOB}" in event["message"]
@@ -196,7 +205,7 @@ def test_grace_counts_from_when_the_job_was_last_seen(hook: FakeHook) -> None:
 
     (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.3)))
 
-    assert event["status"] == "error"
+    assert event["status"] == "vanished"
     assert time.time() - started >= 0.3
 
 
@@ -241,3 +250,62 @@ def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook:
 
     assert run(restart()) == 0
     assert hook.cancels == []
+
+
+def test_an_unrecognised_state_ends_the_wait_after_its_grace(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING"), squeue("WEIRD_STATE")]
+    started = time.time()
+
+    (event,) = run(all_events(make(unrecognised_grace=0.2)))
+
+    assert time.time() - started >= 0.2
+    assert event["status"] == "unrecognised"
+    assert "'WEIRD_STATE'" in event["message"]
+    assert event["state"]["raw_state"] == "WEIRD_STATE"
+
+
+def test_an_unrecognised_state_that_goes_away_resets_its_clock(hook: FakeHook) -> None:
+    hook.script = [squeue("WEIRD_STATE"), squeue("RUNNING")] * 10 + [sacct("COMPLETED")]
+
+    (event,) = run(all_events(make(unrecognised_grace=POLL * 1.5)))
+
+    assert event["status"] == "terminal"
+
+
+def test_a_failed_poll_restarts_the_not_found_clock(hook: FakeHook) -> None:
+    hook.script = [OSError("controller down")] * 2 + [{}] + [sacct("COMPLETED")]
+    started = time.time()
+
+    (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.5)))
+
+    assert event["status"] == "terminal"  # the first "not found" after the failures did not vanish the job
+
+
+def test_on_kill_records_canceled_with_its_source(hook: FakeHook) -> None:
+    from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
+    from airflow_provider_tao_slurm.core.states import TaoState
+
+    record = open_record(
+        job_id=NAME,
+        cluster="c",
+        image="/x.sqsh",
+        network_arch="custom",
+        action="train",
+        results_dir="/lustre/u/results/x",
+        job_dir="/lustre/u/jobs/x",
+        log_dir="/lustre/u/logs",
+        job_name=NAME,
+        now="2026-01-01T00:00:00Z",
+    )
+    record = mark(
+        record, TaoState.RUNNING, now="2026-01-01T00:00:01Z", message="submitted", source="submit", backend_ref=JOB
+    )
+    hook.files["/lustre/u/records/r.json"] = to_json(record)
+
+    run(make(sidecar_path=SIDECAR, record_path="/lustre/u/records/r.json").on_kill())
+
+    stored = from_json(hook.files["/lustre/u/records/r.json"])
+    assert stored.terminal_state is TaoState.CANCELED
+    assert stored.transitions[-1].source == "trigger on_kill"
+    assert hook.cancels == [([JOB], NAME)]
+    assert hook.commands == [f"rm -f -- {SIDECAR}"]

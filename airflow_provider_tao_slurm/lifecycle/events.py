@@ -1,0 +1,230 @@
+"""The typed job handle (the submit task's XCom) and the typed trigger event.
+
+Both are plain data with ``to_dict``/``from_dict``: the dict form is what crosses XCom and the
+triggerer, and ``from_dict`` is the one place that checks it. The handle's keys are public (DAGs
+read ``job_id``, ``slurm_job_id``, ``results_dir`` ... from the XCom): keep them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
+from typing import Any
+
+from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
+from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
+from airflow_provider_tao_slurm.exceptions import ValidationError
+
+#: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
+DEFAULT_NOT_FOUND_GRACE_S = 300.0
+#: How long the scheduler may report a state this provider does not know before the task fails.
+DEFAULT_UNRECOGNISED_GRACE_S = 600.0
+
+#: Keys a handle must carry (the rest have defaults).
+REQUIRED_HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path", "results_base")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobHandle:
+    """Where a submitted job lives and how to watch it; ``SbatchSubmitOperator`` returns ``to_dict()``.
+
+    :param job_id: our job id, also the SLURM job name.
+    :param slurm_job_id: the SLURM job id.
+    :param job_dir: the job's staging directory.
+    :param results_dir: the job's results directory.
+    :param log_dir: the directory of this SLURM job's ``main.out``/``main.err``.
+    :param record_path: the job record.
+    :param cluster: the cluster name.
+    :param results_base: the connection's results base directory.
+    :param script_path: the staged batch script (resubmissions run it again).
+    :param sidecar_path: the mode-600 secret sidecar, when the job has secrets.
+    :param exit_code_path: the file the job writes its exit code to.
+    :param submitted_at: ISO-8601 UTC submission time.
+    :param exclude_nodes: nodes the job must avoid.
+    :param child_exit_code_path: an execution block's child exit-code file.
+    :param secret_refs: ``secret_env`` references (never values), to redact log tails.
+    :param retry_of: the job id of the record this job retries.
+    :param infra_retries: how many infrastructure resubmissions led to this job.
+    :param num_nodes: nodes the job asked for (checked against the partition on resubmission).
+    :param partition: the partition(s) the job asked for.
+    """
+
+    job_id: str
+    slurm_job_id: str
+    job_dir: str
+    results_dir: str
+    record_path: str
+    results_base: str
+    log_dir: str | None = None
+    cluster: str | None = None
+    script_path: str | None = None
+    sidecar_path: str | None = None
+    exit_code_path: str | None = None
+    submitted_at: str | None = None
+    exclude_nodes: tuple[str, ...] = ()
+    child_exit_code_path: str | None = None
+    secret_refs: Mapping[str, str] = field(default_factory=dict)
+    retry_of: str | None = None
+    infra_retries: int = 0
+    num_nodes: int | None = None
+    partition: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-safe dict (the XCom value)."""
+        data = asdict(self)
+        data["exclude_nodes"] = list(self.exclude_nodes)
+        data["secret_refs"] = dict(self.secret_refs)
+        return data
+
+    @classmethod
+    def from_dict(cls, value: object) -> JobHandle:
+        """Check and read a handle dict; unknown keys are ignored (newer or older providers).
+
+        :raises ValidationError: naming what is wrong and that the submit task's output is expected.
+        """
+        if isinstance(value, JobHandle):
+            return value
+        if not isinstance(value, Mapping):
+            raise ValidationError(
+                "job must be the dict returned by SbatchSubmitOperator (pass submit.output); got "
+                f"{type(value).__name__}"
+            )
+        missing = [key for key in REQUIRED_HANDLE_KEYS if not value.get(key)]
+        if missing:
+            raise ValidationError(f"job handle lacks {', '.join(missing)}; pass SbatchSubmitOperator's output")
+        if not str(value["slurm_job_id"]).isdigit():
+            raise ValidationError(f"job handle has a bad slurm_job_id {value['slurm_job_id']!r}")
+        check_job_id(str(value["job_id"]), "job handle's job_id")
+        known = {f.name for f in fields(cls)}
+        data = {key: item for key, item in value.items() if key in known}
+        data["slurm_job_id"] = str(value["slurm_job_id"])
+        data["exclude_nodes"] = tuple(str(node) for node in (value.get("exclude_nodes") or ()))
+        data["secret_refs"] = dict(value.get("secret_refs") or {})
+        data["infra_retries"] = int(value.get("infra_retries") or 0)
+        return cls(**data)
+
+
+class EventStatus(StrEnum):
+    """Why a trigger fired."""
+
+    #: The job reached a terminal state (``state`` says which).
+    TERMINAL = "terminal"
+    #: Neither squeue nor sacct knew the job for longer than the grace window.
+    VANISHED = "vanished"
+    #: The scheduler kept reporting a state this provider does not know.
+    UNRECOGNISED = "unrecognised"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """A state change the trigger saw while waiting.
+
+    :param ts: epoch seconds of the poll.
+    :param state: the TAO state.
+    :param native: SLURM's state.
+    :param reason: SLURM's reason, if any.
+    """
+
+    ts: float
+    state: TaoState
+    native: str
+    reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ts": self.ts, "state": str(self.state), "native": self.native, "reason": self.reason}
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> Observation:
+        return cls(float(value["ts"]), TaoState(value["state"]), str(value.get("native") or ""), value.get("reason"))
+
+
+def state_to_payload(state: JobState) -> dict[str, Any]:
+    """A JSON-safe dict of a :class:`JobState` (enums as plain strings)."""
+    return {
+        "job_id": state.job_id,
+        "native": state.native,
+        "raw_state": state.raw_state,
+        "tao_state": str(state.tao_state),
+        "exit_code": state.exit_code,
+        "signal": state.signal,
+        "reason": state.reason,
+        "node_list": state.node_list,
+        "start": state.start,
+        "end": state.end,
+        "name": state.name,
+        "source": state.source,
+        "err_class": str(state.err_class) if state.err_class else None,
+        "message": state.message,
+    }
+
+
+def state_from_payload(job_id: str, payload: Mapping[str, Any]) -> JobState:
+    """The :class:`JobState` of :func:`state_to_payload`'s dict (re-derived from the raw fields)."""
+    return state_from_native(
+        job_id,
+        str(payload.get("raw_state") or payload.get("native") or ""),
+        source=payload.get("source") or "sacct",
+        exit_code=payload.get("exit_code"),
+        signal=payload.get("signal"),
+        reason=payload.get("reason"),
+        node_list=payload.get("node_list"),
+        start=payload.get("start"),
+        end=payload.get("end"),
+        name=payload.get("name"),
+    )
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """The one event a :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` yields.
+
+    :param status: why it fired.
+    :param slurm_job_id: the watched SLURM job.
+    :param job_name: its exact SLURM name.
+    :param state: the last state seen (the terminal one for TERMINAL; None when never seen).
+    :param transitions: state changes seen while waiting, oldest first.
+    :param message: what happened, in words (for VANISHED and UNRECOGNISED).
+    """
+
+    status: EventStatus
+    slurm_job_id: str
+    job_name: str
+    state: JobState | None = None
+    transitions: Sequence[Observation] = ()
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-safe dict the triggerer stores and hands to ``execute_complete``."""
+        return {
+            "status": str(self.status),
+            "slurm_job_id": self.slurm_job_id,
+            "job_name": self.job_name,
+            "state": state_to_payload(self.state) if self.state is not None else None,
+            "transitions": [item.to_dict() for item in self.transitions],
+            "message": self.message,
+        }
+
+    @classmethod
+    def from_dict(cls, value: object, *, what: str = "trigger event") -> JobEvent:
+        """Check and read an event dict (an older provider's ``"error"`` status reads as VANISHED).
+
+        :raises ValidationError: for anything that is not such an event.
+        """
+        if not isinstance(value, Mapping) or "status" not in value:
+            raise ValidationError(f"unexpected {what} {value!r}; check the triggerer's log and clear the task")
+        raw_status = "vanished" if value["status"] == "error" else value["status"]
+        try:
+            status = EventStatus(raw_status)
+            slurm_job_id = check_slurm_job_id(str(value.get("slurm_job_id")))
+            job_name = check_job_id(str(value.get("job_name")), "event's job_name")
+            payload = value.get("state")
+            state = state_from_payload(slurm_job_id, payload) if isinstance(payload, Mapping) and payload else None
+            transitions = tuple(Observation.from_dict(item) for item in value.get("transitions") or ())
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValidationError(
+                f"unexpected {what} {value!r} ({exc}); check the triggerer's log and clear the task"
+            ) from None
+        if status is EventStatus.TERMINAL and (state is None or not state.is_terminal):
+            raise ValidationError(f"{what} says terminal but carries no terminal state: {value!r}")
+        return cls(status, slurm_job_id, job_name, state, transitions, str(value.get("message") or ""))

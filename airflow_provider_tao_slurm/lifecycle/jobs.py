@@ -1,0 +1,444 @@
+"""``JobLifecycle``: a job's life on the cluster, between the hook and the operators.
+
+It owns what keeps the provider's promise that every logical submission becomes exactly one
+SLURM job of OUR user and that the job's record tells the truth:
+
+- the record store (read, mark, write; every write redacted);
+- submit-once and adoption: any try finds the job of the try before it (not only the first
+  try's) before submitting, and only ever our own jobs (the hook filters lookups by user);
+- infrastructure resubmission: new record with ``retry_of``, the failed nodes excluded as
+  precisely as the evidence allows, never more than the partition can spare;
+- settling: cancel (recorded with its source), vanished and unrecognised jobs (recorded UNKNOWN),
+  sidecar removal, and bounded, redacted log tails.
+
+Operators and the sensor are thin callers of this class; triggers use its async twins.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.failures import Classification
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
+from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    JobFailedError,
+    JobNotFoundError,
+    RecordError,
+    SubmissionError,
+)
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.support import utc_now
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+#: Bytes of each log read for a tail (classification and the task log).
+LOG_TAIL_BYTES = 16384
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """What one try of a submit task does.
+
+    :param job_id: the job id (and SLURM name) this try submits under or adopts.
+    :param layout: that job's paths.
+    :param retry_of: the record this job retries (the immediately previous one), or None.
+    :param previous: the existing, non-terminal record of ``job_id`` (an adopted job keeps it).
+    :param adopted: the SLURM job id of our live (or finished) job of that name, to adopt.
+    """
+
+    job_id: str
+    layout: JobLayout
+    retry_of: str | None = None
+    previous: JobRecord | None = None
+    adopted: str | None = None
+
+
+def _settled(record: JobRecord, state: TaoState, *, message: str, source: str, **kwargs: Any) -> JobRecord:
+    """The record with a terminal ``state``; one already terminal stays as it is (the first verdict stands)."""
+    if record.terminal_state is not None:
+        return record
+    return mark(record, state, now=utc_now(), message=message, source=source, **kwargs)
+
+
+def record_dict(record: JobRecord) -> dict[str, Any]:
+    """The record as the JSON-safe dict a task returns (already redacted)."""
+    return dict(json.loads(to_json(record)))
+
+
+class JobLifecycle:
+    """One job's (or one task's jobs') life on the cluster over ``hook``.
+
+    :param hook: the cluster's :class:`~airflow_provider_tao_slurm.hooks.slurm.SlurmHook`.
+    :param log: where to log (the calling task's logger).
+    """
+
+    def __init__(self, hook: SlurmHook, log: logging.Logger | Any = None) -> None:
+        self.hook = hook
+        self.log = log or logging.getLogger(__name__)
+
+    # ------------------------------------------------------------------ record store
+
+    def read_record(self, path: str) -> JobRecord | None:
+        """The record at ``path``, or None when there is none."""
+        text = self.hook.read_file(path)
+        return from_json(text) if text is not None else None
+
+    def require_record(self, handle: JobHandle) -> JobRecord:
+        """The handle's record; :raises JobNotFoundError: when it is missing (with the fix)."""
+        record = self.read_record(handle.record_path)
+        if record is None:
+            raise JobNotFoundError(
+                f"job record {handle.record_path} is missing on the cluster; it is written by SbatchSubmitOperator "
+                "before launch: check results_dir and that the submit task succeeded"
+            )
+        return record
+
+    def write_record(self, path: str, record: JobRecord, secrets: Iterable[str] = ()) -> None:
+        """Write ``record`` (redacted) to ``path``."""
+        self.hook.write_file(path, to_json(record, list(secrets)).encode(), "644")
+
+    # ------------------------------------------------------------------ submit once / adopt
+
+    def plan_attempt(self, ti: Any, results_base: str) -> Attempt:
+        """Decide what try ``ti.try_number`` of a submit task does, before anything is staged.
+
+        The first try submits the job minted from the DAG, task, run and map index. A later try
+        looks for the newest record of an earlier try (try N-1's, else N-2's, ... else the first's):
+        when that record is not terminal, its job is adopted (or, if no job of ours carries its
+        name, submitted under that name: the earlier try died before sbatch); when it is terminal,
+        this try submits a fresh job whose ``retry_of`` is that record.
+
+        :raises JobLookupError: when the scheduler could not be asked (never read as "no job").
+        :raises AmbiguousSubmissionError: when several of our jobs carry the name to adopt.
+        """
+
+        def mint(try_number: int | None = None) -> str:
+            return mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=try_number)
+
+        first = mint()
+        if ti.try_number <= 1:
+            return Attempt(first, JobLayout(results_base, first))
+        candidates = [mint(k) for k in range(ti.try_number - 1, 1, -1)] + [first]
+        latest: JobRecord | None = None
+        for job_id in candidates:
+            latest = self.read_record(JobLayout(results_base, job_id).record_path)
+            if latest is not None:
+                break
+        if latest is None:
+            layout = JobLayout(results_base, first)
+            return Attempt(first, layout, adopted=self.adopt(first, layout.log_dir))
+        if latest.terminal_state is None:
+            layout = JobLayout(results_base, latest.job_id)
+            return Attempt(
+                latest.job_id,
+                layout,
+                retry_of=latest.retry_of,
+                previous=latest,
+                adopted=self.adopt(latest.job_id, layout.log_dir),
+            )
+        fresh = mint(ti.try_number)
+        self.log.info(
+            "Job %s already ended %s: this try submits a fresh job %s", latest.job_id, latest.terminal_state, fresh
+        )
+        return Attempt(fresh, JobLayout(results_base, fresh), retry_of=latest.job_id)
+
+    def adopt(self, job_name: str, log_dir: str) -> str | None:
+        """Our job named ``job_name`` (live or finished), released and given its log directory; else None.
+
+        An earlier try may have died between ``sbatch --hold`` and the release (a killed worker, a cut
+        connection): the adopted job is released (a no-op otherwise).
+
+        :raises AmbiguousSubmissionError: when several of our jobs carry that name.
+        :raises JobLookupError: when the lookup failed.
+        """
+        ids = self.hook.find_jobs_by_name(job_name, all_hosts=True)
+        if len(ids) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(ids)} SLURM jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones", ids
+            )
+        if not ids:
+            return None
+        self.log.info("Adopting SLURM job %s (%s) submitted by an earlier try", ids[0], job_name)
+        self.hook.run(
+            commands.prepare_job_logs(log_dir, job_name, ids[0]), check=True, what="releasing the adopted job"
+        )
+        return ids[0]
+
+    def submit_once(
+        self,
+        attempt: Attempt,
+        *,
+        results_base: str,
+        files: Mapping[str, tuple[bytes | None, int]],
+        record: JobRecord,
+        secrets: Sequence[str] = (),
+    ) -> tuple[str, JobRecord]:
+        """Stage ``files`` and submit ``attempt``'s script, unless it adopts a job; mark the record RUNNING.
+
+        :returns: the SLURM job id and the written record.
+        """
+        slurm_id = attempt.adopted
+        if slurm_id is None:
+            self.hook.stage_files(results_base, files)
+            slurm_id = self.hook.submit(attempt.layout.script_path, attempt.job_id, log_dir=attempt.layout.log_dir)
+        record = mark(
+            record,
+            TaoState.RUNNING,
+            now=utc_now(),
+            message=f"submitted as SLURM job {slurm_id}",
+            source="submit",
+            backend_ref=slurm_id,
+            secrets=secrets,
+        )
+        self.write_record(attempt.layout.record_path, record, secrets)
+        return slurm_id, record
+
+    # ------------------------------------------------------------------ infrastructure resubmission
+
+    def resubmit(
+        self, ti: Any, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification
+    ) -> JobHandle:
+        """Run the staged script again as a new job (new record, ``retry_of``), avoiding the failed nodes.
+
+        Exactly once: the new job's name is derived from the failed one, so a retried sensor adopts
+        the job an earlier try resubmitted. The nodes the job was told to avoid stay excluded; this
+        failure adds the nodes its evidence names (the whole allocation when it names none), as long
+        as the partition keeps enough nodes for the job.
+
+        :raises JobFailedError: when excluding the failed nodes leaves the partition too small, or
+            sbatch refused the resubmission (both records are settled, the sidecar removed).
+        """
+        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
+        layout = JobLayout(handle.results_base, new_id)
+        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
+        if len(found) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
+            )
+        excluded = list(handle.exclude_nodes)
+        if not found:
+            excluded = self._exclusions(handle, record, state, verdict)
+        record = _settled(
+            record,
+            TaoState.ERROR,
+            message=f"{state.native}: {verdict.reason} [{verdict.evidence}]; resubmitted as {new_id}"
+            + (f" excluding {','.join(excluded)}" if excluded else ""),
+            source="sensor",
+            err_class=ErrClass.ERR_INFRA,
+        )
+        self.write_record(handle.record_path, record)
+        if found:
+            slurm_id = found[0]
+            self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
+        else:
+            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded)
+        self.log.warning(
+            "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
+            state.job_id,
+            verdict.evidence,
+            new_id,
+            slurm_id,
+            f", excluding {','.join(excluded)}" if excluded else "",
+        )
+        return replace(
+            handle,
+            job_id=new_id,
+            slurm_job_id=slurm_id,
+            record_path=layout.record_path,
+            log_dir=f"{record.log_dir}/{new_id}-{slurm_id}",
+            submitted_at=utc_now(),
+            retry_of=handle.job_id,
+            exclude_nodes=tuple(excluded),
+            infra_retries=handle.infra_retries + 1,
+        )
+
+    def _exclusions(self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification) -> list[str]:
+        """The handle's excluded nodes plus this failure's; fails the job when the partition could not fit it."""
+        rows = commands.parse_node_states(
+            self.hook.run(commands.node_states(), check=True, what="reading node states").stdout
+        )
+        allocation = self._expand(state.node_list)
+        exclusion = nodes_to_exclude(state, verdict, allocation, rows)
+        excluded = list(dict.fromkeys([*handle.exclude_nodes, *exclusion.nodes]))
+        num_nodes, partitions = self._shape(handle, allocation)
+        if partitions:
+            left = remaining_nodes(partitions, excluded, rows)
+            if len(left) < num_nodes:
+                message = (
+                    f"{state.native}: {verdict.reason} [{verdict.evidence}]; not resubmitted: excluding "
+                    f"{','.join(excluded)} ({exclusion.why}) leaves {len(left)} node(s) of partition "
+                    f"{','.join(partitions)} for a {num_nodes}-node job"
+                )
+                self.finish(
+                    handle,
+                    _settled(record, TaoState.ERROR, message=message, source="sensor", err_class=ErrClass.ERR_INFRA),
+                )
+                raise JobFailedError(
+                    f"SLURM job {state.job_id} hit an infrastructure failure ({verdict.evidence}) and was not "
+                    f"resubmitted: avoiding {','.join(excluded)} ({exclusion.why}) would leave partition "
+                    f"{','.join(partitions)} only {len(left)} node(s) ({', '.join(left) or 'none'}) for a "
+                    f"{num_nodes}-node job, which could never start. Ask the admins to repair those nodes, or "
+                    "clear the task to try again without the exclusions",
+                    err_class=str(ErrClass.ERR_INFRA),
+                )
+        self.log.info("Excluding %s: %s", ",".join(exclusion.nodes) or "no node", exclusion.why)
+        return excluded
+
+    def _expand(self, node_list: str | None) -> list[str]:
+        """A SLURM hostlist (``n[1-2]``) as node names (``sinfo`` expands it)."""
+        if not node_list:
+            return []
+        listed = self.hook.run(commands.existing_nodes(node_list), what="expanding the failed job's node list")
+        return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.rc == 0 else []
+
+    def _shape(self, handle: JobHandle, allocation: Sequence[str]) -> tuple[int, list[str]]:
+        """The job's node count and partitions: from the handle, else from the staged ``meta`` file."""
+        num_nodes, partition = handle.num_nodes, handle.partition
+        if num_nodes is None or partition is None:
+            text = self.hook.read_file(JobLayout(handle.results_base, handle.job_id).meta_path)
+            meta: dict[str, Any] = {}
+            try:
+                meta = json.loads(text) if text else {}
+            except ValueError:
+                self.log.warning("The job's meta file is not JSON; the partition check uses the allocation only")
+            num_nodes = num_nodes or meta.get("nodes")
+            partition = partition or meta.get("partition")
+        count = int(num_nodes) if num_nodes else max(len(allocation), 1)
+        return count, [part for part in str(partition or "").split(",") if part]
+
+    def _submit_retry(
+        self, handle: JobHandle, record: JobRecord, new_id: str, layout: JobLayout, excluded: Sequence[str]
+    ) -> str:
+        """Open the retry's record and submit the staged script under the new name."""
+        retry = open_record(
+            job_id=new_id,
+            cluster=record.cluster,
+            image=record.image,
+            network_arch=record.network_arch,
+            action=record.action,
+            results_dir=record.results_dir,
+            job_dir=record.job_dir,
+            log_dir=record.log_dir,
+            job_name=new_id,
+            now=utc_now(),
+            retry_of=record.job_id,
+        )
+        self.write_record(layout.record_path, retry)
+        script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
+        extra = (f"--exclude={','.join(excluded)}",) if excluded else ()
+        try:
+            slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra)
+        except SubmissionError as exc:
+            retry = mark(retry, TaoState.ERROR, now=utc_now(), message=f"sbatch refused it: {exc}", source="sensor")
+            self.write_record(layout.record_path, retry)
+            self.finish(handle, record)
+            raise JobFailedError(
+                f"SLURM job {handle.slurm_job_id} hit an infrastructure failure and its resubmission {new_id} "
+                f"was refused ({exc}); free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear "
+                "the task",
+                err_class=str(ErrClass.ERR_INFRA),
+            ) from exc
+        retry = mark(
+            retry,
+            TaoState.RUNNING,
+            now=utc_now(),
+            message=f"resubmitted as SLURM job {slurm_id}",
+            source="sensor",
+            backend_ref=slurm_id,
+        )
+        self.write_record(layout.record_path, retry)
+        return slurm_id
+
+    # ------------------------------------------------------------------ settling
+
+    def settle(
+        self, handle: JobHandle, record: JobRecord, state: TaoState, *, message: str, **kwargs: Any
+    ) -> JobRecord:
+        """Write the terminal record (a record already terminal keeps its first verdict) and remove the sidecar."""
+        record = _settled(record, state, message=message, source="sensor", **kwargs)
+        self.finish(handle, record)
+        return record
+
+    def finish(self, handle: JobHandle, record: JobRecord) -> None:
+        """Write ``record`` and remove the secret sidecar (the job will not run again)."""
+        self.write_record(handle.record_path, record)
+        self.remove_sidecar(handle.sidecar_path)
+
+    def mark_unknown(self, handle: JobHandle, record: JobRecord, message: str, *, remove_sidecar: bool) -> None:
+        """Record UNKNOWN (a vanished job, or a state nobody knows) with ``message``.
+
+        :param remove_sidecar: True for a vanished job (it cannot run again); False for a job in an
+            unrecognised state, which may still be running and need its secrets.
+        """
+        if record.terminal_state is None:
+            try:
+                record = mark(record, TaoState.UNKNOWN, now=utc_now(), message=message, source="sensor")
+            except RecordError as exc:
+                self.log.warning("Could not record UNKNOWN: %s", exc)
+            self.write_record(handle.record_path, record)
+        if remove_sidecar:
+            self.remove_sidecar(handle.sidecar_path)
+
+    def cancel(self, handle: JobHandle, *, source: str) -> None:
+        """A user kill: scancel our job (by id AND exact name, our user only), record CANCELED, remove the sidecar."""
+        self.log.info("Cancelling SLURM job %s (%s) on user request", handle.slurm_job_id, handle.job_id)
+        self.hook.cancel([handle.slurm_job_id], job_name=handle.job_id)
+        record = self.read_record(handle.record_path)
+        if record is not None:
+            self.write_record(handle.record_path, _canceled(record, handle.slurm_job_id, source))
+        self.remove_sidecar(handle.sidecar_path)
+
+    async def a_cancel(
+        self, slurm_job_id: str, job_name: str, *, record_path: str | None, sidecar_path: str | None, source: str
+    ) -> None:
+        """Async twin of :meth:`cancel` (the trigger's ``on_kill``)."""
+        self.log.info("Cancelling SLURM job %s (%s) on user request", slurm_job_id, job_name)
+        await self.hook.a_cancel([slurm_job_id], job_name=job_name)
+        if record_path:
+            text = await self.hook.a_read_file(record_path)
+            if text is not None:
+                record = _canceled(from_json(text), slurm_job_id, source)
+                await self.hook.a_write_file(record_path, to_json(record).encode(), "644")
+        if sidecar_path:
+            removed = await self.hook.a_run(commands.remove_files([sidecar_path]))
+            if removed.rc != 0:
+                self.log.warning(
+                    "Could not remove the secret sidecar %s (exit %s): %s; remove it by hand",
+                    sidecar_path,
+                    removed.rc,
+                    removed.stderr.strip(),
+                )
+
+    def remove_sidecar(self, path: str | None) -> None:
+        """Remove the job's secret sidecar (nothing to do without one)."""
+        if path:
+            self.hook.run(commands.remove_files([path]), check=True, what="removing the secret sidecar")
+
+    # ------------------------------------------------------------------ logs
+
+    def log_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES, secrets: Iterable[str] = ()) -> str:
+        """The last ``max_bytes`` of a remote log, redacted (empty when missing)."""
+        size = self.hook.read_log(path, 0, 1).size
+        text = self.hook.read_log(path, max(0, size - max_bytes), max_bytes).data if size else ""
+        return redact_text(text, list(secrets))
+
+
+def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:
+    """``record`` marked CANCELED by a user kill seen by ``source`` (a terminal record stays as it is)."""
+    return _settled(
+        record,
+        TaoState.CANCELED,
+        message=f"SLURM job {slurm_job_id} cancelled on user request (task killed: {source})",
+        source=source,
+    )

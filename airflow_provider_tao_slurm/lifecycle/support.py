@@ -1,0 +1,122 @@
+"""Airflow-side helpers shared by the operators and the sensor: the lazily created hook, secret
+references, registry credentials, time, script lint.
+
+One module, so that no operator or sensor imports another one for a helper.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from functools import cached_property
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.images import ImageRef, registry_host
+from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, TemplateRenderError, ValidationError
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+SECRET_SOURCES = ("env", "conn", "var")
+#: The registry login NGC expects with an API key as the password.
+NGC_LOGIN = "$oauthtoken"
+
+
+class SlurmHookMixin:
+    """Gives an operator or sensor a :attr:`hook` built from ``self.slurm_conn_id`` on first use."""
+
+    slurm_conn_id: str
+
+    @cached_property
+    def hook(self) -> SlurmHook:
+        """The hook, created on first use (never at DAG parse time)."""
+        return SlurmHook(self.slurm_conn_id)
+
+
+def utc_now() -> str:
+    """Now as the ISO-8601 UTC text records use."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def resolve_secret(name: str, source: str) -> str:
+    """Resolve one ``secret_env`` value at run time and register it with Airflow's log masker.
+
+    ``env:VAR`` reads the worker's environment, ``conn:ID`` a connection's password,
+    ``var:KEY`` an Airflow Variable; anything else is the literal value.
+    """
+    from airflow.sdk.log import mask_secret
+
+    kind, _, ref = source.partition(":")
+    if kind not in SECRET_SOURCES or not ref:
+        value = source
+    elif kind == "env":
+        if ref not in os.environ:
+            raise ValidationError(f"secret_env[{name!r}] reads ${ref}, which is not set on the worker")
+        value = os.environ[ref]
+    elif kind == "conn":
+        from airflow.sdk import BaseHook
+
+        value = BaseHook.get_connection(ref).password or ""
+        if not value:
+            raise ValidationError(f"secret_env[{name!r}]: connection {ref!r} has no password; set it")
+    else:
+        from airflow.sdk import Variable
+
+        value = Variable.get(ref)
+    if not value:
+        raise ValidationError(f"secret_env[{name!r}] is empty; give a value or an env:/conn:/var: reference")
+    mask_secret(value)
+    return value
+
+
+def secret_references(secret_env: Mapping[str, str]) -> dict[str, str]:
+    """The ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
+
+    They travel in the job handle so the sensor can resolve the same secrets and redact them from
+    the log tails it shows.
+    """
+    return {name: source for name, source in secret_env.items() if source.partition(":")[0] in SECRET_SOURCES}
+
+
+def lint_bash(script: str) -> None:
+    """``bash -n`` on the rendered script, locally, before anything is staged.
+
+    :raises TemplateRenderError: with bash's message when the script does not parse.
+    """
+    result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise TemplateRenderError(f"the rendered sbatch script does not parse (bash -n): {result.stderr.strip()}")
+
+
+def registry_credentials_from_connection(conn_id: str) -> tuple[str, str]:
+    """Read a registry login and key from an Airflow connection (password field) and mask the key in logs.
+
+    :param conn_id: the connection; its login defaults to ``$oauthtoken`` (NGC).
+    :returns: ``(login, password)``.
+    :raises ConnectionConfigError: when the connection has no password.
+    """
+    from airflow.sdk import BaseHook
+    from airflow.sdk.log import mask_secret
+
+    conn = BaseHook.get_connection(conn_id)
+    if not conn.password:
+        raise ConnectionConfigError(
+            f"registry connection {conn_id!r} has no password; put the registry key (for nvcr.io: the NGC API "
+            "key) in its password field"
+        )
+    mask_secret(conn.password)
+    return conn.login or NGC_LOGIN, conn.password
+
+
+def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, password: str) -> list[str]:
+    """Install Enroot credentials for ``image``'s registry on the cluster (the key travels over stdin only).
+
+    :returns: the credentials-file machines written (both NGC hosts for nvcr.io); empty for a ``.sqsh`` image.
+    :raises ValidationError: for a login or key that cannot go in the credentials file (the key is not shown).
+    """
+    host = registry_host(image)
+    if host is None:
+        return []
+    commands.credentials_line(host, login, password)
+    hook.install_enroot_credentials(host, password, login)
+    return list(commands.enroot_credential_machines(host))

@@ -1,0 +1,387 @@
+"""Exactly once on a cluster shared with others (issue 14), each promise proven on the real test cluster.
+
+The job-lifecycle layer (:mod:`airflow_provider_tao_slurm.lifecycle`) owns a job's life; these tests
+drive it through the operators and the sensor the way a worker and a triggerer do. The second Unix
+user ``slurmother`` of the test cluster plays the other people on a shared cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from clusterkit import (
+    as_other,
+    conn,
+    connection_json,
+    dag_id,
+    final_state,
+    harness,
+    image,
+    jobs_named,
+    record_of,
+    secret_value,
+    sensor_for,
+    sidecar_mode,
+    squeue_field,
+    submit,
+    submit_as_other,
+    submit_op,
+)
+from deferral import context, defer, first_event, resume, run_async, wait_until
+
+from airflow_provider_tao_slurm.core import states as core_states
+from airflow_provider_tao_slurm.core.records import mint_job_id
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.exceptions import (
+    JobFailedError,
+    JobLookupError,
+    JobNotFoundError,
+    StatusQueryError,
+    UnknownStateError,
+)
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+__all__ = ["conn", "dag_id", "image", "secret_value"]
+
+HERE = Path(__file__).resolve().parent
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
+
+# Try 2 of the submit task, in its own process, against the fault login sshd (its sbatch submits the
+# held job, then cuts the session before the reply): it stops right before reconciling, to be SIGKILLed.
+CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from clusterkit import submit_op
+from deferral import context
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+def killed_before_reconciling(self, job_name, **kwargs):
+    print("RECONCILING", job_name, flush=True)
+    time.sleep(600)
+
+SlurmHook.reconcile_by_name = killed_before_reconciling
+submit_op(sys.argv[2], "sleep 3").execute(context(sys.argv[3], "submit", "r1", try_number=2))
+"""
+
+
+def live_jobs(ssh_run: SshRun, *names: str) -> list[str]:
+    """Ids of the live jobs (any user) carrying one of ``names``."""
+    found = []
+    for name in names:
+        for slurm_id in jobs_named(ssh_run, name):
+            if squeue_field(ssh_run, slurm_id, "%T") in LIVE:
+                found.append(slurm_id)
+    return found
+
+
+def run_try_and_kill_it(cluster: ClusterEnv, image: str, dag: str) -> str:
+    """Run try 2 in a child process and SIGKILL it right after its sbatch; return its job name."""
+    env = {**os.environ, "AIRFLOW_CONN_SLURM_DEFAULT": connection_json(cluster, port=cluster.fault_port)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(HERE), image, dag],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        output = []
+        for line in child.stdout:
+            output.append(line)
+            if line.startswith("RECONCILING "):
+                os.kill(child.pid, signal.SIGKILL)
+                break
+        else:
+            pytest.fail("try 2 ended without reaching the reconcile step:\n" + "".join(output[-20:]))
+    finally:
+        child.kill()
+        child.wait(30)
+    return str(line.split()[1])
+
+
+# ---------------------------------------------------------------------- 1. any try adopts any earlier try
+
+
+def test_try_3_adopts_the_job_of_sigkilled_try_2(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, record_property: Any
+) -> None:
+    """Try 1 of the submit task submitted a job that failed (its record ERROR). Try 2 submitted a fresh job and
+    was SIGKILLed right after its sbatch (held, never released). Try 3 ran. Expected: try 3 submits nothing,
+    adopts try 2's job (releasing it); try 2's record points to try 1's (retry_of); exactly one live job."""
+    first_ctx = context(dag_id, "submit", "r1")
+    first = submit(submit_op(image, "exit 3"), first_ctx)
+    sensor = sensor_for(first)
+    deferred = defer(sensor, first_ctx)
+    with pytest.raises(JobFailedError):
+        resume(sensor, first_ctx, deferred, run_async(first_event(deferred.trigger)))
+    assert record_of(ssh_run, first["record_path"])["terminal_state"] == "ERROR"
+
+    second_name = run_try_and_kill_it(cluster, image, dag_id)
+    assert second_name == mint_job_id(dag_id, "submit", "r1", try_number=2)
+    (second_id,) = jobs_named(ssh_run, second_name)
+    left = squeue_field(ssh_run, second_id, "%T|%r")
+    assert left == "PENDING|JobHeldUser"
+
+    third = submit(submit_op(image, "sleep 3"), context(dag_id, "submit", "r1", try_number=3))
+    third_name = mint_job_id(dag_id, "submit", "r1", try_number=3)
+    record_property("detail", f"try 2's job {second_id} was {left}; try 3 returned {third['slurm_job_id']}")
+
+    assert (third["job_id"], third["slurm_job_id"]) == (second_name, second_id)
+    assert third["retry_of"] == first["job_id"]
+    assert record_of(ssh_run, third["record_path"])["retry_of"] == first["job_id"]
+    assert jobs_named(ssh_run, third_name) == []
+    assert live_jobs(ssh_run, first["job_id"], second_name, third_name) == [second_id]
+    assert squeue_field(ssh_run, second_id, "%r") != "JobHeldUser"  # released by try 3
+    ctx = context(dag_id, "submit", "r1", try_number=3)
+    sensor = sensor_for(third)
+    deferred = defer(sensor, ctx)
+    assert resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger)))["terminal_state"] == "COMPLETE"
+
+
+# ---------------------------------------------------------------------- 2. only our own jobs
+
+
+def test_another_users_job_of_the_same_name_is_never_touched(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, slurm_hook: SlurmHook
+) -> None:
+    """Another user (slurmother) held a job carrying exactly the name our submit task mints. Our try 2 (which
+    looks for an earlier try's job before submitting), the reconcile lookup and a cancel by name ran. Expected:
+    the other user's job is never adopted, released or cancelled; our try submits its own job."""
+    name = mint_job_id(dag_id, "submit", "r1")
+    theirs = submit_as_other(cluster, name, "sleep 300", hold=True)
+    try:
+        assert squeue_field(ssh_run, theirs, "%u|%r") == f"{cluster.other_user}|JobHeldUser"
+        assert slurm_hook.find_jobs_by_name(name, all_hosts=True) == []
+
+        ours = submit(submit_op(image, "sleep 2"), context(dag_id, "submit", "r1", try_number=2))
+
+        assert ours["job_id"] == name
+        assert ours["slurm_job_id"] != theirs
+        assert slurm_hook.find_jobs_by_name(name, all_hosts=True) == [ours["slurm_job_id"]]
+        assert slurm_hook.reconcile_by_name(name, timeout=0, interval=0) == ours["slurm_job_id"]
+        slurm_hook.cancel([theirs], job_name=name)
+        JobLifecycle(slurm_hook).cancel(JobHandle.from_dict(ours), source="test")
+        assert wait_until(lambda: final_state(ssh_run, ours["slurm_job_id"]) == "CANCELLED", "ours cancelled")
+        assert squeue_field(ssh_run, theirs, "%u|%T|%r") == f"{cluster.other_user}|PENDING|JobHeldUser"
+    finally:
+        as_other(cluster, join(["scancel", theirs]))
+
+
+# ---------------------------------------------------------------------- 3. a failed lookup is not an answer
+
+
+def test_failed_lookups_raise_and_nothing_is_submitted(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, slurm_hook: SlurmHook, record_property: Any
+) -> None:
+    """slurmctld was stopped (login host reachable, controller not). The submit task's try 2 (which must look
+    for an earlier try's job first), a lookup by name and a status poll of an unknown job ran; then slurmdbd
+    was stopped with the controller back. Expected: each lookup raises a typed error with the evidence, never
+    "no such job"; no job is submitted; the poll reports the job unanswered, not gone."""
+    name = mint_job_id(dag_id, "submit", "r1")
+    harness("stop-slurmctld")
+    try:
+        with pytest.raises(JobLookupError, match="squeue exited") as lookup:
+            slurm_hook.find_jobs_by_name(name)
+        with pytest.raises(JobLookupError):
+            submit(submit_op(image, "sleep 1"), context(dag_id, "submit", "r1", try_number=2))
+        with pytest.raises(StatusQueryError) as poll:
+            slurm_hook.get_states(["99999999"])
+        assert poll.value.unanswered == ["99999999"]
+    finally:
+        harness("start-slurmctld", timeout=180)
+    harness("stop-slurmdbd")
+    try:
+        with pytest.raises(JobLookupError, match="sacct exited"):
+            slurm_hook.find_jobs_by_name(name)
+    finally:
+        harness("start-slurmdbd")
+    record_property("detail", f"controller down: {lookup.value.evidence[:160]}")
+    assert jobs_named(ssh_run, name) == []
+
+
+# ---------------------------------------------------------------------- 4. cancel is recorded
+
+
+def test_user_kill_of_the_deferred_sensor_is_recorded(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+    """A user marked the deferred sensor failed while the job ran (the triggerer cancels run(), then calls the
+    trigger's on_kill). Expected: the job is cancelled, the record is CANCELED with source "trigger on_kill",
+    the secret sidecar is gone."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 60"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    trigger = defer(sensor_for(handle), ctx).trigger
+    assert isinstance(trigger, SlurmJobTrigger)
+
+    async def mark_failed() -> None:
+        watch = asyncio.ensure_future(first_event(trigger))
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
+        await trigger.on_kill()
+        await trigger.cleanup()
+
+    run_async(mark_failed())
+    assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=30)
+    record = record_of(ssh_run, handle["record_path"])
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+def test_user_kill_of_a_poking_sensor_is_recorded(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+    """The same kill of a sensor waiting in a worker (deferrable=False). Expected: cancelled, record CANCELED
+    with source "sensor on_kill", sidecar gone."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 60"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = sensor_for(handle, deferrable=False)
+    wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
+    assert sensor.poke(ctx) is False  # one real status query: the job runs
+    sensor._current = JobHandle.from_dict(handle)  # what execute() keeps while poking in the worker
+    sensor.on_kill()
+    sensor.hook.close()
+    assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=30)
+    record = record_of(ssh_run, handle["record_path"])
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "sensor on_kill")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+# ---------------------------------------------------------------------- 5. a vanished job
+
+
+def test_vanished_job_is_recorded_unknown_and_its_sidecar_removed(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    """The sensor watched a job id that neither squeue nor sacct knows (as after accounting lost a job), with a
+    3-second grace window. Expected: the task fails (JobNotFoundError), the record's last state is UNKNOWN,
+    the secret sidecar is removed."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1"), ctx)
+    ghost = {**handle, "slurm_job_id": "99999999", "submitted_at": None}
+    sensor = sensor_for(ghost, not_found_grace=3)
+    deferred = defer(sensor, ctx)
+    event = run_async(first_event(deferred.trigger, 60))
+    assert event.payload["status"] == "vanished"
+
+    with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
+        resume(sensor, ctx, deferred, event)
+
+    record = record_of(ssh_run, handle["record_path"])
+    assert record["transitions"][-1]["state"] == "UNKNOWN"
+    assert record["terminal_state"] is None
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+# ---------------------------------------------------------------------- 6. unrecognised states
+
+
+def test_unrecognised_state_fails_after_the_grace_naming_it(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running job was suspended by an admin (scontrol suspend, as root) while this provider was made not to
+    know SUSPENDED (as it would not know a state a newer SLURM adds), with a 3-second grace. Expected: the
+    trigger stops polling with an "unrecognised" event, the task fails naming the raw state, the record is
+    UNKNOWN; the job itself is left alone."""
+    monkeypatch.delitem(core_states._NATIVE, "SUSPENDED")
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 60"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = sensor_for(handle, unrecognised_grace=3)
+    deferred = defer(sensor, ctx)
+    try:
+        wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
+        proc = subprocess.run(["scontrol", "suspend", slurm_id], capture_output=True, text=True, check=False)
+        assert proc.returncode == 0, proc.stderr
+        event = run_async(first_event(deferred.trigger, 60))
+        assert event.payload["status"] == "unrecognised"
+        with pytest.raises(UnknownStateError, match="'SUSPENDED'"):
+            resume(sensor, ctx, deferred, event)
+        record = record_of(ssh_run, handle["record_path"])
+        assert record["transitions"][-1]["state"] == "UNKNOWN"
+        assert "SUSPENDED" in record["transitions"][-1]["message"]
+        assert squeue_field(ssh_run, slurm_id, "%T") == "SUSPENDED"
+    finally:
+        subprocess.run(["scancel", slurm_id], check=False)
+        wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") not in LIVE, "suspended job gone", timeout=90)
+
+
+# ---------------------------------------------------------------------- 7. resubmission fits the partition
+
+
+def test_node_failure_of_a_job_the_partition_could_not_fit_again_is_not_resubmitted(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """A 2-node job (both nodes of the GPU partition) without requeue ran when n2 went DOWN (NODE_FAIL).
+    Excluding the failed node leaves one node for a 2-node job, which could never start. Expected: no
+    resubmission (no retry record, no second job), the task fails with the evidence and the node count, the
+    record is ERROR/ERR_INFRA, the sidecar is gone."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 60", num_nodes=2, nccl_env={}, requeue=False), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+
+    async def watch_and_fail() -> Any:
+        watch = asyncio.ensure_future(first_event(deferred.trigger))
+        await asyncio.to_thread(
+            wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running on both nodes", 180
+        )
+        await asyncio.sleep(2)
+        await asyncio.to_thread(harness, "node-down", "n2")
+        return await watch
+
+    try:
+        event = run_async(watch_and_fail())
+    finally:
+        wait_until(lambda: "down" not in squeue_node_state(ssh_run, "n2"), "n2 back", timeout=90)
+    assert event.payload["state"]["native"] == "NODE_FAIL"
+    with pytest.raises(JobFailedError, match="could never start") as failed:
+        resume(sensor, ctx, deferred, event)
+
+    assert failed.value.err_class == "ERR_INFRA"
+    assert "n2" in str(failed.value)
+    retry_name = mint_job_id(dag_id, "wait", "r1", retry_of=handle["job_id"])
+    assert jobs_named(ssh_run, retry_name) == []
+    rc, _, _ = ssh_run(f"test -e {quote(handle['record_path'].rsplit('/', 1)[0])}/{quote(retry_name)}.json")
+    assert rc != 0
+    record = record_of(ssh_run, handle["record_path"])
+    assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+def squeue_node_state(ssh_run: SshRun, node: str) -> str:
+    """sinfo's long state of ``node``."""
+    _, out, _ = ssh_run(join(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]))
+    return out.strip()
+
+
+def test_deferral_kwargs_carry_the_typed_handle(conn: str, image: str, dag_id: str) -> None:
+    """The sensor's deferral carries the handle's public keys (the XCom contract), typed and round-tripped;
+    its trigger knows the record and the sidecar (a user kill records CANCELED and removes it)."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1"), ctx)
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+    kept = deferred.kwargs["job"]
+    for key in ("job_id", "slurm_job_id", "job_dir", "results_dir", "log_dir", "record_path", "cluster"):
+        assert kept[key] == handle[key]
+    trigger = deferred.trigger
+    assert (trigger.record_path, trigger.sidecar_path) == (handle["record_path"], handle["sidecar_path"])
+    result = resume(sensor, ctx, deferred, run_async(first_event(trigger)))
+    assert result["terminal_state"] == "COMPLETE"
