@@ -71,6 +71,13 @@ def _settled(record: JobRecord, state: TaoState, *, message: str, source: str, *
     return mark(record, state, now=utc_now(), message=message, source=source, **kwargs)
 
 
+def _running(record: JobRecord, slurm_id: str, message: str, source: str, secrets: Sequence[str] = ()) -> JobRecord:
+    """``record`` bound to SLURM job ``slurm_id`` and marked RUNNING (submitted)."""
+    return mark(
+        record, TaoState.RUNNING, now=utc_now(), message=message, source=source, backend_ref=slurm_id, secrets=secrets
+    )
+
+
 def record_dict(record: JobRecord) -> dict[str, Any]:
     """The record as the JSON-safe dict a task returns (already redacted)."""
     return dict(json.loads(to_json(record)))
@@ -192,15 +199,7 @@ class JobLifecycle:
         if slurm_id is None:
             self.hook.stage_files(results_base, files)
             slurm_id = self.hook.submit(attempt.layout.script_path, attempt.job_id, log_dir=attempt.layout.log_dir)
-        record = mark(
-            record,
-            TaoState.RUNNING,
-            now=utc_now(),
-            message=f"submitted as SLURM job {slurm_id}",
-            source="submit",
-            backend_ref=slurm_id,
-            secrets=secrets,
-        )
+        record = _running(record, slurm_id, f"submitted as SLURM job {slurm_id}", "submit", secrets)
         self.write_record(attempt.layout.record_path, record, secrets)
         return slurm_id, record
 
@@ -349,15 +348,9 @@ class JobLifecycle:
                 "the task",
                 err_class=str(ErrClass.ERR_INFRA),
             ) from exc
-        retry = mark(
-            retry,
-            TaoState.RUNNING,
-            now=utc_now(),
-            message=f"resubmitted as SLURM job {slurm_id}",
-            source="sensor",
-            backend_ref=slurm_id,
+        self.write_record(
+            layout.record_path, _running(retry, slurm_id, f"resubmitted as SLURM job {slurm_id}", "sensor")
         )
-        self.write_record(layout.record_path, retry)
         return slurm_id
 
     # ------------------------------------------------------------------ settling
