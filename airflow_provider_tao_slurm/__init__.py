@@ -93,7 +93,8 @@ def get_provider_info() -> dict[str, Any]:
                         default=False,
                     ),
                     "partition": _conn_field(
-                        "GPU partition(s)", "Comma separated.", default="polar,polar3,polar4,grizzly"
+                        "GPU partition(s)",
+                        "Comma separated, e.g. gpu_a100,gpu_h100. Empty: the cluster's default partition.",
                     ),
                     "account": _conn_field("Account", "SLURM account charged for jobs."),
                     "results_dir": _conn_field("Results base dir", "Shared (Lustre) base directory."),
@@ -102,11 +103,12 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "conversion_partition": _conn_field(
                         "Conversion partition",
-                        "CPU partition for Enroot image conversion.",
-                        default="cpu_long",
+                        "CPU partition for Enroot image conversion. Empty: the cluster's default partition.",
                     ),
                     "max_time_hours": _conn_field(
-                        "Max wall time (h)", "Wall-time limit of the GPU partition.", kind="number", default=4
+                        "Site max wall time (h)",
+                        "Optional site rule, stricter than the partitions' own limits (read from the cluster).",
+                        kind="number",
                     ),
                     "cluster_name": _conn_field("Cluster name", "Name used for per-cluster caches."),
                     "log_url_template": _conn_field(

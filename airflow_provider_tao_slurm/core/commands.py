@@ -262,6 +262,28 @@ def sinfo_partitions() -> str:
     return join(["sinfo", "-h", "-o", "%P|%l"])
 
 
+def sinfo_partitions_cached(cache_path: str | None, max_age_s: int) -> str:
+    """:func:`sinfo_partitions`, run at most once per ``max_age_s`` for every worker of a cluster.
+
+    The answer is kept in ``cache_path`` on shared storage; a fresh enough copy is printed instead of
+    asking the controller again (one round trip either way). A failed sinfo exits with its status
+    and is never cached; a cache that cannot be written is simply not kept.
+
+    :param cache_path: absolute path of the cache file, or None to always ask sinfo.
+    :param max_age_s: how long a cached answer is used.
+    """
+    if cache_path is None:
+        return sinfo_partitions()
+    path = quote(_absolute(cache_path, "cache path"))
+    age = _count(max_age_s, "max_age_s", 1)
+    return (
+        f'f={path}; if [ -s "$f" ] && [ $(( $(date +%s) - $(stat -c %Y -- "$f") )) -lt {age} ]; then cat -- "$f"; '
+        f"else out=$({sinfo_partitions()}) || exit $?; printf '%s\\n' \"$out\"; "
+        f'{{ mkdir -p -- {quote(posixpath.dirname(cache_path))} && printf \'%s\\n\' "$out" > "$f.$$" && '
+        'mv -f -- "$f.$$" "$f"; } 2>/dev/null || rm -f -- "$f.$$"; fi'
+    )
+
+
 @dataclass(frozen=True)
 class Partition:
     """A partition as ``sinfo`` shows it.

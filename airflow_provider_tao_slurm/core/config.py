@@ -11,11 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_tao_slurm.core.resources import (
-    DEFAULT_CONVERSION_PARTITION,
-    DEFAULT_MAX_TIME_HOURS,
-    DEFAULT_PARTITIONS,
-)
 from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
 DEFAULT_CONN_TIMEOUT = 10.0
@@ -63,20 +58,15 @@ class ClusterSettings:
     private_key_passphrase: str | None = field(default=None, repr=False)
     host_key: str | None = None
     no_host_key_check: bool = False
-    partitions: tuple[str, ...] = DEFAULT_PARTITIONS
+    partitions: tuple[str, ...] = ()
     account: str | None = None
     results_dir: str | None = None
     container_mounts: str | None = None
-    conversion_partition: str = DEFAULT_CONVERSION_PARTITION
-    max_time_hours: float = DEFAULT_MAX_TIME_HOURS
+    conversion_partition: str | None = None
+    max_time_hours: float | None = None
     cluster_name: str = ""
     conn_timeout: float = DEFAULT_CONN_TIMEOUT
     cmd_timeout: float = DEFAULT_CMD_TIMEOUT
-
-    @property
-    def partition(self) -> str:
-        """The first (preferred) GPU partition."""
-        return self.partitions[0]
 
     @property
     def pool_key(self) -> str:
@@ -124,8 +114,8 @@ def settings_from_connection(
     no_check = _truthy(extra.get("no_host_key_check", False))
     if host_key and no_check:
         problems.append("host_key is pinned but no_host_key_check is true: remove no_host_key_check")
-    partitions = _split(extra.get("partition")) or DEFAULT_PARTITIONS
-    conversion = str(extra.get("conversion_partition") or DEFAULT_CONVERSION_PARTITION).strip()
+    partitions = _split(extra.get("partition"))
+    conversion = str(extra.get("conversion_partition") or "").strip() or None
     account = (str(extra["account"]).strip() or None) if extra.get("account") else None
     for label, name in [
         *(("partition", p) for p in partitions),
@@ -137,9 +127,9 @@ def settings_from_connection(
     results_dir = (str(extra["results_dir"]).strip() or None) if extra.get("results_dir") else None
     if results_dir is not None and not results_dir.startswith("/"):
         problems.append(f"results_dir {results_dir!r} must be an absolute path on the cluster")
-    numbers: dict[str, float] = {}
+    numbers: dict[str, float | None] = {}
     for key, default in (
-        ("max_time_hours", DEFAULT_MAX_TIME_HOURS),
+        ("max_time_hours", None),
         ("conn_timeout", DEFAULT_CONN_TIMEOUT),
         ("cmd_timeout", DEFAULT_CMD_TIMEOUT),
     ):
@@ -149,7 +139,8 @@ def settings_from_connection(
         except (TypeError, ValueError):
             problems.append(f"{key}={raw!r} is not a number")
             numbers[key] = default
-        if not numbers[key] > 0:
+        value = numbers[key]
+        if value is not None and not value > 0:
             problems.append(f"{key} must be greater than 0")
     try:
         port_number = int(port) if port else 22  # 0 or empty: the SSH default, as the SSH provider reads it
@@ -177,8 +168,8 @@ def settings_from_connection(
         conversion_partition=conversion,
         max_time_hours=numbers["max_time_hours"],
         cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
-        conn_timeout=numbers["conn_timeout"],
-        cmd_timeout=numbers["cmd_timeout"],
+        conn_timeout=numbers["conn_timeout"] or DEFAULT_CONN_TIMEOUT,
+        cmd_timeout=numbers["cmd_timeout"] or DEFAULT_CMD_TIMEOUT,
     )
 
 

@@ -24,7 +24,7 @@ from airflow_provider_tao_slurm.core.resources import hours_to_slurm_time
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.states import JobState
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
-from airflow_provider_tao_slurm.core.templates import render_template
+from airflow_provider_tao_slurm.core.templates import check_sbatch_option, render_template
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ResourceError, ValidationError
 
 CONVERSION_TEMPLATE = "enroot_import.sbatch.j2"
@@ -104,6 +104,7 @@ class ConversionJob:
     :param mem_mb: memory in MB (enroot downloads layers in parallel and needs it).
     :param time_minutes: wall-time limit in minutes.
     :param log_dir: absolute base log directory; logs go to ``<log_dir>/%x-%j/main.out|err``.
+    :param sbatch_extra: the site's ``#SBATCH`` options (QOS, reservation, ...) from ``resources.site_options``.
     """
 
     job_name: str
@@ -115,6 +116,7 @@ class ConversionJob:
     mem_mb: int
     time_minutes: int
     log_dir: str
+    sbatch_extra: tuple[str, ...] = ()
 
 
 def _positive(name: str, value: object) -> int:
@@ -129,6 +131,23 @@ def _sbatch_word(name: str, value: str) -> str:
             f"{name}={display_value(value)} cannot go on an #SBATCH line; use letters, digits, '_', '.' and '-'"
         )
     return value
+
+
+def _extra(option: str) -> str:
+    check_sbatch_option(option)
+    return option
+
+
+def check_conversion_request(*, cpus: object, mem_mb: object, time_minutes: object, account: object) -> None:
+    """Check the conversion job's own values (no cluster needed), as :func:`render_conversion_script` will.
+
+    :raises ValidationError: (or ResourceError) naming the bad value.
+    """
+    _positive("cpus", cpus)
+    _positive("mem_mb", mem_mb)
+    _positive("time_minutes", time_minutes)
+    if account is not None:
+        _sbatch_word("account", account)  # type: ignore[arg-type]
 
 
 def render_conversion_script(job: ConversionJob) -> str:
@@ -161,6 +180,7 @@ def render_conversion_script(job: ConversionJob) -> str:
         "SOURCE": quote(job.image.enroot_uri),
         "MAGIC_HEX": SQUASHFS_MAGIC_HEX,
         "MIN_BYTES": MIN_SQSH_BYTES,
+        "SBATCH_EXTRA": [_extra(option) for option in job.sbatch_extra],
     }
     return render_template(CONVERSION_TEMPLATE, values)
 

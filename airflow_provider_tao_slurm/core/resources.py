@@ -1,20 +1,26 @@
 """Resource requests of a GPU job: defaults, validation and SLURM time formats.
 
 TAO conventions: 1 node, 4 GPUs, at most 8 GPUs per node, 16 CPUs per task, a 4 h wall limit and a
-3.8 h program timeout (the program must stop before SLURM kills the job), requeue on. The default
-partitions are 4-hour queues, so a longer request is refused. At 8 GPUs per node a job asks for
-exclusive nodes, and a total GPU count above 8 is laid out as whole 8-GPU nodes.
+3.8 h program timeout (the program must stop before SLURM kills the job), requeue on. At 8 GPUs per
+node a job asks for exclusive nodes, and a total GPU count above 8 is laid out as whole 8-GPU nodes.
+
+Nothing here knows a site: no partition name is built in. The partition comes from the operator or
+the connection, else it is the cluster's default partition; the time limit checked is the requested
+partition's own ``MaxTime`` as ``sinfo`` reports it (:func:`check_partition_limits`), and the
+connection's ``max_time_hours`` is an optional stricter site rule. The sbatch options sites rely on
+(QOS, constraint, reservation, GPU type, a validated mapping of the rest) become ``#SBATCH`` lines
+(:func:`site_options`).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_tao_slurm.core.storage import display_value
-from airflow_provider_tao_slurm.exceptions import ResourceError
+from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
 
 DEFAULT_NUM_NODES = 1
 DEFAULT_GPUS_PER_NODE = 4
@@ -22,10 +28,6 @@ MAX_GPUS_PER_NODE = 8
 DEFAULT_CPUS_PER_TASK = 16
 DEFAULT_TIME_HOURS = 4.0
 DEFAULT_TIMEOUT_HOURS = 3.8
-DEFAULT_MAX_TIME_HOURS = 4.0
-"""Wall-time limit of the default partitions (4-hour queues)."""
-DEFAULT_PARTITIONS = ("polar", "polar3", "polar4", "grizzly")
-DEFAULT_CONVERSION_PARTITION = "cpu_long"
 
 MAX_HOURS = 366 * 24.0
 """Sanity cap on any time request (one year)."""
@@ -58,6 +60,8 @@ class Resources:
     requeue: bool = True
     exclude_nodes: tuple[str, ...] = ()
     mem_mb: int | None = None
+    gpu_type: str | None = None
+    sbatch_extra: tuple[str, ...] = ()
 
     @property
     def total_gpus(self) -> int:
@@ -139,13 +143,14 @@ def parse_partitions(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """Read a partition list: ``"polar,polar3"`` or ``["polar", "polar3"]``.
 
     :param value: comma separated names or a sequence of names; ``None``, a blank string or an empty
-        sequence mean :data:`DEFAULT_PARTITIONS`. Blanks around names are removed, duplicates dropped.
-    :returns: the partition names, in the given order.
+        sequence mean "not given" (the cluster's default partition, see :func:`resolve_partitions`).
+        Blanks around names are removed, duplicates dropped.
+    :returns: the partition names, in the given order (empty when none was given).
     :raises ResourceError: for an empty entry (a stray comma) or an unsafe name.
     """
     items = _items("partition", value)
     if not items:
-        return DEFAULT_PARTITIONS
+        return ()
     names: list[str] = []
     for item in items:
         if item == "":
@@ -198,11 +203,13 @@ def build_resources(
     timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
     partition: str | Sequence[str] | None,
     account: str | None = None,
-    max_time_hours: float | None = DEFAULT_MAX_TIME_HOURS,
+    max_time_hours: float | None = None,
     requeue: bool = True,
     exclude_nodes: str | Sequence[str] | None = None,
     total_gpus: int | None = None,
     mem_mb: int | None = None,
+    gpu_type: str | None = None,
+    sbatch_extra: Sequence[str] = (),
 ) -> Resources:
     """Validate a resource request and apply the TAO layout rules.
 
@@ -212,15 +219,19 @@ def build_resources(
     :param cpus_per_task: CPUs per task (one task per node).
     :param time_hours: SLURM wall limit in hours; must not exceed ``max_time_hours``.
     :param timeout_hours: program timeout in hours; must be lower than ``time_hours``.
-    :param partition: partition name(s), see :func:`parse_partitions` (``None``: the defaults).
+    :param partition: partition name(s), see :func:`parse_partitions`; empty means "the cluster's
+        default": resolve it with :func:`resolve_partitions` before rendering.
     :param account: SLURM account, or ``None`` for the user's default.
-    :param max_time_hours: the partition's wall-time limit (``None``: unlimited).
+    :param max_time_hours: a site's own wall-time rule, stricter than the partition (``None``: none);
+        the partition's limit is checked by :func:`check_partition_limits`.
     :param requeue: let SLURM requeue the job after a node failure or preemption.
     :param exclude_nodes: nodes to avoid: a list, or comma separated names and ``prefix[1-3,5]`` ranges.
     :param total_gpus: if given, decides the layout: up to 8 GPUs on one node, above that whole
         8-GPU nodes (a multiple of 8 is required). ``num_nodes``/``gpus_per_node`` must then be left
         at their defaults or agree with it.
     :param mem_mb: memory per node in MB, or ``None`` for the partition default.
+    :param gpu_type: the GPU type (``--gres=gpu:<type>:<n>``), or ``None`` for any.
+    :param sbatch_extra: further ``#SBATCH`` options from :func:`site_options`.
     :returns: the validated :class:`Resources`.
     :raises ResourceError: naming the parameter, the bad value and the fix.
     """
@@ -239,8 +250,8 @@ def build_resources(
     partition_value = ",".join(parse_partitions(partition))
     if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
         raise ResourceError(
-            f"time_hours={time_hours:g} exceeds the {max_time_hours:g} h limit of partition "
-            f"{partition_value!r}; lower time_hours or pick a longer partition"
+            f"time_hours={time_hours:g} exceeds the site rule max_time_hours={max_time_hours:g} of this "
+            "connection; lower time_hours (or the connection's max_time_hours)"
         )
     if timeout_s >= time_s:
         raise ResourceError(
@@ -262,7 +273,160 @@ def build_resources(
         requeue=requeue,
         exclude_nodes=tuple(_node(item) for item in _items("exclude_nodes", exclude_nodes)),
         mem_mb=None if mem_mb is None else _count("mem_mb", mem_mb),
+        gpu_type=None if gpu_type is None else _name("gpu_type", gpu_type),
+        sbatch_extra=tuple(sbatch_extra),
     )
+
+
+# ------------------------------------------------------------------ the cluster's partitions
+
+
+@dataclass(frozen=True)
+class PartitionLimit:
+    """A partition and its wall-time limit as the cluster reports it.
+
+    :param name: partition name.
+    :param max_time_hours: ``MaxTime`` in hours, ``None`` when unlimited.
+    :param is_default: the cluster's default partition.
+    """
+
+    name: str
+    max_time_hours: float | None
+    is_default: bool = False
+
+
+def resolve_partitions(requested: Sequence[str], known: Sequence[PartitionLimit], cluster: str) -> tuple[str, ...]:
+    """The partitions a job asks for: ``requested``, else the cluster's default partition.
+
+    :raises ResourceError: for a partition the cluster does not have (listing those it has), or when
+        nothing was requested and the cluster has no default partition.
+    """
+    names = [p.name for p in known]
+    if not requested:
+        default = next((p.name for p in known if p.is_default), None)
+        if default is None:
+            raise ResourceError(
+                f"no partition given and cluster {cluster!r} has no default partition; pass partition=... or set "
+                f"the connection's partition extra (partitions: {', '.join(names) or 'none visible'})"
+            )
+        return (default,)
+    unknown = [name for name in requested if name not in names]
+    if unknown:
+        raise ResourceError(
+            f"partition {', '.join(unknown)} does not exist on cluster {cluster!r} (sinfo shows: "
+            f"{', '.join(names) or 'none'}); fix partition (or the connection's partition extra)"
+        )
+    return tuple(requested)
+
+
+def check_partition_limits(
+    time_hours: float, partitions: Sequence[str], known: Sequence[PartitionLimit], param: str = "time_hours"
+) -> None:
+    """Refuse a wall time over the ``MaxTime`` of any requested partition (SLURM would refuse it at submit).
+
+    :raises ResourceError: naming the partition, its limit and the partitions that would allow it.
+    """
+    limits = {p.name: p.max_time_hours for p in known}
+    for name in partitions:
+        limit = limits.get(name)
+        if limit is not None and time_hours > limit + 1e-9:
+            longer = [p.name for p in known if p.max_time_hours is None or p.max_time_hours >= time_hours]
+            hint = f"; partitions that allow it: {', '.join(longer)}" if longer else ""
+            raise ResourceError(
+                f"partition {name} allows at most {limit:g} h, but {param}={time_hours:g}: lower {param} or pick "
+                f"a partition with a longer limit{hint}"
+            )
+
+
+# ------------------------------------------------------------------ site options
+
+#: ``sbatch_options`` the provider owns, or that would break isolation, accounting or the job's contract.
+FORBIDDEN_SBATCH_OPTIONS = frozenset(
+    {
+        "job-name", "output", "error", "input", "open-mode", "chdir", "uid", "gid", "export", "export-file",
+        "get-user-env", "wrap", "parsable", "quiet", "array", "dependency", "hold", "wait", "test-only",
+        "clusters", "cluster-constraint", "requeue", "no-requeue", "signal", "priority", "nice", "mail-user",
+        "partition", "account", "nodes", "ntasks", "ntasks-per-node", "gres", "gpus", "gpus-per-node",
+        "gpus-per-task", "cpus-per-task", "cpus-per-gpu", "time", "exclusive", "exclude", "wait-all-nodes",
+        "mem", "mem-per-cpu", "mem-per-gpu", "qos", "constraint", "reservation", "batch", "kill-on-invalid-dep",
+    }
+)  # fmt: skip
+#: The dedicated parameter for an option that has one.
+_DEDICATED = {
+    "qos": "qos", "constraint": "constraint", "reservation": "reservation", "partition": "partition",
+    "account": "account", "nodes": "num_nodes", "gres": "gpu_type / gpus_per_node", "gpus-per-node": "gpus_per_node",
+    "cpus-per-task": "cpus_per_task", "time": "time_hours", "exclude": "exclude_nodes", "mem": "mem_mb",
+    "requeue": "requeue", "no-requeue": "requeue", "exclusive": "gpus_per_node=8",
+}  # fmt: skip
+_OPTION_NAME = re.compile(r"(?:--)?([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
+_OPTION_VALUE = re.compile(r"[A-Za-z0-9_.,:/@%+=&|*\[\]-]+")
+
+
+def _option_value(option: str, value: object) -> str:
+    text = str(value) if isinstance(value, str | int) and not isinstance(value, bool) else None
+    if text is None or not _OPTION_VALUE.fullmatch(text):
+        raise ValidationError(
+            f"--{option}={display_value(value)} cannot go on an #SBATCH line: give a string or number of letters, "
+            "digits and _ . , : / @ % + = & | * [ ] - (no spaces or quotes)"
+        )
+    return text
+
+
+def site_options(
+    *,
+    qos: str | None = None,
+    constraint: str | None = None,
+    reservation: str | None = None,
+    sbatch_options: object = None,
+) -> tuple[str, ...]:
+    """The ``#SBATCH`` options a site needs beyond the provider's own, validated.
+
+    :param qos: ``--qos``.
+    :param constraint: ``--constraint`` (node features: ``h100``, ``a100&ib``, ``[r1|r2]``).
+    :param reservation: ``--reservation`` (comma separated names allowed).
+    :param sbatch_options: more options as ``{long-name: value}``; ``True`` for a flag. Long names
+        only (``"mail-type"`` or ``"--mail-type"``); options the provider sets or that would break
+        isolation (``--uid``, ``--output``, ``--job-name``, ``--export``, ``--wrap`` ...) are refused.
+    :returns: ``("--qos=high", "--constraint=h100", "--mail-type=END", ...)``.
+    :raises ValidationError: naming the option and the fix.
+    """
+    lines: list[str] = []
+    for name, value in (("qos", qos), ("constraint", constraint), ("reservation", reservation)):
+        if value is not None:
+            if not isinstance(value, str) or not value.strip():
+                raise ValidationError(f"{name}={display_value(value)} must be a non-empty string (or None)")
+            lines.append(f"--{name}={_option_value(name, value.strip())}")
+    if sbatch_options is None:
+        return tuple(lines)
+    if not isinstance(sbatch_options, Mapping):
+        raise ValidationError(
+            f"sbatch_options must be a mapping {{long option name: value}}, got {type(sbatch_options).__name__}"
+        )
+    for key, value in sbatch_options.items():
+        match = _OPTION_NAME.fullmatch(key) if isinstance(key, str) else None
+        if match is None:
+            raise ValidationError(
+                f"sbatch_options key {display_value(key)} is not a long option name; give names such as 'mail-type' "
+                "(short options like '-x' are not accepted)"
+            )
+        option = match.group(1)
+        if option in FORBIDDEN_SBATCH_OPTIONS or option.startswith("container"):
+            instead = _DEDICATED.get(option)
+            raise ValidationError(
+                f"sbatch_options may not set --{option}: "
+                + (
+                    f"use the operator's {instead} parameter"
+                    if instead
+                    else "the provider sets it or it would break the job's isolation, naming or accounting; remove it"
+                )
+            )
+        if value is True:
+            lines.append(f"--{option}")
+        elif value is False or value is None:
+            continue
+        else:
+            lines.append(f"--{option}={_option_value(option, value)}")
+    return tuple(lines)
 
 
 def hours_to_slurm_time(hours: float) -> str:

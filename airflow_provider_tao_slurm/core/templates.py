@@ -9,7 +9,8 @@ not by a shell, so they are validated against strict patterns and refused rather
 Values that reach the shell are quoted with :func:`~airflow_provider_tao_slurm.core.shell.quote`.
 
 Placeholders: JOB_NAME, PARTITION, ACCOUNT, NUM_NODES, GPUS_PER_NODE, NUM_GPUS, CPUS_PER_TASK,
-MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list of options),
+MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list of options), GPU_TYPE,
+MASTER_PORT (a number or a per-job shell arithmetic expression),
 LOG_DIR, JOB_DIR, EXIT_CODE_FILE, IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of
 ``NAME=quoted`` exports) and ENV_FILE (the credentials sidecar; empty without secrets).
 """
@@ -34,6 +35,10 @@ from airflow_provider_tao_slurm.exceptions import (
     TemplateRenderError,
     ValidationError,
 )
+
+#: The seed's rendezvous port; jobs that may share a master node get one from the range above it.
+MASTER_PORT_BASE = 29500
+MASTER_PORT_SPAN = 1000
 
 SINGLE_NODE_TEMPLATE = "single_node.sbatch.j2"
 MULTI_NODE_TEMPLATE = "multi_node.sbatch.j2"
@@ -105,6 +110,10 @@ class SbatchSpec:
     :param nccl_env: NCCL variables exported to the step (from the probe or given explicitly).
     :param sidecar: absolute path of the mode-600 credentials file, or ``None`` without secrets.
     :param sbatch_extra: extra ``--option[=value]`` directives, e.g. ``("--qos=high",)``.
+    :param gpu_type: GPU type for ``--gres=gpu:<type>:<n>``, or ``None`` for any GPU.
+    :param master_port: the multi-node rendezvous port; ``None`` derives it from the job id in
+        :data:`MASTER_PORT_BASE` .. ``+ MASTER_PORT_SPAN - 1`` (exclusive nodes: :data:`MASTER_PORT_BASE`), so
+        two jobs sharing a master node do not both bind the same port.
     """
 
     job_name: str
@@ -129,6 +138,8 @@ class SbatchSpec:
     nccl_env: Mapping[str, str] = field(default_factory=dict)
     sidecar: str | None = None
     sbatch_extra: tuple[str, ...] = ()
+    gpu_type: str | None = None
+    master_port: int | None = None
 
 
 def template_dir() -> Traversable:
@@ -190,6 +201,8 @@ def resource_fields(resources: Resources) -> dict[str, Any]:
         "requeue": resources.requeue,
         "exclude_nodes": resources.exclude_nodes,
         "mem_mb": resources.mem_mb,
+        "gpu_type": resources.gpu_type,
+        "sbatch_extra": resources.sbatch_extra,
     }
 
 
@@ -214,6 +227,8 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "MEM_MB": spec.mem_mb or "",
         "TIMEOUT_SECONDS": spec.timeout_seconds,
         "REQUEUE": "--requeue" if spec.requeue else "--no-requeue",
+        "GPU_TYPE": spec.gpu_type or "",
+        "MASTER_PORT": _master_port(spec),
         "EXCLUSIVE": spec.exclusive,
         "EXCLUDE": ",".join(spec.exclude_nodes),
         "SBATCH_EXTRA": list(spec.sbatch_extra),
@@ -227,6 +242,18 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "ENV_FILE": quote(spec.sidecar) if spec.sidecar else "",
     }
     return render_template(MULTI_NODE_TEMPLATE if spec.num_nodes > 1 else SINGLE_NODE_TEMPLATE, values)
+
+
+def _master_port(spec: SbatchSpec) -> str:
+    """``MASTER_PORT``'s value in the script: the given port, 29500 on exclusive nodes, else per job."""
+    if spec.master_port is not None:
+        port = spec.master_port
+        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+            raise ValidationError(f"master_port={port!r} must be a port number from 1024 to 65535")
+        return str(port)
+    if spec.exclusive:
+        return str(MASTER_PORT_BASE)
+    return f"$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_SPAN} ))"
 
 
 def _all_env(spec: SbatchSpec) -> dict[str, str]:
@@ -253,11 +280,13 @@ def _validate(spec: SbatchSpec) -> None:
     _check_sbatch_word("partition", spec.partition, _PARTITIONS)
     if spec.account is not None:
         _check_sbatch_word("account", spec.account, _SBATCH_WORD)
+    if spec.gpu_type is not None:
+        _check_sbatch_word("gpu_type", spec.gpu_type, _SBATCH_WORD)
     for node in spec.exclude_nodes:
         _check_sbatch_word("exclude_nodes", node, _NODE_LIST)
     _check_sbatch_word("log_dir", spec.log_dir, _SBATCH_PATH)
     for option in spec.sbatch_extra:
-        _check_sbatch_option(option)
+        check_sbatch_option(option)
     for name in ("exclusive", "requeue"):
         if not isinstance(getattr(spec, name), bool):
             raise ValidationError(f"{name} must be True or False, got {getattr(spec, name)!r}")
@@ -296,7 +325,8 @@ def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:
         )
 
 
-def _check_sbatch_option(option: str) -> None:
+def check_sbatch_option(option: str) -> None:
+    """Refuse an ``#SBATCH`` option that is unsafe, or that the provider sets itself."""
     match = _SBATCH_OPTION.fullmatch(option) if isinstance(option, str) else None
     if match is None:
         raise ValidationError(

@@ -36,6 +36,7 @@ from airflow_provider_tao_slurm.core.config import (
     settings_from_connection,
     settings_from_env,
 )
+from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
     SQUEUE_UNKNOWN_JOB,
@@ -73,6 +74,8 @@ DEFAULT_SACCT_WINDOW = "now-7days"
 #: How long an unclear ``sbatch`` reply is reconciled by exact job name before resubmitting.
 RECONCILE_TIMEOUT_S = 60.0
 RECONCILE_INTERVAL_S = 2.0
+#: How long one sinfo answer about the partitions serves every worker of a cluster.
+PARTITION_CACHE_S = 600
 #: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
 ASYNC_MAX_SESSIONS = 8
 
@@ -579,6 +582,31 @@ class SlurmHook(BaseHook):
         """
         if job_ids:
             _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
+
+    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
+        """The cluster's partitions with their ``MaxTime`` and the default one, as sinfo reports them.
+
+        One sinfo answer is kept for :data:`PARTITION_CACHE_S` seconds on shared storage (under
+        ``results_dir``) and serves every worker; ``fresh`` asks sinfo again.
+
+        :raises RemoteCommandError: when sinfo failed (e.g. the controller is down).
+        """
+        base = self.settings.results_dir
+        cache = f"{base}/.tao-slurm/partitions" if base else None
+        result = self.run(
+            commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S), what="reading the partitions"
+        )
+        if result.rc != 0:
+            raise RemoteCommandError(
+                f"sinfo failed on {result.host} (exit {result.rc}): {result.stderr.strip()[-500:]}; the partition "
+                "limits cannot be checked, so nothing is submitted: check that slurmctld is up (scontrol ping)",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
+        return [
+            PartitionLimit(p.name, None if p.max_time_seconds is None else p.max_time_seconds / 3600, p.is_default)
+            for p in commands.parse_sinfo_partitions(result.stdout)
+        ]
 
     def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
         """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""

@@ -14,6 +14,7 @@ from functools import cached_property
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.images import ImageRef, registry_host
+from airflow_provider_tao_slurm.core.resources import check_partition_limits, parse_partitions, resolve_partitions
 from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, TemplateRenderError, ValidationError
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
@@ -42,14 +43,18 @@ def resolve_secret(name: str, source: str) -> str:
     """Resolve one ``secret_env`` value at run time and register it with Airflow's log masker.
 
     ``env:VAR`` reads the worker's environment, ``conn:ID`` a connection's password,
-    ``var:KEY`` an Airflow Variable; anything else is the literal value.
+    ``var:KEY`` an Airflow Variable. A literal value is refused: every secret is a reference.
+
+    :raises ValidationError: for a literal value, or a reference that does not resolve.
     """
     from airflow.sdk.log import mask_secret
 
     kind, _, ref = source.partition(":")
     if kind not in SECRET_SOURCES or not ref:
-        value = source
-    elif kind == "env":
+        raise ValidationError(
+            f"secret_env[{name!r}] is not a reference; give 'env:VAR', 'conn:ID' or 'var:KEY' (never the value)"
+        )
+    if kind == "env":
         if ref not in os.environ:
             raise ValidationError(f"secret_env[{name!r}] reads ${ref}, which is not set on the worker")
         value = os.environ[ref]
@@ -120,3 +125,22 @@ def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, p
     commands.credentials_line(host, login, password)
     hook.install_enroot_credentials(host, password, login)
     return list(commands.enroot_credential_machines(host))
+
+
+def partitions_for(
+    hook: SlurmHook, requested: object, time_hours: float, *, param: str = "time_hours"
+) -> tuple[str, ...]:
+    """The partitions a job goes to (``requested``, else the cluster's default), checked against their MaxTime.
+
+    :param requested: partition name(s) from the operator or the connection (None or empty: the default).
+    :param time_hours: the wall time asked for.
+    :param param: the parameter named in the error.
+    :raises ResourceError: for an unknown partition, no default partition, or a time over a partition's limit.
+    """
+    wanted = parse_partitions(requested)  # type: ignore[arg-type]
+    known = hook.partition_limits()
+    if any(name not in {p.name for p in known} for name in wanted):
+        known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
+    chosen = resolve_partitions(wanted, known, hook.settings.cluster_name)
+    check_partition_limits(time_hours, chosen, known, param)
+    return chosen

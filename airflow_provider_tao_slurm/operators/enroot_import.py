@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core import commands
@@ -21,6 +22,7 @@ from airflow_provider_tao_slurm.core.conversion import (
     ConversionJob,
     LockAction,
     acquire_lock,
+    check_conversion_request,
     conversion_job_name,
     held_lock_action,
     lock_dir,
@@ -39,6 +41,7 @@ from airflow_provider_tao_slurm.core.images import (
     sqsh_cache_path,
 )
 from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.resources import site_options
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.exceptions import (
@@ -53,6 +56,7 @@ from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.lifecycle.support import (
     install_registry_credentials,
+    partitions_for,
     registry_credentials_from_connection,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
@@ -74,7 +78,7 @@ class _Plan:
     image: ImageRef
     target: str
     lock: str
-    partition: str
+    partition: str | None
     account: str | None
     results_dir: str
 
@@ -104,7 +108,11 @@ class EnrootImportOperator(SlurmBaseOperator):
     :param account: the SLURM account (default: the connection's); templated.
     :param cpus: CPUs of the conversion job.
     :param mem_mb: memory of the conversion job in MB.
-    :param time_minutes: wall-time limit of the conversion job in minutes.
+    :param time_minutes: wall-time limit of the conversion job in minutes (checked against the partition's).
+    :param qos: SLURM QOS of the conversion job (``--qos``).
+    :param reservation: SLURM reservation(s) for the conversion job.
+    :param constraint: node features the conversion job needs (``--constraint``).
+    :param sbatch_options: more sbatch options ``{long-name: value}``, validated as for ``SbatchSubmitOperator``.
     :param deferrable: wait for the conversion job in the triggerer (default) instead of the worker.
     :param containers_dir: the image cache directory (default ``<results_dir>/containers``); templated.
     :param poke_interval: seconds between status polls of the conversion job.
@@ -113,7 +121,17 @@ class EnrootImportOperator(SlurmBaseOperator):
     :param slurm_conn_id: the ``tao_slurm`` connection.
     """
 
-    template_fields = ("image", "sqsh_path", "partition", "account", "containers_dir")
+    template_fields = (
+        "image",
+        "sqsh_path",
+        "partition",
+        "account",
+        "containers_dir",
+        "qos",
+        "reservation",
+        "constraint",
+        "sbatch_options",
+    )
 
     def __init__(
         self,
@@ -130,9 +148,17 @@ class EnrootImportOperator(SlurmBaseOperator):
         containers_dir: str | None = None,
         poke_interval: float = 10.0,
         registry_conn_id: str | None = None,
+        qos: str | None = None,
+        reservation: str | None = None,
+        constraint: str | None = None,
+        sbatch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.qos = qos
+        self.reservation = reservation
+        self.constraint = constraint
+        self.sbatch_options = sbatch_options
         self.image = image
         self.sqsh_path = sqsh_path
         self.force_reconvert_latest = force_reconvert_latest
@@ -154,18 +180,27 @@ class EnrootImportOperator(SlurmBaseOperator):
         if image.path is not None:
             return self._existing_image(image.path)
         owner = secrets.token_hex(8)
+        check_conversion_request(
+            cpus=self.cpus, mem_mb=self.mem_mb, time_minutes=self.time_minutes, account=self.account
+        )
+        extra = site_options(
+            qos=self.qos, constraint=self.constraint, reservation=self.reservation, sbatch_options=self.sbatch_options
+        )
         plan = self._plan(image)
+        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_minutes / 60, param="time_minutes/60"))
+        plan = replace(plan, partition=partition)
         script = render_conversion_script(
             ConversionJob(
                 job_name=conversion_job_name(owner),
                 image=image,
                 target=plan.target,
-                partition=plan.partition,
+                partition=partition,
                 account=plan.account,
                 cpus=self.cpus,
                 mem_mb=self.mem_mb,
                 time_minutes=self.time_minutes,
                 log_dir=JobLayout(plan.results_dir, conversion_job_name(owner)).log_dir,
+                sbatch_extra=extra,
             )
         )
         started = self._start(plan, script, owner)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from typing import Any, NoReturn
 
@@ -35,7 +35,7 @@ from airflow_provider_tao_slurm.core.nccl import (
     probe_scope,
 )
 from airflow_provider_tao_slurm.core.records import check_slurm_job_id, mint_job_id
-from airflow_provider_tao_slurm.core.resources import Resources, build_resources
+from airflow_provider_tao_slurm.core.resources import Resources, build_resources, site_options
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.storage import display_value
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
@@ -47,7 +47,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-from airflow_provider_tao_slurm.lifecycle.support import lint_bash, utc_now
+from airflow_provider_tao_slurm.lifecycle.support import lint_bash, partitions_for, utc_now
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -116,12 +116,17 @@ class NcclProbeOperator(SlurmBaseOperator):
         templated.
     :param force: probe even when the cache has an answer (the new answer replaces it); templated.
     :param python: the image's Python with PyTorch; templated.
-    :param partition: GPU partition(s); default from the connection; templated.
+    :param partition: GPU partition(s); default from the connection, else the cluster's default; templated.
     :param account: SLURM account; default from the connection; templated.
     :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection; templated.
     :param cpus_per_task: CPUs per node (default: one per GPU).
     :param mem_mb: memory per node in MB (default: the partition's).
     :param poll_interval: seconds between status polls while deferred (shared per cluster).
+    :param qos: SLURM QOS of the probe jobs (use the real job's).
+    :param reservation: SLURM reservation(s) of the probe jobs.
+    :param constraint: node features (``--constraint``), as the real job asks.
+    :param gpu_type: GPU type (``--gres=gpu:<type>:<n>``), as the real job asks.
+    :param sbatch_options: more sbatch options ``{long-name: value}``, validated as for ``SbatchSubmitOperator``.
     :returns: the working NCCL environment, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` (``{}``: no settings needed).
     """
 
@@ -153,9 +158,19 @@ class NcclProbeOperator(SlurmBaseOperator):
         cpus_per_task: int | None = None,
         mem_mb: int | None = None,
         poll_interval: float = 10.0,
+        qos: str | None = None,
+        reservation: str | None = None,
+        constraint: str | None = None,
+        gpu_type: str | None = None,
+        sbatch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.qos = qos
+        self.reservation = reservation
+        self.constraint = constraint
+        self.gpu_type = gpu_type
+        self.sbatch_options = sbatch_options
         self.image = image
         self.nodes = nodes
         self.gpus_per_node = gpus_per_node
@@ -311,6 +326,13 @@ class NcclProbeOperator(SlurmBaseOperator):
             max_time_hours=settings.max_time_hours,
             requeue=False,
             mem_mb=self.mem_mb,
+            gpu_type=self.gpu_type,
+            sbatch_extra=site_options(
+                qos=self.qos,
+                constraint=self.constraint,
+                reservation=self.reservation,
+                sbatch_options=self.sbatch_options,
+            ),
         )
 
     def _job_names(self, context: Any, count: int) -> list[str]:
@@ -328,6 +350,13 @@ class NcclProbeOperator(SlurmBaseOperator):
     def _plan(self, resources_: Resources, job_names: Sequence[str]) -> _Plan:
         """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
         settings = self.hook.settings
+        chosen = partitions_for(
+            self.hook,
+            resources_.partition,
+            resources_.time_hours,
+            param="the probe's wall time (timeout_seconds + grace, in hours)",
+        )
+        resources_ = replace(resources_, partition=",".join(chosen))
         image = parse_image(self.image)
         if image.path is None:
             raise ImageReferenceError(

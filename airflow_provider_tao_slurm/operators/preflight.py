@@ -14,13 +14,14 @@ from typing import Any, NoReturn
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.images import ImageRef, parse_image, registry_host
-from airflow_provider_tao_slurm.core.resources import parse_partitions
+from airflow_provider_tao_slurm.core.resources import parse_partitions, resolve_partitions
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     ConnectionLostError,
     KeyFilePermissionError,
     PreflightError,
+    ResourceError,
     SlurmConnectionError,
     TaoSlurmError,
     ValidationError,
@@ -101,7 +102,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         image = self._validate()
         settings = self.hook.settings
         partitions = parse_partitions(self.partitions or settings.partitions)
-        conversion = parse_partitions([self.conversion_partition or settings.conversion_partition])[0]
+        conversion = parse_partitions(self.conversion_partition or settings.conversion_partition)
+        resolved: dict[str, str] = {}
         account = self.account or settings.account
         account_check = None if account is None else commands.sacctmgr_assoc(settings.user, account)
         results_dir = self.results_dir or settings.results_dir
@@ -119,10 +121,12 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         if tools_ok:
             found.run("pyxis", self._pyxis)
         found.run("results_dir", lambda: self._results_dir(results_dir))
-        found.run("partitions", lambda: self._partitions([*partitions, conversion]))
+        found.run("partitions", lambda: self._partitions(partitions, conversion, resolved))
         account_ok = found.run("account", lambda: self._account(account, account_check))
-        if self.check_enroot and tools_ok:
-            found.run("enroot", lambda: self._enroot(conversion, account if account_ok else None))
+        # An explicit conversion partition is tried even when sinfo does not list it: every problem at once.
+        conversion_name = resolved.get("conversion") or (conversion[0] if conversion else None)
+        if self.check_enroot and tools_ok and conversion_name is not None:
+            found.run("enroot", lambda: self._enroot(conversion_name, account if account_ok else None))
         if image is not None:
             found.run("credentials", lambda: self._credentials(image))
         if found.problems:
@@ -192,17 +196,27 @@ class SlurmPreflightOperator(SlurmBaseOperator):
             )
         return True, f"ok: {path} is writable"
 
-    def _partitions(self, wanted: list[str]) -> tuple[bool, str]:
-        result = self.hook.run(commands.sinfo_partitions(), check=True, what="sinfo")
-        known = {partition.name for partition in commands.parse_sinfo_partitions(result.stdout)}
-        names = list(dict.fromkeys(wanted))
-        missing = [name for name in names if name not in known]
-        if missing:
-            return False, (
-                f"{', '.join(missing)} do(es) not exist (sinfo lists {', '.join(sorted(known)) or 'none'}); fix "
-                "partition / conversion_partition on the connection or the operator"
+    def _partitions(
+        self, gpu: tuple[str, ...], conversion: tuple[str, ...], resolved: dict[str, str]
+    ) -> tuple[bool, str]:
+        """The GPU and conversion partitions exist (a missing setting means the cluster's default one)."""
+        known = self.hook.partition_limits(fresh=True)
+        cluster = self.hook.settings.cluster_name
+        try:
+            gpu_names = resolve_partitions(gpu, known, cluster)
+            conversion_names = resolve_partitions(conversion, known, cluster)
+        except ResourceError as exc:
+            return False, f"{exc}; fix partition / conversion_partition on the connection or the operator"
+        resolved["conversion"] = conversion_names[0]
+        limits = {p.name: p.max_time_hours for p in known}
+
+        def shown(names: tuple[str, ...], given: tuple[str, ...]) -> str:
+            text = ", ".join(
+                f"{n} (max {limits[n]:g} h)" if limits[n] is not None else f"{n} (no limit)" for n in names
             )
-        return True, "ok: " + ", ".join(names)
+            return text if given else f"{text}, the cluster's default"
+
+        return True, f"ok: GPU jobs on {shown(gpu_names, gpu)}; conversion on {shown(conversion_names, conversion)}"
 
     def _account(self, account: str | None, command: str | None) -> tuple[bool, str]:
         if account is None or command is None:

@@ -23,7 +23,7 @@ from airflow_provider_tao_slurm.core.execution import (
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import open_record, to_json
-from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources
+from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources, site_options
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
@@ -35,10 +35,18 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-from airflow_provider_tao_slurm.lifecycle.support import lint_bash, resolve_secret, secret_references, utc_now
+from airflow_provider_tao_slurm.lifecycle.support import (
+    lint_bash,
+    partitions_for,
+    resolve_secret,
+    secret_references,
+    utc_now,
+)
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.operators.links import SlurmJobLogsLink, SlurmJobResultsLink
 
+#: Stands for "the cluster's default partition" while the script is checked before asking the cluster.
+_DEFAULT_PARTITION_PLACEHOLDER = "cluster-default"
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
@@ -79,14 +87,27 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection.
     :param spec: TAO spec (dict or YAML text), staged as ``specs/spec.yaml`` (``{config_path}``).
     :param env: non-secret environment for the job.
-    :param secret_env: secret environment: ``{NAME: "env:VAR" | "conn:ID" | "var:KEY" | literal}``,
-        resolved at run time, written only to a mode-600 sidecar over stdin.
-    :param nccl_env: NCCL settings from :class:`NcclProbeOperator` (required for multi-node jobs).
+    :param secret_env: secret environment as references only: ``{NAME: "env:VAR" | "conn:ID" | "var:KEY"}``,
+        resolved at run time, written only to a mode-600 sidecar over stdin (a literal value is refused,
+        so every secret can be redacted from log tails).
+    :param nccl_env: NCCL settings from :class:`NcclProbeOperator` (required for a job with more than one
+        GPU: several nodes, or one node with ``gpus_per_node > 1``).
     :param requeue: let SLURM requeue the job after node failure or preemption.
     :param exclude_nodes: nodes to avoid.
     :param network_arch: TAO network architecture (recorded).
     :param action: TAO action (recorded).
     :param mem_mb: memory per node in MB (optional).
+    :param qos: SLURM QOS (``--qos``).
+    :param constraint: node features (``--constraint``, e.g. ``h100`` or ``a100&ib``).
+    :param reservation: SLURM reservation(s) (``--reservation``).
+    :param gpu_type: GPU type (``--gres=gpu:<type>:<n>``), e.g. ``h100``.
+    :param total_gpus: total GPUs; the node count is derived (up to 8 on one node, above that whole
+        8-GPU nodes); leave ``num_nodes``/``gpus_per_node`` at their defaults.
+    :param sbatch_options: more sbatch options ``{long-name: value}`` (``True`` for a flag), e.g.
+        ``{"mail-type": "END", "comment": "run-42"}``; options the provider sets or that would break
+        isolation (``uid``, ``output``, ``job-name``, ``export``, ``wrap`` ...) are refused.
+    :param master_port: the multi-node rendezvous port; default 29500 on exclusive nodes, else one
+        derived from the SLURM job id (29500-30499), so jobs sharing a master node never collide.
     :param execution: the spec bundle's ``execution`` block (pre/post commands, declared environment,
         torchrun launcher, child exit-code file, supporting files); see the docs' "Spec bundles" page.
     :param bundle_root: directory (on the worker) the bundle's ``supporting_files`` are relative to.
@@ -105,6 +126,11 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         "action",
         "execution",
         "bundle_root",
+        "qos",
+        "constraint",
+        "reservation",
+        "gpu_type",
+        "sbatch_options",
     )
     template_fields_renderers = {"spec": "yaml", "env": "json", "nccl_env": "json", "command": "bash"}
     operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
@@ -133,6 +159,13 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         mem_mb: int | None = None,
         execution: Mapping[str, Any] | None = None,
         bundle_root: str | None = None,
+        qos: str | None = None,
+        constraint: str | None = None,
+        reservation: str | None = None,
+        gpu_type: str | None = None,
+        total_gpus: int | None = None,
+        sbatch_options: Mapping[str, Any] | None = None,
+        master_port: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -157,6 +190,13 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self.mem_mb = mem_mb
         self.execution = execution
         self.bundle_root = bundle_root
+        self.qos = qos
+        self.constraint = constraint
+        self.reservation = reservation
+        self.gpu_type = gpu_type
+        self.total_gpus = total_gpus
+        self.sbatch_options = sbatch_options
+        self.master_port = master_port
 
     # ------------------------------------------------------------------ validation (no SSH)
 
@@ -180,13 +220,32 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             requeue=self.requeue,
             exclude_nodes=self.exclude_nodes,
             mem_mb=self.mem_mb,
+            total_gpus=self.total_gpus,
+            gpu_type=self.gpu_type,
+            sbatch_extra=site_options(
+                qos=self.qos,
+                constraint=self.constraint,
+                reservation=self.reservation,
+                sbatch_options=dict(self.sbatch_options)
+                if isinstance(self.sbatch_options, Mapping)
+                else self.sbatch_options,
+            ),
         )
         nccl_env = _check_env_names(self.nccl_env or {}, "nccl_env")
         # ``{}`` is a probe result too (no NCCL settings needed); only a missing one is refused.
-        if resources.is_multi_node and self.nccl_env is None:
+        if resources.needs_nccl_probe and self.nccl_env is None:
             raise ValidationError(
-                f"a {resources.num_nodes}-node job needs a working NCCL environment: put NcclProbeOperator "
-                "upstream and pass its output as nccl_env (or pass nccl_env explicitly)"
+                f"a job with {resources.num_nodes} node(s) x {resources.gpus_per_node} GPU(s) needs a working NCCL "
+                "environment (P2P and network hangs happen inside a node too): put NcclProbeOperator upstream and "
+                "pass its output as nccl_env (or pass nccl_env explicitly, {} for none)"
+            )
+        secret_names = _check_env_names(self.secret_env or {}, "secret_env")
+        literal = sorted(name for name, source in secret_names.items() if name not in secret_references(secret_names))
+        if literal:
+            raise ValidationError(
+                f"secret_env[{', '.join(literal)}] holds a literal value; give a reference instead "
+                "('env:VAR' from the worker's environment, 'conn:ID' for a connection's password, 'var:KEY' for an "
+                "Airflow Variable) so the secret never sits in the DAG and can be redacted from every log"
             )
         execution = parse_execution(self.execution)
         command = self.command if self.command is not None else execution.command
@@ -217,7 +276,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             "image": image,
             "resources": resources,
             "env": _check_env_names({**dict(execution.environment), **(self.env or {})}, "env"),
-            "secret_names": _check_env_names(self.secret_env or {}, "secret_env"),
+            "secret_names": secret_names,
             "nccl_env": nccl_env,
             "spec": spec,
         }
@@ -252,6 +311,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         ti = context["ti"]
         secrets = {name: resolve_secret(name, source) for name, source in checked["secret_names"].items()}
         secret_values = list(secrets.values())
+        requested = checked["resources"]
 
         lifecycle = JobLifecycle(self.hook, self.log)
         attempt = lifecycle.plan_attempt(ti, settings.results_dir)
@@ -276,22 +336,28 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             command = build_step_command(bound, command, exit_codes_path)
         env = {key: bind_text(value, values) for key, value in checked["env"].items()}
         spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
-        resources = checked["resources"]
-        script = render_sbatch(
-            SbatchSpec(
-                **resource_fields(resources),
-                job_name=job_id,
-                log_dir=layout.log_dir,
-                job_dir=layout.job_dir,
-                image=checked["image"].path,
-                container_mounts=self.container_mounts or settings.container_mounts,
-                command=command,
-                env=env,
-                nccl_env=checked["nccl_env"],
-                sidecar=layout.sidecar_path if secrets else None,
-                exit_code_file=layout.exit_code_path,
+
+        def render(partition: str) -> str:
+            return render_sbatch(
+                SbatchSpec(
+                    **{**resource_fields(requested), "partition": partition},
+                    job_name=job_id,
+                    log_dir=layout.log_dir,
+                    job_dir=layout.job_dir,
+                    image=checked["image"].path,
+                    container_mounts=self.container_mounts or settings.container_mounts,
+                    command=command,
+                    env=env,
+                    nccl_env=checked["nccl_env"],
+                    sidecar=layout.sidecar_path if secrets else None,
+                    exit_code_file=layout.exit_code_path,
+                    master_port=self.master_port,
+                )
             )
-        )
+
+        # Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
+        # partitions the cluster confirms (its default one when none was given), with their MaxTime.
+        script = render(requested.partition or _DEFAULT_PARTITION_PLACEHOLDER)
         spec_text = yaml.safe_dump(spec, sort_keys=False) if spec is not None else ""
         env_text = json.dumps(env, separators=(",", ":"), sort_keys=True)
         for where, text in (("the rendered sbatch script", script), ("spec", spec_text), ("env", env_text)):
@@ -299,6 +365,11 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             if any(value in text for value in secret_values):
                 raise SecretLeakError(f"a secret_env value appears in {where}; reference it by name ($NAME) instead")
         lint_bash(script)
+        resources = dataclasses.replace(
+            requested, partition=",".join(partitions_for(self.hook, requested.partition, requested.time_hours))
+        )
+        if resources.partition != requested.partition:
+            script = render(resources.partition)
 
         now = utc_now()
         record = previous or open_record(

@@ -63,7 +63,9 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
     :param max_infra_retries: how many times an infrastructure failure (NODE_FAIL, GPU Xid, NCCL
         transport, ...) is resubmitted, avoiding the failed nodes.
-    :param require_status_json: fail a COMPLETED job whose ``status.json`` is missing.
+    :param require_status_json: fail a COMPLETED job whose ``status.json`` does not say SUCCESS (missing
+        included). Default: required for TAO jobs (any ``network_arch`` other than ``custom``, as the job
+        record says), not for custom programs.
     :param not_found_grace: seconds a job may be unknown to squeue and sacct (accounting lag)
         before it is recorded UNKNOWN and the task fails.
     :param unrecognised_grace: seconds SLURM may report a state this provider does not know
@@ -81,7 +83,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         poke_interval: float = 30,
         deferrable: bool = True,
         max_infra_retries: int = 2,
-        require_status_json: bool = False,
+        require_status_json: bool | None = None,
         not_found_grace: float = DEFAULT_NOT_FOUND_GRACE_S,
         unrecognised_grace: float = DEFAULT_UNRECOGNISED_GRACE_S,
         **kwargs: Any,
@@ -226,7 +228,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             lifecycle.settle(handle, record, TaoState.CANCELED, message=reason)
             raise JobFailedError(f"{reason}; it was cancelled outside this task (scancel, preemption or an admin)")
         verdict = classify(state, log_tail)
-        if verdict.err_class is ErrClass.ERR_INFRA and handle.infra_retries < self.max_infra_retries:
+        if verdict.retryable and handle.infra_retries < self.max_infra_retries:
             return lifecycle.resubmit(context["ti"], handle, record, state, verdict)
         lifecycle.settle(
             handle,
@@ -270,7 +272,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     ) -> dict[str, Any]:
         verdict = status_verdict(self.hook.read_status_json(f"{handle.results_dir}/status.json"))
         exit_codes = self._exit_codes(handle, state.exit_code if state.exit_code is not None else 0)
-        if verdict.ok is False or (verdict.ok is None and self.require_status_json):
+        required = self.require_status_json
+        if required is None:
+            required = record.network_arch != "custom"  # a TAO job is COMPLETE only with status.json SUCCESS
+        if verdict.ok is False or (verdict.ok is None and required):
             lifecycle.settle(
                 handle,
                 record,

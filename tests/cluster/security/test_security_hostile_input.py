@@ -244,7 +244,8 @@ CASES = [
     ),
     # secrets
     refused("secret-name-substitution", f"{S}.secret_env", {f"$({TOUCH})": "x"}, ValidationError, "secret_env"),
-    refused("secret-value-empty", f"{S}.secret_env", {"TOKEN": ""}, ValidationError, "empty"),
+    refused("secret-value-empty", f"{S}.secret_env", {"TOKEN": ""}, ValidationError, "literal"),
+    refused("secret-value-literal", f"{S}.secret_env", {"TOKEN": "s3cr3t-v4lue"}, ValidationError, "literal"),
     refused("secret-source-unset", f"{S}.secret_env", {"TOKEN": "env:RL_NOT_SET"}, ValidationError, "RL_NOT_SET"),
     refused(
         "secret-value-in-command",
@@ -252,7 +253,7 @@ CASES = [
         "echo s3cr3t-v4lue",
         SecretLeakError,
         "secret_env value",
-        secret_env={"TOKEN": "s3cr3t-v4lue"},
+        secret_env={"TOKEN": "env:RL_TOKEN_VALUE"},
     ),
     refused("nccl-env-name-substitution", f"{S}.nccl_env", {f"$({TOUCH})": "1"}, ValidationError, "nccl_env"),
     refused("multi-node-without-nccl-env", f"{S}.num_nodes", 2, ValidationError, "NcclProbeOperator"),
@@ -371,6 +372,7 @@ def test_refused(
     """The value was given to the parameter and the task (or hook) was run. Expected: refused before any
     SSH connection or remote command, with an error that names the parameter or the problem."""
     monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, **case.connection))
+    monkeypatch.setenv("RL_TOKEN_VALUE", "s3cr3t-v4lue")  # the secret that case "secret-value-in-command" leaks
     with pytest.raises(case.error) as refused:
         case.action()
     message = str(refused.value)

@@ -15,11 +15,6 @@ from airflow_provider_tao_slurm.core.config import (
     settings_from_connection,
     settings_from_env,
 )
-from airflow_provider_tao_slurm.core.resources import (
-    DEFAULT_CONVERSION_PARTITION,
-    DEFAULT_MAX_TIME_HOURS,
-    DEFAULT_PARTITIONS,
-)
 from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
 SOURCE = "connection 'slurm_default'"
@@ -118,9 +113,9 @@ def test_defaults() -> None:
         MINIMAL.no_host_key_check,
     ) == (
         22,
-        DEFAULT_PARTITIONS,
-        DEFAULT_CONVERSION_PARTITION,
-        DEFAULT_MAX_TIME_HOURS,
+        (),  # no partition name built in: the cluster's default partition
+        None,  # conversion: the connection's, else the cluster's default partition
+        None,  # no site rule: the partition's own MaxTime is checked
         DEFAULT_CONN_TIMEOUT,
         DEFAULT_CMD_TIMEOUT,
         False,
@@ -276,7 +271,7 @@ def test_settings_identity_and_secrets() -> None:
         partitions=("grizzly", "polar"),
         cluster_name="polaris",
     )
-    assert settings.partition == "grizzly"
+    assert settings.partitions[0] == "grizzly"
     assert settings.pool_key == "alice@polaris"
     assert "SECRETBODY" not in repr(settings)
     assert "PASSPHRASE" not in repr(settings)

@@ -10,12 +10,15 @@ import pytest
 
 from airflow_provider_tao_slurm.core import resources as res
 from airflow_provider_tao_slurm.core.resources import (
-    DEFAULT_PARTITIONS,
+    PartitionLimit,
     Resources,
     build_resources,
+    check_partition_limits,
     hours_to_slurm_time,
     parse_partitions,
     parse_slurm_time,
+    resolve_partitions,
+    site_options,
 )
 from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
 
@@ -23,20 +26,23 @@ from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
 def test_constants_follow_tao_conventions() -> None:
     assert (res.DEFAULT_NUM_NODES, res.DEFAULT_GPUS_PER_NODE, res.MAX_GPUS_PER_NODE) == (1, 4, 8)
     assert res.DEFAULT_CPUS_PER_TASK == 16
-    assert (res.DEFAULT_TIME_HOURS, res.DEFAULT_TIMEOUT_HOURS, res.DEFAULT_MAX_TIME_HOURS) == (4.0, 3.8, 4.0)
-    assert DEFAULT_PARTITIONS == ("polar", "polar3", "polar4", "grizzly")
-    assert res.DEFAULT_CONVERSION_PARTITION == "cpu_long"
+    assert (res.DEFAULT_TIME_HOURS, res.DEFAULT_TIMEOUT_HOURS) == (4.0, 3.8)
+
+
+def test_no_partition_name_is_built_in() -> None:
+    assert not [name for name in dir(res) if "PARTITION" in name.upper() and name.isupper()]
+    assert build_resources(partition=None).partition == ""  # the cluster's default, resolved before rendering
 
 
 def test_defaults() -> None:
-    resources = build_resources(partition=None)
+    resources = build_resources(partition="polar")
     assert resources == Resources(
         num_nodes=1,
         gpus_per_node=4,
         cpus_per_task=16,
         time_hours=4.0,
         timeout_hours=3.8,
-        partition="polar,polar3,polar4,grizzly",
+        partition="polar",
         account=None,
         exclusive=False,
         requeue=True,
@@ -111,9 +117,19 @@ def test_times(kwargs: dict[str, Any], slurm_time: str, timeout_seconds: int) ->
 
 def test_time_over_partition_limit_message() -> None:
     with pytest.raises(ResourceError) as caught:
-        build_resources(partition="polar", time_hours=5)
+        check_partition_limits(5, ("polar",), KNOWN)
     assert str(caught.value) == (
-        "time_hours=5 exceeds the 4 h limit of partition 'polar'; lower time_hours or pick a longer partition"
+        "partition polar allows at most 4 h, but time_hours=5: lower time_hours or pick a partition with a longer "
+        "limit; partitions that allow it: polar_long, scratch"
+    )
+
+
+def test_time_over_the_site_rule_message() -> None:
+    with pytest.raises(ResourceError) as caught:
+        build_resources(partition="polar", time_hours=5, max_time_hours=4)
+    assert str(caught.value) == (
+        "time_hours=5 exceeds the site rule max_time_hours=4 of this connection; lower time_hours (or the "
+        "connection's max_time_hours)"
     )
 
 
@@ -190,9 +206,11 @@ REJECTED = [
     pytest.param({"time_hours": -1}, "time_hours=-1 is less than one second", id="negative-time"),
     pytest.param({"time_hours": "4"}, "time_hours='4' is a str", id="string-time"),
     pytest.param({"time_hours": True}, "time_hours=True is a bool", id="bool-time"),
-    pytest.param({"time_hours": 4.01}, "exceeds the 4 h limit", id="just-over-limit"),
-    pytest.param({"time_hours": 4 + 1 / 3600}, "exceeds the 4 h limit", id="one-second-over-limit"),
-    pytest.param({"time_hours": 10, "max_time_hours": 8.5}, "exceeds the 8.5 h limit", id="custom-limit"),
+    pytest.param({"time_hours": 4.01, "max_time_hours": 4}, "site rule max_time_hours=4", id="just-over-limit"),
+    pytest.param(
+        {"time_hours": 4 + 1 / 3600, "max_time_hours": 4}, "site rule max_time_hours=4", id="one-second-over-limit"
+    ),
+    pytest.param({"time_hours": 10, "max_time_hours": 8.5}, "site rule max_time_hours=8.5", id="custom-limit"),
     pytest.param({"timeout_hours": 4.5}, "timeout_hours=4.5 must be lower than time_hours=4", id="timeout-over"),
     pytest.param({"timeout_hours": math.nan}, "timeout_hours=nan", id="nan-timeout"),
     pytest.param({"timeout_hours": 0}, "timeout_hours=0 is less than one second", id="zero-timeout"),
@@ -235,10 +253,10 @@ def test_resource_error_is_a_validation_error() -> None:
 
 
 PARTITIONS = [
-    pytest.param(None, DEFAULT_PARTITIONS, id="none-default"),
-    pytest.param("", DEFAULT_PARTITIONS, id="empty-default"),
-    pytest.param("  ", DEFAULT_PARTITIONS, id="blank-default"),
-    pytest.param([], DEFAULT_PARTITIONS, id="empty-list-default"),
+    pytest.param(None, (), id="none-cluster-default"),
+    pytest.param("", (), id="empty-cluster-default"),
+    pytest.param("  ", (), id="blank-cluster-default"),
+    pytest.param([], (), id="empty-list-cluster-default"),
     pytest.param("polar", ("polar",), id="one"),
     pytest.param("polar, polar3 ,grizzly", ("polar", "polar3", "grizzly"), id="comma-separated"),
     pytest.param(["polar", "polar"], ("polar",), id="duplicates-dropped"),
@@ -361,3 +379,93 @@ def test_parse_slurm_time_rejects(text: Any) -> None:
 @pytest.mark.parametrize("hours", [0.5, 3.8, 4, 26, 168, 100.75])
 def test_slurm_time_round_trip(hours: float) -> None:
     assert parse_slurm_time(hours_to_slurm_time(hours)) == pytest.approx(hours)
+
+
+KNOWN = [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0), PartitionLimit("scratch", None)]
+
+
+@pytest.mark.parametrize(
+    ("requested", "expected"),
+    [
+        pytest.param((), ("polar",), id="cluster-default"),
+        pytest.param(("polar_long",), ("polar_long",), id="given"),
+        pytest.param(("polar_long", "polar"), ("polar_long", "polar"), id="several"),
+    ],
+)
+def test_resolve_partitions(requested: tuple[str, ...], expected: tuple[str, ...]) -> None:
+    assert resolve_partitions(requested, KNOWN, "mini") == expected
+
+
+def test_resolve_partitions_refuses_what_the_cluster_lacks() -> None:
+    with pytest.raises(ResourceError, match=r"partition grizzly does not exist on cluster 'mini' \(sinfo shows: polar"):
+        resolve_partitions(("grizzly",), KNOWN, "mini")
+    with pytest.raises(ResourceError, match="has no default partition"):
+        resolve_partitions((), [PartitionLimit("a", 1.0)], "mini")
+
+
+@pytest.mark.parametrize(
+    ("hours", "partitions", "message"),
+    [
+        pytest.param(4.0, ("polar",), None, id="at-the-limit"),
+        pytest.param(5.0, ("polar",), "partition polar allows at most 4 h, but time_hours=5", id="over"),
+        pytest.param(47.0, ("polar_long",), None, id="long-partition"),
+        pytest.param(49.0, ("polar_long",), "partition polar_long allows at most 48 h", id="over-long"),
+        pytest.param(1000.0, ("scratch",), None, id="unlimited"),
+        pytest.param(5.0, ("polar_long", "polar"), "partition polar allows at most 4 h", id="every-partition-counts"),
+    ],
+)
+def test_check_partition_limits(hours: float, partitions: tuple[str, ...], message: str | None) -> None:
+    if message is None:
+        check_partition_limits(hours, partitions, KNOWN)
+        return
+    with pytest.raises(ResourceError, match=re.escape(message)) as caught:
+        check_partition_limits(hours, partitions, KNOWN)
+    assert "polar_long" in str(caught.value) or hours > 48  # names a partition that would allow it
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        pytest.param({}, (), id="none"),
+        pytest.param({"qos": "long_qos"}, ("--qos=long_qos",), id="qos"),
+        pytest.param({"constraint": "a100&ib"}, ("--constraint=a100&ib",), id="constraint-and"),
+        pytest.param({"constraint": "[r1|r2]"}, ("--constraint=[r1|r2]",), id="constraint-choice"),
+        pytest.param({"reservation": "maint,gpu"}, ("--reservation=maint,gpu",), id="reservations"),
+        pytest.param(
+            {"sbatch_options": {"mail-type": "END", "--comment": "run-42", "hint": "nomultithread"}},
+            ("--mail-type=END", "--comment=run-42", "--hint=nomultithread"),
+            id="mapping",
+        ),
+        pytest.param({"sbatch_options": {"overcommit": True, "spread-job": False}}, ("--overcommit",), id="flags"),
+        pytest.param({"sbatch_options": {"nodes-x": None}}, (), id="none-value-skipped"),
+        pytest.param({"sbatch_options": {"begin": 3600}}, ("--begin=3600",), id="number"),
+    ],
+)
+def test_site_options(kwargs: dict[str, Any], expected: tuple[str, ...]) -> None:
+    assert site_options(**kwargs) == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"sbatch_options": {"uid": "0"}}, "may not set --uid", id="uid"),
+        pytest.param({"sbatch_options": {"--output": "/etc/x"}}, "may not set --output", id="output"),
+        pytest.param({"sbatch_options": {"job-name": "x"}}, "may not set --job-name", id="job-name"),
+        pytest.param({"sbatch_options": {"export": "ALL"}}, "may not set --export", id="export"),
+        pytest.param({"sbatch_options": {"wrap": "id"}}, "may not set --wrap", id="wrap"),
+        pytest.param({"sbatch_options": {"qos": "x"}}, "use the operator's qos parameter", id="dedicated-qos"),
+        pytest.param({"sbatch_options": {"time": "9:00:00"}}, "time_hours", id="dedicated-time"),
+        pytest.param({"sbatch_options": {"container-image": "x"}}, "may not set --container-image", id="container"),
+        pytest.param({"sbatch_options": {"-x": "n1"}}, "not a long option name", id="short"),
+        pytest.param({"sbatch_options": {"J": "x"}}, "not a long option name", id="upper"),
+        pytest.param({"sbatch_options": {"comment": "a b"}}, "no spaces or quotes", id="space"),
+        pytest.param({"sbatch_options": {"comment": "x\n#SBATCH --uid=0"}}, "no spaces or quotes", id="newline"),
+        pytest.param({"sbatch_options": {"comment": "$(id)"}}, "no spaces or quotes", id="substitution"),
+        pytest.param({"sbatch_options": ["--qos=x"]}, "must be a mapping", id="list"),
+        pytest.param({"qos": ""}, "qos='' must be a non-empty string", id="empty-qos"),
+        pytest.param({"constraint": "a b"}, "no spaces or quotes", id="constraint-space"),
+    ],
+)
+def test_site_options_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        site_options(**kwargs)

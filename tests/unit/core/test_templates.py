@@ -163,7 +163,8 @@ COMMON_DIRECTIVES = [
         pytest.param(
             GOLDEN_CASES["multi_2x1_nccl"],
             [*COMMON_DIRECTIVES, "#SBATCH --nodes=2\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --wait-all-nodes=1\n",
-             "export WORLD_SIZE=2\n", "export NUM_GPU_PER_NODE=1\n", "export MASTER_PORT=29500\n",
+             "export WORLD_SIZE=2\n", "export NUM_GPU_PER_NODE=1\n",
+             "export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 1000 ))\n",
              "export TAO_NODE_COUNT=2\n", "export TAO_GPUS_PER_NODE=1\n", "export NCCL_SOCKET_IFNAME=eth0\n",
              "'export NODE_RANK=\"${SLURM_NODEID}\" TAO_NODE_RANK=\"${SLURM_NODEID}\";"],
             ["timeout 13680 bash -c 'classification"],
@@ -453,8 +454,9 @@ def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
     result = run.run()
     assert result.returncode == 0, result.stderr
     ranks = [line for line in result.stdout.splitlines() if line.startswith("rank=")]
-    assert ranks == [f"rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:29500 count=2/1 nccl=1" for rank in (0, 1)]
-    assert "TAO_SLURM: rendezvous n1:29500, 2 nodes x 1 GPUs" in result.stdout.splitlines()
+    port = 29500 + int(run.env["SLURM_JOB_ID"]) % 1000  # per job: two jobs sharing a master node differ
+    assert ranks == [f"rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:{port} count=2/1 nccl=1" for rank in (0, 1)]
+    assert f"TAO_SLURM: rendezvous n1:{port}, 2 nodes x 1 GPUs" in result.stdout.splitlines()
     args = run.srun_args()
     assert args[:5] == [
         "--input=none",
@@ -473,3 +475,28 @@ def test_run_multi_node_fails_without_hosts(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "TAO_SLURM: scontrol show hostnames printed no host for other[1-2]" in result.stderr
     assert not (run.job_dir / "srun.args").exists()
+
+
+@pytest.mark.parametrize(
+    ("changes", "port"),
+    [
+        pytest.param({}, "$(( 29500 + SLURM_JOB_ID % 1000 ))", id="shared-nodes-per-job"),
+        pytest.param({"exclusive": True, "gpus_per_node": 8}, "29500", id="exclusive-nodes-seed-port"),
+        pytest.param({"master_port": 31000}, "31000", id="overridden"),
+    ],
+)
+def test_master_port(changes: dict[str, Any], port: str) -> None:
+    script = render_sbatch(replace(BASE, **{"num_nodes": 2, "gpus_per_node": 1, **changes}))
+    assert f"export MASTER_PORT={port}\n" in script
+
+
+@pytest.mark.parametrize("port", [80, 70000, True, "29500"])
+def test_bad_master_port_is_refused(port: Any) -> None:
+    with pytest.raises(ValidationError, match="master_port"):
+        render_sbatch(replace(BASE, num_nodes=2, gpus_per_node=1, master_port=port))
+
+
+def test_gpu_type_goes_into_gres() -> None:
+    assert "#SBATCH --gres=gpu:h100:2\n" in render_sbatch(replace(BASE, gpus_per_node=2, gpu_type="h100"))
+    with pytest.raises(ValidationError, match="gpu_type"):
+        render_sbatch(replace(BASE, gpu_type="h100 --uid=0"))

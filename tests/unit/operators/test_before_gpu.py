@@ -752,7 +752,7 @@ def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results} is writable",
-        "partitions": "ok: polar, cpu_long",
+        "partitions": "ok: GPU jobs on polar (max 4 h); conversion on cpu_long (max 168 h)",
         "account": "ok: alice may charge gpu_proj",
         "enroot": "ok: enroot 3.4.1 on partition cpu_long",
         "credentials": "ok: not needed for this image",
@@ -776,7 +776,7 @@ def test_preflight_lists_every_problem_with_its_fix(cluster: Cluster) -> None:
     assert "install the Pyxis SPANK plugin" in problems["pyxis"]
     assert "--container-image, --container-mounts, --no-container-mount-home" in problems["pyxis"]
     assert f"mkdir -p {cluster.root}/absent" in problems["results_dir"]
-    assert "cpu_long do(es) not exist (sinfo lists polar)" in problems["partitions"]
+    assert "partition cpu_long does not exist on cluster 'unit' (sinfo shows: polar)" in problems["partitions"]
     assert "no association with account gpu_proj" in problems["account"]
     assert "install Enroot on its nodes" in problems["enroot"]
     assert "nvcr.io, authn.nvidia.com" in problems["credentials"]

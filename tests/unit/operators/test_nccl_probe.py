@@ -17,6 +17,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.nccl import cache_text
+from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.states import state_from_native
 from airflow_provider_tao_slurm.exceptions import (
@@ -55,12 +56,16 @@ class FakeHook:
     def __init__(self, files: dict[str, str] | None = None) -> None:
         self.settings = SETTINGS
         self.files = dict(files or {})
+        self.partitions = [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0)]
         self.modes: dict[str, str] = {}
         self.logs: dict[str, str] = {}
         self.staged: list[tuple[str, dict[str, tuple[bytes | None, int]]]] = []
         self.submitted: list[tuple[str, str, str]] = []
         self.cancelled: list[tuple[list[str], str | None]] = []
         self.reads: list[str] = []
+
+    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
+        return list(self.partitions)
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         self.reads.append(path)
@@ -355,7 +360,9 @@ def test_event_for_another_job_is_refused() -> None:
             {"image": "nvcr.io/nvidia/pytorch:24.01-py3"}, ImageReferenceError, "registry reference", id="registry"
         ),
         pytest.param({"timeout_seconds": 5}, ValidationError, "give at least 10", id="short-timeout"),
-        pytest.param({"timeout_seconds": 4 * 3600}, ResourceError, "exceeds the 4 h limit", id="long-timeout"),
+        pytest.param(
+            {"timeout_seconds": 4 * 3600}, ResourceError, "partition polar allows at most 4 h", id="long-timeout"
+        ),
         pytest.param({"nodes": 0}, ValidationError, "nodes=0 must be a positive whole number", id="no-nodes"),
         pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="nine-gpus"),
         pytest.param({"force": "yes"}, ValidationError, "force='yes' must be True or False", id="force-text"),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -14,6 +16,7 @@ from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
+from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -47,6 +50,7 @@ def ctx(try_number: int = 1) -> dict[str, Any]:
 
 def operator(hook: Any, **kwargs: Any) -> SbatchSubmitOperator:
     kwargs.setdefault("image", IMAGE)
+    kwargs.setdefault("gpus_per_node", 1)  # more GPUs need a probed nccl_env
     kwargs.setdefault("command", "python train.py --out {results_dir}")
     op = SbatchSubmitOperator(task_id="submit", **kwargs)
     op.__dict__["hook"] = hook
@@ -72,7 +76,14 @@ def no_ssh(monkeypatch: pytest.MonkeyPatch) -> SlurmHook:
         ),
         pytest.param({"image": "docker://nvcr.io#nvidia/x:1"}, ImageReferenceError, "EnrootImportOperator", id="uri"),
         pytest.param({"num_nodes": 2}, ValidationError, "NcclProbeOperator", id="multi-node-without-nccl-env"),
-        pytest.param({"time_hours": 5, "timeout_hours": 4.5}, ResourceError, "exceeds the 4 h limit", id="time"),
+        pytest.param(
+            {"gpus_per_node": 2}, ValidationError, "hangs happen inside a node too", id="one-node-two-gpus-no-nccl-env"
+        ),
+        pytest.param({"secret_env": {"T": "s3cr3t"}}, ValidationError, r"secret_env\[T\] holds a literal", id="lit"),
+        pytest.param({"sbatch_options": {"uid": 0}}, ValidationError, "may not set --uid", id="sbatch-uid"),
+        pytest.param({"qos": "a b"}, ValidationError, "no spaces", id="qos"),
+        pytest.param({"gpu_type": "h100;x"}, ResourceError, "gpu_type", id="gpu-type"),
+        pytest.param({"total_gpus": 12}, ResourceError, "cannot be laid out on whole nodes", id="total-gpus"),
         pytest.param({"time_hours": 2, "timeout_hours": 2}, ResourceError, "timeout_hours=2 must be lower", id="to"),
         pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="gpus"),
         pytest.param({"env": {"1BAD": "x"}}, ValidationError, "'1BAD' is not a valid environment", id="env-digit"),
@@ -114,23 +125,79 @@ def test_missing_results_dir_is_a_connection_problem(no_ssh: SlurmHook) -> None:
         pytest.param({"command": "echo {job_id}", "env": {"X": "{results_dir}" + SECRET}}, id="bound-env"),
     ],
 )
-def test_secret_value_outside_the_sidecar_is_refused(no_ssh: SlurmHook, kwargs: dict[str, Any]) -> None:
-    op = operator(no_ssh, secret_env={"HF_TOKEN": SECRET}, **kwargs)
+def test_secret_value_outside_the_sidecar_is_refused(kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAO_TEST_SRC", SECRET)
+    hook = FakeHook()
+    op = operator(hook, secret_env={"HF_TOKEN": "env:TAO_TEST_SRC"}, **kwargs)
 
     with pytest.raises(SecretLeakError) as leak:
         op.execute(ctx())
 
     assert SECRET not in str(leak.value)
     assert "secret_env" in str(leak.value)
+    assert (hook.staged, hook.submits) == ({}, [])  # refused before anything reached the cluster
 
 
-def test_literal_credential_in_command_is_refused(no_ssh: SlurmHook) -> None:
-    op = operator(no_ssh, command="HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789 python train.py")
+def test_literal_credential_in_command_is_refused() -> None:
+    hook = FakeHook()
+    op = operator(hook, command="HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789 python train.py")
 
     with pytest.raises(SecretLeakError, match="HF_TOKEN") as leak:
         op.execute(ctx())
 
     assert "hf_abcdefghij" not in str(leak.value)
+    assert (hook.staged, hook.submits) == ({}, [])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        pytest.param({"time_hours": 5, "timeout_hours": 4.5}, "partition polar allows at most 4 h", id="default-4h"),
+        pytest.param({"partition": "grizzly"}, "partition grizzly does not exist on cluster 'mini'", id="unknown"),
+        pytest.param(
+            {"partition": "polar_long", "time_hours": 49, "timeout_hours": 48.5},
+            "partition polar_long allows at most 48 h",
+            id="long-over",
+        ),
+    ],
+)
+def test_the_partitions_own_limit_is_checked_before_anything_is_staged(kwargs: dict[str, Any], message: str) -> None:
+    hook = FakeHook()
+    with pytest.raises(ResourceError, match=re.escape(message)):
+        operator(hook, **kwargs).execute(ctx())
+    assert (hook.staged, hook.submits) == ({}, [])
+
+
+def test_site_options_reach_the_script_and_the_default_partition_is_the_clusters() -> None:
+    hook = FakeHook()
+    hook.settings = dataclasses.replace(SETTINGS, partitions=())
+    handle = operator(
+        hook,
+        time_hours=10,
+        timeout_hours=9.5,
+        partition="polar_long",
+        qos="long_qos",
+        constraint="h100&ib",
+        reservation="maint",
+        gpu_type="h100",
+        sbatch_options={"mail-type": "END", "comment": "run-42"},
+    ).execute(ctx())
+    script = staged_text(hook, LAYOUT.script_path)
+    for line in (
+        "#SBATCH --partition=polar_long",
+        "#SBATCH --gres=gpu:h100:1",
+        "#SBATCH --qos=long_qos",
+        "#SBATCH --constraint=h100&ib",
+        "#SBATCH --reservation=maint",
+        "#SBATCH --mail-type=END",
+        "#SBATCH --comment=run-42",
+    ):
+        assert f"{line}\n" in script
+    assert handle["partition"] == "polar_long"
+
+    other = FakeHook()
+    other.settings = dataclasses.replace(SETTINGS, partitions=())
+    assert operator(other).execute(ctx())["partition"] == "polar"  # the cluster's default partition
 
 
 # ---------------------------------------------------------------------- staging and submission
@@ -170,6 +237,9 @@ class FakeHook:
 
     def run(self, command: str, **kwargs: Any) -> None:
         self.commands.append(command)
+
+    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
+        return [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0)]
 
 
 def staged_text(hook: FakeHook, path: str) -> str:

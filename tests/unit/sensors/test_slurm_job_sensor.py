@@ -56,12 +56,12 @@ def make_handle(**changes: Any) -> dict[str, Any]:
     return handle
 
 
-def running_record() -> str:
+def running_record(network_arch: str = "custom") -> str:
     record = open_record(
         job_id=JOB_ID,
         cluster="mini",
         image="/lustre/c/x.sqsh",
-        network_arch="custom",
+        network_arch=network_arch,
         action="train",
         results_dir=LAYOUT.results_dir,
         job_dir=LAYOUT.job_dir,
@@ -220,6 +220,27 @@ def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
     ]
     assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
     assert hook.submits == []
+
+
+@pytest.mark.parametrize(
+    ("network_arch", "status", "outcome"),
+    [
+        pytest.param("classification_pyt", None, "status.json is missing", id="tao-job-needs-status-json"),
+        pytest.param("classification_pyt", [{"status": "RUNNING"}], "no SUCCESS line", id="tao-job-needs-success"),
+        pytest.param("classification_pyt", [{"status": "SUCCESS"}], "COMPLETE", id="tao-job-success"),
+        pytest.param("custom", None, "COMPLETE", id="custom-program-without-status-json"),
+    ],
+)
+def test_a_tao_job_is_complete_only_with_status_json_success(network_arch: str, status: Any, outcome: str) -> None:
+    hook = FakeHook()
+    hook.files[LAYOUT.record_path] = running_record(network_arch)
+    hook.status = status
+    if outcome == "COMPLETE":
+        assert complete(sensor_with(hook), terminal("COMPLETED"))["terminal_state"] == "COMPLETE"
+        return
+    with pytest.raises(JobFailedError, match=outcome):
+        complete(sensor_with(hook), terminal("COMPLETED"))
+    assert hook.record()["terminal_state"] == "ERROR"
 
 
 @pytest.mark.parametrize(
