@@ -732,7 +732,7 @@ def parse_node_states(stdout: str) -> list[NodeRow]:
         if not line.strip():
             continue
         parts = line.strip().split("|")
-        if len(parts) != 3 or not all(parts):
+        if len(parts) != 3 or not all(part.rstrip("*") for part in parts):
             raise RemoteCommandError(f"sinfo printed {line!r}, expected 'NODE|PARTITION|STATE'")
         rows.append(NodeRow(parts[0], parts[1].rstrip("*"), parts[2].lower()))
     return rows

@@ -99,9 +99,14 @@ class JobHandle:
         known = {f.name for f in fields(cls)}
         data = {key: item for key, item in value.items() if key in known}
         data["slurm_job_id"] = str(value["slurm_job_id"])
-        data["exclude_nodes"] = tuple(str(node) for node in (value.get("exclude_nodes") or ()))
-        data["secret_refs"] = dict(value.get("secret_refs") or {})
-        data["infra_retries"] = int(value.get("infra_retries") or 0)
+        try:
+            data["exclude_nodes"] = tuple(str(node) for node in (value.get("exclude_nodes") or ()))
+            data["secret_refs"] = {str(k): str(v) for k, v in dict(value.get("secret_refs") or {}).items()}
+            data["infra_retries"] = int(value.get("infra_retries") or 0)
+        except (TypeError, ValueError) as exc:
+            raise ValidationError(
+                f"job handle has a malformed field ({exc}); pass SbatchSubmitOperator's output"
+            ) from None
         return cls(**data)
 
 
@@ -217,7 +222,7 @@ class JobEvent:
         try:
             status = EventStatus(raw_status)
             slurm_job_id = check_slurm_job_id(str(value.get("slurm_job_id")))
-            job_name = check_job_id(str(value.get("job_name")), "event's job_name")
+            job_name = check_job_id(str(value.get("job_name") or ""), "event's job_name")
             payload = value.get("state")
             state = state_from_payload(slurm_job_id, payload) if isinstance(payload, Mapping) and payload else None
             transitions = tuple(Observation.from_dict(item) for item in value.get("transitions") or ())

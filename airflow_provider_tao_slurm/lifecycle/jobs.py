@@ -225,9 +225,8 @@ class JobLifecycle:
             raise AmbiguousSubmissionError(
                 f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
             )
-        excluded = list(handle.exclude_nodes)
-        if not found:
-            excluded = self._exclusions(handle, record, state, verdict)
+        # The same evidence gives the same exclusions as when an earlier try resubmitted it (found).
+        excluded = self._exclusions(handle, record, state, verdict, check_fit=not found)
         record = _settled(
             record,
             TaoState.ERROR,
@@ -262,8 +261,13 @@ class JobLifecycle:
             infra_retries=handle.infra_retries + 1,
         )
 
-    def _exclusions(self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification) -> list[str]:
-        """The handle's excluded nodes plus this failure's; fails the job when the partition could not fit it."""
+    def _exclusions(
+        self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
+    ) -> list[str]:
+        """The handle's excluded nodes plus this failure's; fails the job when the partition could not fit it.
+
+        :param check_fit: check the partition (False when the resubmission already exists).
+        """
         rows = commands.parse_node_states(
             self.hook.run(commands.node_states(), check=True, what="reading node states").stdout
         )
@@ -271,7 +275,7 @@ class JobLifecycle:
         exclusion = nodes_to_exclude(state, verdict, allocation, rows)
         excluded = list(dict.fromkeys([*handle.exclude_nodes, *exclusion.nodes]))
         num_nodes, partitions = self._shape(handle, allocation)
-        if partitions:
+        if partitions and check_fit:
             left = remaining_nodes(partitions, excluded, rows)
             if len(left) < num_nodes:
                 message = (
@@ -305,7 +309,7 @@ class JobLifecycle:
         """The job's node count and partitions: from the handle, else from the staged ``meta`` file."""
         num_nodes, partition = handle.num_nodes, handle.partition
         if num_nodes is None or partition is None:
-            text = self.hook.read_file(JobLayout(handle.results_base, handle.job_id).meta_path)
+            text = self.hook.read_file(f"{handle.job_dir}/meta")  # a resubmission keeps the first job's job_dir
             meta: dict[str, Any] = {}
             try:
                 meta = json.loads(text) if text else {}

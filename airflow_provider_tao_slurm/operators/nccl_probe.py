@@ -350,13 +350,6 @@ class NcclProbeOperator(SlurmBaseOperator):
     def _plan(self, resources_: Resources, job_names: Sequence[str]) -> _Plan:
         """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
         settings = self.hook.settings
-        chosen = partitions_for(
-            self.hook,
-            resources_.partition,
-            resources_.time_hours,
-            param="the probe's wall time (timeout_seconds + grace, in hours)",
-        )
-        resources_ = replace(resources_, partition=",".join(chosen))
         image = parse_image(self.image)
         if image.path is None:
             raise ImageReferenceError(
@@ -375,15 +368,26 @@ class NcclProbeOperator(SlurmBaseOperator):
                 "clear the task to probe again"
             )
         scope = probe_scope(resources_.num_nodes)
-        attempts = []
-        for index, (env, name) in enumerate(zip(envs, job_names, strict=True)):
-            layout = JobLayout(settings.results_dir, name)
-            command = probe_command(
+        layouts = [JobLayout(settings.results_dir, name) for name in job_names]
+        commands_ = [
+            probe_command(
                 f"{layout.inputs_dir}/{PROBE_FILE}",
                 nodes=resources_.num_nodes,
                 gpus_per_node=resources_.gpus_per_node,
                 python=self.python,
             )
+            for layout in layouts
+        ]
+        # Only now, with every input checked, ask the cluster for the partition and its limit.
+        chosen = partitions_for(
+            self.hook,
+            resources_.partition,
+            resources_.time_hours,
+            param="the probe's wall time (timeout_seconds + grace, in hours)",
+        )
+        resources_ = replace(resources_, partition=",".join(chosen))
+        attempts = []
+        for index, (env, name, layout, command) in enumerate(zip(envs, job_names, layouts, commands_, strict=True)):
             try:
                 script = render_sbatch(
                     SbatchSpec(

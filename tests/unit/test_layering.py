@@ -3,30 +3,78 @@
 No operator imports another operator (only the shared ``base`` and ``links`` modules), no sensor
 imports an operator module, no trigger module imports an operator or a sensor, and operators and
 sensors take nothing from ``triggers`` but the trigger class they defer to.
+
+Imports are read with :mod:`ast` (also those inside functions and ``TYPE_CHECKING`` blocks);
+relative imports are resolved, and ``from package import module`` counts as importing the module.
+The rules are checked on the package and, to show they bite, on made-up sources.
 """
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_provider_tao_slurm"
 ROOT = "airflow_provider_tao_slurm"
-SHARED_OPERATOR_MODULES = {f"{ROOT}.operators.base", f"{ROOT}.operators.links"}
+SHARED_OPERATOR_MODULES = {"base", "links"}
 LAYERS = {"core": 0, "hooks": 1, "lifecycle": 2, "triggers": 3, "operators": 4, "sensors": 4}
 
 
-def imports(path: Path) -> list[tuple[str, list[str]]]:
-    """``(module, names)`` of every ``import``/``from ... import`` in ``path`` (functions included)."""
-    found: list[tuple[str, list[str]]] = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            found.append((node.module, [alias.name for alias in node.names]))
+@dataclass(frozen=True)
+class Imported:
+    """One import statement: the absolute module and the names taken from it (empty for ``import x``)."""
+
+    module: str
+    names: tuple[str, ...]
+
+    def targets(self) -> list[str]:
+        """The module and, for ``from M import n``, ``M.n`` (which is a module when ``n`` is one)."""
+        return [self.module, *(f"{self.module}.{name}" for name in self.names)]
+
+
+def imports(source: str, me: str) -> list[Imported]:
+    """Every import in ``source``, the source of module ``me``, with relative imports made absolute."""
+    package = me.split(".")[:-1]
+    found: list[Imported] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.append(Imported(module, tuple(alias.name for alias in node.names)))
         elif isinstance(node, ast.Import):
-            found.extend((alias.name, []) for alias in node.names)
+            found.extend(Imported(alias.name, ()) for alias in node.names)
     return found
+
+
+def violations(me: str, source: str) -> list[str]:
+    """What module ``me`` (``ROOT.<layer>.<name>``) imports that its layer may not."""
+    layer = me.split(".")[1]
+    found: list[str] = []
+    for imported in imports(source, me):
+        for target in imported.targets():
+            parts = target.split(".")
+            if parts[0] != ROOT or len(parts) < 2 or parts[1] not in LAYERS:
+                continue
+            other = parts[1]
+            if LAYERS[other] > LAYERS[layer]:
+                found.append(f"{me} imports the higher layer {target}")
+            shared = len(parts) < 3 or parts[2] in SHARED_OPERATOR_MODULES
+            if layer == "operators" and other == "operators" and not shared:
+                found.append(f"{me} imports the operator module {target}")
+            if layer == "sensors" and other == "operators":
+                found.append(f"{me} imports {target}")
+            if layer == "triggers" and other in ("operators", "sensors"):
+                found.append(f"{me} imports {target}")
+        from_triggers = imported.module.split(".")[:2] == [ROOT, "triggers"]
+        only_the_class = imported.names == ("SlurmJobTrigger",) and len(imported.module.split(".")) >= 3
+        if layer in ("operators", "sensors") and from_triggers and not only_the_class:
+            found.append(f"{me} takes {list(imported.names)} from {imported.module}; only the trigger class")
+        if layer in ("operators", "sensors") and imported.module == ROOT and "triggers" in imported.names:
+            found.append(f"{me} imports the triggers package; only the trigger class")
+    return list(dict.fromkeys(found))
 
 
 def modules(folder: str) -> list[Path]:
@@ -37,28 +85,88 @@ def module_name(path: Path) -> str:
     return f"{ROOT}.{path.parent.name}.{path.stem}"
 
 
-@pytest.mark.parametrize("path", [*modules("operators"), *modules("sensors"), *modules("triggers")], ids=module_name)
-def test_no_sideways_imports(path: Path) -> None:
-    me = module_name(path)
-    layer = path.parent.name
-    for module, names in imports(path):
-        if not module.startswith(f"{ROOT}."):
-            continue
-        if layer == "operators" and module.startswith(f"{ROOT}.operators."):
-            assert module in SHARED_OPERATOR_MODULES, f"{me} imports the operator module {module}"
-        if layer == "sensors":
-            assert not module.startswith(f"{ROOT}.operators"), f"{me} imports {module}"
-        if layer == "triggers":
-            assert not module.startswith((f"{ROOT}.operators", f"{ROOT}.sensors")), f"{me} imports {module}"
-        if layer in ("operators", "sensors") and module.startswith(f"{ROOT}.triggers"):
-            assert names == ["SlurmJobTrigger"], f"{me} takes {names} from {module}; only the trigger class"
+ALL_MODULES = [path for folder in LAYERS for path in modules(folder)]
 
 
-@pytest.mark.parametrize("folder", ["core", "hooks", "lifecycle", "triggers"])
-def test_lower_layers_never_import_higher_ones(folder: str) -> None:
-    for path in modules(folder):
-        for module, _ in imports(path):
-            parts = module.split(".")
-            if parts[0] != ROOT or len(parts) < 2 or parts[1] not in LAYERS:
-                continue
-            assert LAYERS[parts[1]] <= LAYERS[folder], f"{module_name(path)} imports the higher layer {module}"
+def test_every_layer_has_modules() -> None:
+    assert all(modules(folder) for folder in LAYERS)
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=module_name)
+def test_no_sideways_or_upward_imports(path: Path) -> None:
+    assert violations(module_name(path), path.read_text()) == []
+
+
+OPERATOR = f"{ROOT}.operators.nccl_probe"
+SENSOR = f"{ROOT}.sensors.slurm_job"
+TRIGGER = f"{ROOT}.triggers.slurm_job"
+
+
+@pytest.mark.parametrize(
+    ("me", "source", "bad"),
+    [
+        pytest.param(OPERATOR, f"from {ROOT}.operators.sbatch_submit import SbatchSubmitOperator", True, id="op-op"),
+        pytest.param(OPERATOR, f"from {ROOT}.operators import sbatch_submit", True, id="op-op-from-package"),
+        pytest.param(OPERATOR, "from .enroot_import import EnrootImportOperator", True, id="op-op-relative"),
+        pytest.param(OPERATOR, "from . import preflight", True, id="op-op-relative-package"),
+        pytest.param(OPERATOR, f"import {ROOT}.operators.enroot_import", True, id="op-op-plain-import"),
+        pytest.param(
+            OPERATOR, f"def f():\n    from {ROOT}.operators.preflight import P\n", True, id="op-op-in-function"
+        ),
+        pytest.param(OPERATOR, f"from {ROOT}.operators.base import TaoBaseOperator", False, id="op-base-ok"),
+        pytest.param(OPERATOR, "from .links import SlurmJobLink", False, id="op-links-relative-ok"),
+        pytest.param(OPERATOR, f"from {ROOT}.operators import base, links", False, id="op-shared-from-package-ok"),
+        pytest.param(SENSOR, f"from {ROOT}.operators.base import TaoBaseOperator", True, id="sensor-op-base"),
+        pytest.param(SENSOR, "from ..operators import base", True, id="sensor-op-relative"),
+        pytest.param(SENSOR, f"from {ROOT} import operators", True, id="sensor-op-package"),
+        pytest.param(TRIGGER, f"from {ROOT}.sensors.slurm_job import SlurmJobSensor", True, id="trigger-sensor"),
+        pytest.param(TRIGGER, "from ..operators.base import TaoBaseOperator", True, id="trigger-op-relative"),
+        pytest.param(TRIGGER, f"from {ROOT}.lifecycle.jobs import JobLifecycle", False, id="trigger-lifecycle-ok"),
+        pytest.param(OPERATOR, f"from {ROOT}.triggers.slurm_job import SlurmJobTrigger", False, id="op-trigger-ok"),
+        pytest.param(SENSOR, "from ..triggers.slurm_job import SlurmJobTrigger", False, id="sensor-trigger-rel-ok"),
+        pytest.param(
+            OPERATOR,
+            f"from {ROOT}.triggers.slurm_job import ACCOUNTING_SETTLE_S, SlurmJobTrigger",
+            True,
+            id="op-trigger-more-than-the-class",
+        ),
+        pytest.param(OPERATOR, f"from {ROOT}.triggers.poller import get_poller", True, id="op-poller"),
+        pytest.param(SENSOR, f"import {ROOT}.triggers.slurm_job", True, id="sensor-trigger-module"),
+        pytest.param(SENSOR, f"from {ROOT}.triggers import slurm_job", True, id="sensor-trigger-from-package"),
+        pytest.param(SENSOR, f"from {ROOT} import triggers", True, id="sensor-triggers-package"),
+        pytest.param(f"{ROOT}.core.states", f"from {ROOT}.hooks.slurm import SlurmHook", True, id="core-hooks"),
+        pytest.param(f"{ROOT}.hooks.slurm", "from ..lifecycle.jobs import JobLifecycle", True, id="hooks-lifecycle"),
+        pytest.param(
+            f"{ROOT}.lifecycle.jobs", f"from {ROOT}.triggers.slurm_job import SlurmJobTrigger", True, id="lc-trigger"
+        ),
+        pytest.param(f"{ROOT}.lifecycle.jobs", "from ..hooks.slurm import SlurmHook", False, id="lifecycle-hooks-ok"),
+        pytest.param(
+            f"{ROOT}.lifecycle.jobs",
+            f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {ROOT}.sensors.slurm_job import S\n",
+            True,
+            id="type-checking-counts",
+        ),
+        pytest.param(
+            OPERATOR,
+            f"import json\nfrom airflow.sdk import BaseOperator\nfrom {ROOT} import exceptions",
+            False,
+            id="other",
+        ),
+    ],
+)
+def test_the_rules_bite(me: str, source: str, bad: bool) -> None:
+    assert bool(violations(me, source)) is bad, violations(me, source)
+
+
+@pytest.mark.parametrize(
+    ("me", "source", "expected"),
+    [
+        pytest.param(SENSOR, "from ..triggers.slurm_job import X", f"{ROOT}.triggers.slurm_job", id="two-levels"),
+        pytest.param(OPERATOR, "from .base import X", f"{ROOT}.operators.base", id="one-level"),
+        pytest.param(OPERATOR, "from . import base", f"{ROOT}.operators", id="package"),
+        pytest.param(OPERATOR, "from ... import x", "", id="above-the-root"),
+    ],
+)
+def test_relative_imports_are_resolved(me: str, source: str, expected: str) -> None:
+    (imported,) = imports(source, me)
+    assert imported.module == expected

@@ -19,7 +19,8 @@ import pytest
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.commands import Partition, TailChunk
-from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
+from airflow_provider_tao_slurm.core.states import parse_jobs_by_name
+from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError, ValidationError
 
 SHELLS = [shell for shell in ("bash", "sh") if shutil.which(shell)]
 CANARY = "canary"
@@ -961,3 +962,190 @@ def test_enroot_credentials_present(shell: str, content: str | None, missing: li
     assert result.returncode == 0, result.stderr
     assert commands.parse_enroot_credentials_present(result.stdout.decode(), machines) == missing
     assert b"s3cr3t" not in result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------ jobs by name (own user only) and node states
+
+JOBS_BY_NAME = (
+    "squeue -h -t all --name={name} --user={user} -o '%i|%u'; echo \"#rc squeue $?\"; "
+    'sacct -X -n -P --name={name} --user={user} -o JobIDRaw,User --starttime={start}; echo "#rc sacct $?"'
+)
+
+
+@pytest.mark.parametrize(
+    ("name", "user", "start"),
+    [
+        pytest.param("tao-demo.train-0123", "alice", "now-7days", id="plain"),
+        pytest.param("tao-x", "svc_tao.bot@corp", "2024-05-01T00:00:00", id="dotted-user-iso-start"),
+        pytest.param("a", "_u1", "now-2hours", id="short-name-underscore-user"),
+    ],
+)
+def test_jobs_by_name_asks_both_tools_for_our_user_and_prints_their_exit_status(
+    name: str, user: str, start: str
+) -> None:
+    command = commands.jobs_by_name(name, user, start)
+    assert command == JOBS_BY_NAME.format(name=name, user=user, start=start)
+    assert command.count(f"--user={user}") == 2  # squeue and sacct both filter on the server side
+
+
+@pytest.mark.parametrize(
+    ("name", "user", "start"),
+    [
+        pytest.param(HOSTILE["semicolon"], "alice", "now-7days", id="hostile-name"),
+        pytest.param(INJECT, "alice", "now-7days", id="substitution-name"),
+        pytest.param("-x", "alice", "now-7days", id="option-name"),
+        pytest.param("tao-x", "", "now-7days", id="empty-user"),
+        pytest.param("tao-x", "a b", "now-7days", id="user-with-space"),
+        pytest.param("tao-x", INJECT, "now-7days", id="substitution-user"),
+        pytest.param("tao-x", "-u", "now-7days", id="option-user"),
+        pytest.param("tao-x", "alice\nbob", "now-7days", id="newline-user"),
+        pytest.param("tao-x", "al'ice", "now-7days", id="quote-user"),
+        pytest.param("tao-x", "alice", "now-7days;id", id="hostile-start"),
+    ],
+)
+def test_jobs_by_name_refuses_hostile_names_users_and_times(name: str, user: str, start: str) -> None:
+    with pytest.raises(ValidationError):
+        commands.jobs_by_name(name, user, start)
+
+
+@pytest.mark.parametrize(
+    ("ids", "name", "user", "expected"),
+    [
+        pytest.param(["12"], "tao-x", "alice", "scancel -Q --name=tao-x --user=alice 12", id="id-name-user"),
+        pytest.param([], "tao-x", "alice", "scancel -Q --name=tao-x --user=alice", id="all-of-name-for-user"),
+        pytest.param(["1", "2_3"], None, "a.b@c", "scancel -Q --user=a.b@c 1 2_3", id="ids-user-only"),
+        pytest.param(["12"], "tao-x", None, "scancel -Q --name=tao-x 12", id="no-user-as-before"),
+    ],
+)
+def test_scancel_with_user(ids: list[str], name: str | None, user: str | None, expected: str) -> None:
+    assert commands.scancel(ids, name=name, user=user) == expected
+
+
+@pytest.mark.parametrize(
+    ("ids", "name", "user"),
+    [
+        pytest.param([], None, "alice", id="user-alone-never-cancels-everything"),
+        pytest.param(["12"], "tao-x", INJECT, id="hostile-user"),
+        pytest.param(["12"], "tao-x", "--all", id="option-user"),
+        pytest.param(["12"], "tao-x", "", id="empty-user"),
+    ],
+)
+def test_scancel_refuses(ids: list[str], name: str | None, user: str | None) -> None:
+    with pytest.raises(ValidationError):
+        commands.scancel(ids, name=name, user=user)
+
+
+LOOKUP_STAND_IN = """#!/bin/sh
+case "$(basename "$0")" in
+  squeue) printf '%s' "$SQUEUE_OUT"; exit "${SQUEUE_RC:-0}" ;;
+  sacct) printf '%s' "$SACCT_OUT"; exit "${SACCT_RC:-0}" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    ("squeue", "sacct", "mine", "failure"),
+    [
+        pytest.param(("11|alice\n", 0), ("11|alice\n12|alice\n", 0), ("11", "12"), None, id="both-answer"),
+        pytest.param(("13|bob\n", 0), ("", 0), (), None, id="only-foreign"),
+        pytest.param(("", 1), ("11|alice\n", 0), None, "squeue exited 1", id="controller-down"),
+        pytest.param(("11|alice\n", 0), ("", 1), None, "sacct exited 1", id="accounting-down"),
+    ],
+)
+def test_jobs_by_name_markers_carry_each_tools_exit_status_through_a_real_shell(
+    shell: str,
+    tmp_path: Path,
+    squeue: tuple[str, int],
+    sacct: tuple[str, int],
+    mine: tuple[str, ...] | None,
+    failure: str | None,
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("squeue", "sacct"):
+        (bin_dir / tool).write_text(LOOKUP_STAND_IN)
+        (bin_dir / tool).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SQUEUE_OUT": squeue[0],
+        "SQUEUE_RC": str(squeue[1]),
+        "SACCT_OUT": sacct[0],
+        "SACCT_RC": str(sacct[1]),
+    }
+    result = run_shell(shell, commands.jobs_by_name("tao-x", "alice", "now-7days"), tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    stdout = result.stdout.decode()
+    if failure is None:
+        assert parse_jobs_by_name(stdout, "alice").job_ids == mine
+    else:
+        with pytest.raises(JobLookupError, match=failure):
+            parse_jobs_by_name(stdout, "alice")
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        pytest.param(
+            "n1|polar*|idle\nn2|polar*|down*\n",
+            [commands.NodeRow("n1", "polar", "idle"), commands.NodeRow("n2", "polar", "down*")],
+            id="default-partition-marker-dropped",
+        ),
+        pytest.param(
+            "n1|gpu|MIX\nn1|cpu|mix\n",
+            [commands.NodeRow("n1", "gpu", "mix"), commands.NodeRow("n1", "cpu", "mix")],
+            id="one-node-two-partitions-state-lowercased",
+        ),
+        pytest.param(
+            "  n3|polar|drain  \n\n\nn4|polar|alloc\n",
+            [commands.NodeRow("n3", "polar", "drain"), commands.NodeRow("n4", "polar", "alloc")],
+            id="padding-and-blank-lines",
+        ),
+        pytest.param("", [], id="empty"),
+    ],
+)
+def test_parse_node_states(stdout: str, expected: list[commands.NodeRow]) -> None:
+    assert commands.parse_node_states(stdout) == expected
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        pytest.param("n1 polar idle\n", id="no-separator"),
+        pytest.param("n1|polar\n", id="two-fields"),
+        pytest.param("n1|polar|idle|extra\n", id="four-fields"),
+        pytest.param("n1||idle\n", id="empty-partition"),
+        pytest.param("|polar|idle\n", id="empty-node"),
+        pytest.param("n1|polar|\n", id="empty-state"),
+        pytest.param("n1|polar|idle\nsinfo: error: slurm_load_partitions\n", id="error-after-rows"),
+    ],
+)
+def test_parse_node_states_rejects_bad_lines(stdout: str) -> None:
+    with pytest.raises(RemoteCommandError, match=r"expected 'NODE\|PARTITION\|STATE'"):
+        commands.parse_node_states(stdout)
+
+
+@pytest.mark.parametrize(
+    ("state", "usable"),
+    [
+        pytest.param("idle", True, id="idle"),
+        pytest.param("mix", True, id="mix"),
+        pytest.param("alloc", True, id="alloc"),
+        pytest.param("comp", True, id="completing"),
+        pytest.param("down", False, id="down"),
+        pytest.param("down*", False, id="down-not-responding"),
+        pytest.param("idle*", False, id="idle-not-responding"),
+        pytest.param("drain", False, id="drain"),
+        pytest.param("drng", False, id="draining"),
+        pytest.param("drain*", False, id="drain-not-responding"),
+        pytest.param("fail", False, id="fail"),
+        pytest.param("failg", False, id="failing"),
+        pytest.param("maint", False, id="maint"),
+        pytest.param("unk", False, id="unknown"),
+        pytest.param("inval", False, id="invalid"),
+        pytest.param("futr", False, id="future"),
+        pytest.param("boot", False, id="booting"),
+    ],
+)
+def test_node_row_usable(state: str, usable: bool) -> None:
+    assert commands.NodeRow("n1", "polar", state).usable is usable

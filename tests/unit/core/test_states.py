@@ -501,3 +501,41 @@ def test_a_failed_lookup_is_never_an_empty_answer(text: str, evidence: str) -> N
     with pytest.raises(JobLookupError, match=evidence) as failed:
         parse_jobs_by_name(text, "alice", stderr="slurm_load_jobs error: Unable to contact slurm controller")
     assert "Unable to contact" in failed.value.evidence
+
+
+@pytest.mark.parametrize(
+    ("text", "evidence"),
+    [
+        pytest.param("#rc squeue 1\n#rc sacct 1\n", "squeue exited 1; sacct exited 1", id="both-failed"),
+        pytest.param("11|alice\n#rc sacct 0\n", "squeue gave no answer", id="squeue-marker-missing"),
+        pytest.param("11|alice\n#rc squeue 0\n11|alice\n", "sacct gave no answer", id="sacct-marker-missing"),
+        pytest.param("#rc squeue x\n#rc sacct 0\n", "squeue gave no answer", id="garbled-marker-is-missing"),
+        pytest.param("14|bob\n#rc squeue 0\n#rc sacct 255\n", "sacct exited 255", id="only-foreign-rows-and-failed"),
+        pytest.param("11|alice\n#rc squeue 0\n#rc sacct 0 trailing\n", "sacct gave no answer", id="marker-with-junk"),
+    ],
+)
+def test_any_failed_or_missing_query_raises_even_with_rows(text: str, evidence: str) -> None:
+    with pytest.raises(JobLookupError) as failed:
+        parse_jobs_by_name(text, "alice")
+    assert failed.value.evidence == evidence  # no stderr: the evidence is the failures alone
+
+
+@pytest.mark.parametrize(
+    ("text", "mine", "foreign"),
+    [
+        pytest.param("11|alice\n#rc squeue 0\n12|alice\n#rc sacct 0\n", ("11", "12"), (), id="rows-of-both-tools"),
+        pytest.param(
+            "11|alice\n#rc squeue 0\n11|alice\n12|bob\n12|bob\n#rc sacct 0\n",
+            ("11",),
+            (("12", "bob"),),
+            id="live-and-finished-row-of-one-job-once-foreign-once",
+        ),
+        pytest.param("  #rc squeue 0  \n#rc sacct 0\n", (), (), id="padded-marker"),
+        pytest.param("11| alice \n" + OK, ("11",), (), id="owner-padding-stripped"),
+    ],
+)
+def test_parse_jobs_by_name_more_answers(
+    text: str, mine: tuple[str, ...], foreign: tuple[tuple[str, str], ...]
+) -> None:
+    found = parse_jobs_by_name(text, "alice")
+    assert (found.job_ids, found.foreign) == (mine, foreign)

@@ -22,6 +22,7 @@ from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     HostKeyError,
+    JobLookupError,
     KeyFilePermissionError,
     RemoteCommandError,
     SlurmAuthenticationError,
@@ -573,3 +574,224 @@ def test_no_job_ids_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     assert hook.get_states([]) == {}
     hook.cancel([])
     assert hook.check_paths([]) == []
+
+
+# ---------------------------------------------------------------------- partial polls, own-user lookups and cancels
+
+SQUEUE_DOWN = CommandResult(1, "", DOWN, "login1")
+SACCT_DOWN = CommandResult(1, "", "sacct: error: Problem talking to the database\n", "login1")
+
+
+@pytest.mark.parametrize(
+    ("ids", "squeue", "sacct", "answered", "unanswered"),
+    [
+        pytest.param(
+            ["8", "9"],
+            SQUEUE_DOWN,
+            CommandResult(0, SACCT_DONE + SACCT_CANCELLED, "", "login1"),
+            {"8": TaoState.COMPLETE, "9": TaoState.CANCELED},
+            None,
+            id="squeue-failed-sacct-answered-all",
+        ),
+        pytest.param(
+            ["7", "8", "9"],
+            SQUEUE_DOWN,
+            CommandResult(0, SACCT_DONE, "", "login1"),
+            {"8": TaoState.COMPLETE},
+            ["7", "9"],
+            id="squeue-failed-ids-missing-from-sacct",
+        ),
+        pytest.param(
+            ["7", "8"],
+            CommandResult(0, SQUEUE_RUNNING, "", "login1"),
+            SACCT_DOWN,
+            {"7": TaoState.RUNNING},
+            ["8"],
+            id="sacct-failed-finished-job-unanswered",
+        ),
+        pytest.param(
+            ["7", "8"],
+            CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, "", "login1"),
+            SACCT_DOWN,
+            {"7": TaoState.RUNNING, "8": TaoState.COMPLETE},
+            None,
+            id="sacct-failed-but-squeue-answered-all",
+        ),
+        pytest.param(["7"], SQUEUE_DOWN, None, {}, ["7"], id="squeue-failed-no-sacct"),
+        pytest.param(
+            ["7", "99"],
+            CommandResult(0, SQUEUE_RUNNING, "", "login1"),
+            CommandResult(0, "", "", "login1"),
+            {"7": TaoState.RUNNING},
+            None,
+            id="both-answered-unknown-id-is-simply-absent",
+        ),
+    ],
+)
+def test_combine_poll_partial_answers(
+    ids: list[str],
+    squeue: CommandResult,
+    sacct: CommandResult | None,
+    answered: dict[str, TaoState],
+    unanswered: list[str] | None,
+) -> None:
+    if unanswered is None:
+        states = _combine_poll(ids, squeue, sacct)
+    else:
+        with pytest.raises(StatusQueryError) as caught:
+            _combine_poll(ids, squeue, sacct)
+        assert caught.value.unanswered == unanswered
+        assert str(caught.value).startswith(f"{len(unanswered)} of {len(ids)} job(s) unanswered on login1")
+        states = caught.value.states
+    assert {job_id: state.tao_state for job_id, state in states.items()} == answered
+
+
+class Recorder:
+    """Stands in for ``run``/``a_run``: records commands (and stdin) and answers from a list."""
+
+    def __init__(self, *answers: CommandResult) -> None:
+        self.answers = list(answers)
+        self.commands: list[tuple[str, bytes | None]] = []
+
+    def __call__(self, command: str, **kwargs: Any) -> CommandResult:
+        self.commands.append((command, kwargs.get("stdin")))
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+    async def a(self, command: str, **kwargs: Any) -> CommandResult:
+        return self(command, **kwargs)
+
+
+LOOKUP_OK = "#rc squeue 0\n#rc sacct 0\n"
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        pytest.param("11|alice\n12|bob\n#rc squeue 0\n11|alice\n#rc sacct 0\n", ["11"], id="only-our-jobs"),
+        pytest.param("12|bob\n" + LOOKUP_OK, [], id="only-someone-elses"),
+        pytest.param(LOOKUP_OK, [], id="none"),
+    ],
+)
+def test_find_jobs_by_name_asks_for_our_user_and_keeps_our_jobs(
+    monkeypatch: pytest.MonkeyPatch, stdout: str, expected: list[str]
+) -> None:
+    hook = SlurmHook(settings=settings())
+    recorder = Recorder(CommandResult(0, stdout, "", "login1"))
+    monkeypatch.setattr(hook, "run", recorder)
+
+    assert hook.find_jobs_by_name("tao-x") == expected
+    ((command, _),) = recorder.commands
+    assert command.startswith("squeue -h -t all --name=tao-x --user=alice ")
+    assert "sacct -X -n -P --name=tao-x --user=alice " in command
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        pytest.param(CommandResult(0, "#rc squeue 1\n#rc sacct 0\n", DOWN, "login1"), id="squeue-failed"),
+        pytest.param(CommandResult(0, "#rc squeue 0\n", "", "login1"), id="cut-off"),
+    ],
+)
+def test_find_jobs_by_name_failure_is_never_no_job(monkeypatch: pytest.MonkeyPatch, result: CommandResult) -> None:
+    hook = SlurmHook(settings=settings())
+    monkeypatch.setattr(hook, "run", Recorder(result))
+
+    with pytest.raises(JobLookupError):
+        hook.find_jobs_by_name("tao-x")
+
+
+def test_find_jobs_by_name_on_all_hosts_with_none_reachable_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings(hosts=("login1.example.org", "login2.example.org")))
+
+    def unreachable(host: str) -> Any:
+        raise SlurmConnectionError(f"{host}: connection refused")
+
+    monkeypatch.setattr(hook, "_connect", unreachable)
+
+    with pytest.raises(JobLookupError, match="no login host answered") as caught:
+        hook.find_jobs_by_name("tao-x", all_hosts=True)
+    assert "login1.example.org: connection refused" in caught.value.evidence
+    assert "login2.example.org: connection refused" in caught.value.evidence
+
+
+def test_reconcile_by_name_asks_again_after_a_failed_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    answers: list[Any] = [JobLookupError("down", evidence="squeue exited 1"), ["41"]]
+    calls: list[str] = []
+
+    def lookup(name: str, **_: Any) -> list[str]:
+        calls.append(name)
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(hook, "find_jobs_by_name", lookup)
+    assert hook.reconcile_by_name("tao-x", timeout=5, interval=0.01) == "41"
+    assert calls == ["tao-x", "tao-x"]
+
+
+def test_reconcile_by_name_reraises_a_failed_lookup_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    calls: list[str] = []
+
+    def lookup(name: str, **_: Any) -> list[str]:
+        calls.append(name)
+        raise JobLookupError("down", evidence="squeue exited 1")
+
+    monkeypatch.setattr(hook, "find_jobs_by_name", lookup)
+    with pytest.raises(JobLookupError):
+        hook.reconcile_by_name("tao-x", timeout=0.05, interval=0.01)
+    assert len(calls) >= 2
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_cancel_is_limited_to_our_user_and_the_job_name(monkeypatch: pytest.MonkeyPatch, side: str) -> None:
+    hook = SlurmHook(settings=settings())
+    recorder = Recorder(CommandResult(0, "", "", "login1"))
+    if side == "sync":
+        monkeypatch.setattr(hook, "run", recorder)
+        hook.cancel(["12"], job_name="tao-x")
+    else:
+        monkeypatch.setattr(hook, "a_run", recorder.a)
+        asyncio.run(hook.a_cancel(["12"], job_name="tao-x"))
+    assert recorder.commands == [("scancel -Q --name=tao-x --user=alice 12", None)]
+
+
+@pytest.mark.parametrize(
+    ("result", "expected"),
+    [
+        pytest.param(CommandResult(0, '{"a": 1}', "", "login1"), '{"a": 1}', id="read"),
+        pytest.param(CommandResult(1, "", "No such file or directory", "login1"), None, id="missing"),
+    ],
+)
+def test_a_read_file(monkeypatch: pytest.MonkeyPatch, result: CommandResult, expected: str | None) -> None:
+    hook = SlurmHook(settings=settings())
+    recorder = Recorder(result)
+    monkeypatch.setattr(hook, "a_run", recorder.a)
+
+    assert asyncio.run(hook.a_read_file("/lustre/u/records/r.json")) == expected
+    ((command, _),) = recorder.commands
+    assert "/lustre/u/records/r.json" in command
+
+
+def test_a_write_file_sends_the_content_over_stdin(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    recorder = Recorder(CommandResult(0, "", "", "login1"))
+    monkeypatch.setattr(hook, "a_run", recorder.a)
+
+    asyncio.run(hook.a_write_file("/lustre/u/records/r.json", b"secret-free", "644"))
+
+    ((command, stdin),) = recorder.commands
+    assert stdin == b"secret-free"
+    assert "secret-free" not in command
+    assert "/lustre/u/records/r.json" in command
+
+
+def test_a_failed_async_write_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    monkeypatch.setattr(hook, "a_run", Recorder(CommandResult(1, "", "Disk quota exceeded\n", "login1")).a)
+
+    with pytest.raises(RemoteCommandError, match="Disk quota exceeded") as caught:
+        asyncio.run(hook.a_write_file("/lustre/u/records/r.json", b"x"))
+    assert caught.value.rc == 1

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from types import SimpleNamespace
+from datetime import UTC, datetime
+from types import MethodType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,13 +17,15 @@ from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobFailedError,
+    JobLookupError,
     JobNotFoundError,
     SubmissionError,
     UnknownStateError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
+from airflow_provider_tao_slurm.sensors import slurm_job as sensor_module
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -479,3 +482,146 @@ def test_log_tail_redacts_the_jobs_own_secrets(
     out, err = capfd.readouterr()
     assert "leaked *** here" in out + err
     assert secret not in out + err
+
+
+# ---------------------------------------------------------------------- poke mode and the non-deferrable kill
+
+T0 = datetime.strptime(NOW, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() + 100
+
+
+class Clock(datetime):
+    """``datetime`` whose ``now`` is whatever the test says."""
+
+    at = T0
+
+    @classmethod
+    def now(cls, tz: Any = None) -> Clock:  # type: ignore[override]
+        return cls.fromtimestamp(cls.at, tz)
+
+
+def poking(hook: FakeHook, script: list[Any], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> SlurmJobSensor:
+    """A non-deferrable sensor whose status queries answer from ``script`` (a state, None, or an exception)."""
+    monkeypatch.setattr(sensor_module, "datetime", Clock)
+    answers = list(script)
+
+    def get_states(ids: list[str]) -> dict[str, Any]:
+        hook.polled.append(list(ids))
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return {} if answer is None else {ids[0]: answer}
+
+    hook.polled = []  # type: ignore[attr-defined]
+    hook.get_states = get_states  # type: ignore[attr-defined]
+    sensor = sensor_with(hook, deferrable=False, **kwargs)
+    sensor._current = JobHandle.from_dict(make_handle())
+    return sensor
+
+
+def poke_at(sensor: SlurmJobSensor, *times: float) -> list[Any]:
+    results = []
+    for offset in times:
+        Clock.at = T0 + offset
+        results.append(sensor.poke(CTX))
+    return results
+
+
+def native(name: str, source: str = "squeue", **kwargs: Any) -> Any:
+    return state_from_native(SLURM_ID, name, source=source, **kwargs)  # type: ignore[arg-type]
+
+
+LOOKUP_FAILED = JobLookupError("1 of 1 job(s) unanswered", evidence="squeue exited 1")
+
+
+@pytest.mark.parametrize(
+    ("script", "times"),
+    [
+        pytest.param([None, None], (0, 5), id="not-found-within-grace"),
+        pytest.param([native("PENDING"), native("RUNNING")], (0, 500), id="live"),
+        pytest.param([native("WEIRD_STATE"), native("WEIRD_STATE")], (0, 9), id="unknown-within-grace"),
+        pytest.param(
+            [native("WEIRD_STATE"), native("RUNNING"), native("WEIRD_STATE")], (0, 8, 16), id="unknown-clock-reset"
+        ),
+        pytest.param([None, LOOKUP_FAILED, None, None], (0, 8, 12, 20), id="failed-query-restarts-not-found-clock"),
+        pytest.param([LOOKUP_FAILED, LOOKUP_FAILED], (0, 500), id="failed-queries-are-no-evidence"),
+    ],
+)
+def test_poke_keeps_waiting(monkeypatch: pytest.MonkeyPatch, script: list[Any], times: tuple[float, ...]) -> None:
+    hook = FakeHook()
+    before = hook.files[LAYOUT.record_path]
+    sensor = poking(hook, script, monkeypatch, not_found_grace=10, unrecognised_grace=10)
+
+    assert poke_at(sensor, *times) == [False] * len(times)
+
+    assert hook.files[LAYOUT.record_path] == before
+    assert hook.commands == []
+
+
+def test_poke_vanished_is_recorded_unknown_and_its_sidecar_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = FakeHook()
+    sensor = poking(hook, [None, None], monkeypatch, not_found_grace=10)
+
+    with pytest.raises(JobNotFoundError, match=f"SLURM job {SLURM_ID} .* unknown to squeue and sacct for 11 s"):
+        poke_at(sensor, 0, 11)
+
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_poke_unrecognised_is_recorded_unknown_and_keeps_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = FakeHook()
+    sensor = poking(hook, [native("WEIRD_STATE"), native("WEIRD_STATE")], monkeypatch, unrecognised_grace=10)
+
+    with pytest.raises(UnknownStateError, match="'WEIRD_STATE'"):
+        poke_at(sensor, 0, 10)
+
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
+    assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands
+
+
+def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = FakeHook()
+    sensor = poking(hook, [native("RUNNING"), native("COMPLETED", "sacct", exit_code=0, signal=0)], monkeypatch)
+
+    first, done = poke_at(sensor, 0, 30)
+
+    assert first is False
+    assert done.is_done
+    assert (done.xcom_value["terminal_state"], done.xcom_value["job_id"]) == ("COMPLETE", JOB_ID)
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_poke_resubmission_watches_the_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = FakeHook()
+    failed = native("NODE_FAIL", "sacct", exit_code=0, signal=0, node_list="n2")
+    sensor = poking(hook, [failed, native("RUNNING")], monkeypatch)
+
+    assert poke_at(sensor, 0, 30) == [False, False]
+
+    assert hook.polled == [[SLURM_ID], ["501"]]  # type: ignore[attr-defined]
+    assert sensor._current is not None
+    assert (sensor._current.job_id, sensor._current.slurm_job_id, sensor._current.retry_of) == (RETRY_ID, "501", JOB_ID)
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--exclude=n2",))]
+
+
+def test_non_deferrable_on_kill_scancels_our_job_by_name_and_user() -> None:
+    hook = FakeHook()
+    hook.settings = SimpleNamespace(user="alice")  # type: ignore[attr-defined]
+    hook.cancel = MethodType(SlurmHook.cancel, hook)  # type: ignore[attr-defined]  # the hook's real scancel line
+    sensor = sensor_with(hook, deferrable=False)
+    sensor._current = JobHandle.from_dict(make_handle())
+
+    sensor.on_kill()
+
+    assert hook.commands == [f"scancel -Q --name={JOB_ID} --user=alice {SLURM_ID}", f"rm -f -- {LAYOUT.sidecar_path}"]
+    record = hook.record()
+    assert record["terminal_state"] == "CANCELED"
+    assert record["transitions"][-1]["source"] == "sensor on_kill"
+
+
+def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
+    sensor = sensor_with(NoHook())
+
+    sensor.on_kill()  # the trigger's on_kill cancels a deferred job

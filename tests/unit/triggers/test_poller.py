@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import pytest
 
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
+from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.triggers import poller as poller_module
 from airflow_provider_tao_slurm.triggers.poller import PollUpdate, StatusPoller, active_pollers, get_poller
 
@@ -222,3 +223,62 @@ def test_one_poller_per_key_and_event_loop() -> None:
     assert other is not first
     assert {id(first), id(other)} <= {id(p) for p in listed}
     assert run(scenario())[0] is not first
+
+
+class PartialFetch:
+    """The first fetch answers only for ``answered`` (a StatusQueryError); later ones answer for everybody."""
+
+    def __init__(self, answered: set[str]) -> None:
+        self.answered = answered
+        self.calls = 0
+
+    async def __call__(self, ids: list[str]) -> dict[str, JobState]:
+        self.calls += 1
+        if self.calls == 1:
+            states = {job_id: running(job_id) for job_id in ids if job_id in self.answered}
+            unanswered = [job_id for job_id in ids if job_id not in self.answered]
+            raise StatusQueryError(
+                f"{len(unanswered)} of {len(ids)} job(s) unanswered on login1 (squeue exited 1: controller down)",
+                states,
+                unanswered,
+                evidence="squeue exited 1: controller down",
+            )
+        return {job_id: running(job_id) for job_id in ids}
+
+
+@pytest.mark.parametrize(
+    ("subscribed", "answered"),
+    [
+        pytest.param(["1", "2"], {"1"}, id="one-of-two"),
+        pytest.param(["1", "2", "3"], {"1", "3"}, id="two-of-three"),
+        pytest.param(["1", "2"], set(), id="none-answered"),
+        pytest.param(["1", "1", "2"], {"1"}, id="two-subscribers-of-one-answered-job"),
+    ],
+)
+def test_a_partial_poll_delivers_answered_states_and_an_error_to_the_unanswered(
+    subscribed: list[str], answered: set[str]
+) -> None:
+    fetch = PartialFetch(answered)
+
+    async def scenario() -> tuple[list[PollUpdate], list[PollUpdate], int]:
+        poller = StatusPoller("u@c", fetch, 30)
+        queues = [poller.subscribe(job_id, INTERVAL) for job_id in subscribed]
+        first = [await queue.get() for queue in queues]
+        second = [await queue.get() for queue in queues]
+        failures = poller.stats.failures
+        for job_id, queue in zip(subscribed, queues, strict=True):
+            poller.unsubscribe(job_id, queue)
+        return first, second, failures
+
+    first, second, failures = run(scenario())
+
+    assert failures == 1
+    for job_id, update in zip(subscribed, first, strict=True):
+        assert update.job_id == job_id
+        if job_id in answered:
+            assert (update.state, update.error) == (running(job_id), None)
+        else:
+            assert update.state is None  # unanswered: never "not found" without an error
+            assert "unanswered" in (update.error or "")
+            assert "controller down" in (update.error or "")
+    assert all(u.state == running(u.job_id) and u.error is None for u in second)  # the next poll answers everybody

@@ -13,8 +13,11 @@ import pytest
 from airflow.sdk.module_loading import import_string
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
-from airflow_provider_tao_slurm.core.states import JobState, state_from_native
+from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
+from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
+from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult
+from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.triggers import slurm_job as trigger_module
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -22,6 +25,7 @@ T = TypeVar("T")
 JOB = "4242"
 NAME = "tao-dag.submit-0123456789abcdef"
 SIDECAR = f"/lustre/u/jobs/{NAME}/.secrets.env"
+RECORD = f"/lustre/u/records/{NAME}.json"
 POLL = 0.02
 
 Script = list["dict[str, JobState] | Exception"]
@@ -309,3 +313,147 @@ def test_on_kill_records_canceled_with_its_source(hook: FakeHook) -> None:
     assert stored.transitions[-1].source == "trigger on_kill"
     assert hook.cancels == [([JOB], NAME)]
     assert hook.commands == [f"rm -f -- {SIDECAR}"]
+
+
+# ---------------------------------------------------------------------- typed events, unknown states, failed polls
+
+
+def running_record(path: str = RECORD) -> str:
+    record = open_record(
+        job_id=NAME,
+        cluster="c",
+        image="/x.sqsh",
+        network_arch="custom",
+        action="train",
+        results_dir="/lustre/u/results/x",
+        job_dir="/lustre/u/jobs/x",
+        log_dir="/lustre/u/logs",
+        job_name=NAME,
+        now="2026-01-01T00:00:00Z",
+    )
+    return to_json(
+        mark(
+            record, TaoState.RUNNING, now="2026-01-01T00:00:01Z", message="submitted", source="submit", backend_ref=JOB
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "status", "tao_state"),
+    [
+        pytest.param([squeue("RUNNING"), sacct("COMPLETED")], EventStatus.TERMINAL, TaoState.COMPLETE, id="terminal"),
+        pytest.param([sacct("FAILED", 2)], EventStatus.TERMINAL, TaoState.ERROR, id="terminal-error"),
+        pytest.param([squeue("WEIRD_STATE")], EventStatus.UNRECOGNISED, TaoState.UNKNOWN, id="unrecognised"),
+        pytest.param([{}], EventStatus.VANISHED, None, id="vanished"),
+    ],
+)
+def test_every_event_reads_back_as_a_job_event(
+    hook: FakeHook, script: Script, status: EventStatus, tao_state: TaoState | None
+) -> None:
+    hook.script = script
+
+    (payload,) = run(all_events(make(submitted_at=time.time(), not_found_grace=0.1, unrecognised_grace=0.1)))
+
+    event = JobEvent.from_dict(json.loads(json.dumps(payload)))
+    assert (event.status, event.slurm_job_id, event.job_name) == (status, JOB, NAME)
+    assert (event.state.tao_state if event.state is not None else None) == tao_state
+    assert bool(event.message) == (status is not EventStatus.TERMINAL)
+
+
+@pytest.mark.parametrize("native", ["WEIRD_STATE", "SOMETHING_NEW", "RESV_DEL_HOLD_X"])
+def test_an_unknown_native_state_lasting_its_grace_is_unrecognised(hook: FakeHook, native: str) -> None:
+    hook.script = [squeue("PENDING"), squeue(native)]
+    started = time.time()
+
+    (event,) = run(all_events(make(unrecognised_grace=0.15)))
+
+    assert time.time() - started >= 0.15
+    assert event["status"] == "unrecognised"
+    assert f"{native!r}" in event["message"]
+    assert f"scontrol show job {JOB}" in event["message"]
+    assert event["state"]["tao_state"] == "UNKNOWN"
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param([squeue("WEIRD_STATE")] * 3 + [squeue("RUNNING")] + [squeue("WEIRD_STATE")] * 3, id="short-runs"),
+        pytest.param([squeue("WEIRD_STATE")] * 3 + [sacct("COMPLETED")], id="ends-before-grace"),
+    ],
+)
+def test_an_unknown_state_that_goes_away_resets(hook: FakeHook, script: Script) -> None:
+    hook.script = [*script, sacct("COMPLETED")]
+
+    (event,) = run(all_events(make(unrecognised_grace=POLL * 20)))
+
+    assert event["status"] == "terminal"
+    assert event["state"]["native"] == "COMPLETED"
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(OSError("controller down"), id="failed-poll"),
+        pytest.param(StatusQueryError("1 of 1 job(s) unanswered", {}, [JOB], "squeue exited 1"), id="unanswered"),
+    ],
+)
+@pytest.mark.parametrize("failures", [1, 3])
+def test_an_error_update_restarts_the_not_found_clock(hook: FakeHook, failure: Exception, failures: int) -> None:
+    # Last seen an hour ago, grace 0.5 s: without the restart the first "not found" would vanish the job.
+    hook.script = [failure] * failures + [{}] + [sacct("COMPLETED")]
+    started = time.time()
+
+    (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.5)))
+
+    assert event["status"] == "terminal"
+    assert len(hook.polls) == failures + 2
+
+
+def test_not_found_after_errors_still_vanishes_once_the_grace_has_passed(hook: FakeHook) -> None:
+    hook.script = [OSError("controller down"), {}]
+    started = time.time()
+
+    (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.2)))
+
+    assert event["status"] == "vanished"
+    assert time.time() - started >= 0.2
+
+
+@pytest.mark.parametrize(
+    ("record_path", "stored", "sidecar", "canceled", "commands"),
+    [
+        pytest.param(RECORD, "running", SIDECAR, True, [f"rm -f -- {SIDECAR}"], id="record-and-sidecar"),
+        pytest.param(RECORD, "running", None, True, [], id="record-no-sidecar"),
+        pytest.param(RECORD, None, SIDECAR, False, [f"rm -f -- {SIDECAR}"], id="record-missing"),
+        pytest.param(None, "running", SIDECAR, False, [f"rm -f -- {SIDECAR}"], id="no-record-path-older-trigger"),
+        pytest.param(RECORD, "complete", None, False, [], id="terminal-record-keeps-its-verdict"),
+    ],
+)
+def test_on_kill_records_canceled_via_the_async_file_api(
+    hook: FakeHook,
+    record_path: str | None,
+    stored: str | None,
+    sidecar: str | None,
+    canceled: bool,
+    commands: list[str],
+) -> None:
+    if stored == "running":
+        hook.files[RECORD] = running_record()
+    elif stored == "complete":
+        done = mark(
+            from_json(running_record()), TaoState.COMPLETE, now="2026-01-01T00:00:02Z", message="ok", source="s"
+        )
+        hook.files[RECORD] = to_json(done)
+    before = hook.files.get(RECORD)
+
+    run(make(sidecar_path=sidecar, record_path=record_path).on_kill())
+
+    assert hook.cancels == [([JOB], NAME)]
+    assert hook.commands == commands
+    if canceled:
+        record = from_json(hook.files[RECORD])
+        assert record.terminal_state is TaoState.CANCELED
+        assert record.transitions[-1].source == "trigger on_kill"
+        assert JOB in record.transitions[-1].message
+    else:
+        assert hook.files.get(RECORD) == before

@@ -1,0 +1,680 @@
+"""``JobLifecycle`` over a fake hook (files in a dict, every lookup, command and submission recorded).
+
+Submit once and adoption across tries, infrastructure resubmission (exclusions, partition fit),
+cancel (sync and async), UNKNOWN records, settling and log tails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.failures import Classification
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_native
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    JobFailedError,
+    JobLookupError,
+    JobNotFoundError,
+    SubmissionError,
+)
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.jobs import Attempt, JobLifecycle
+
+BASE = "/lustre/u"
+NOW = "2026-01-02T03:04:05Z"
+DAG, TASK, RUN = "dag", "submit", "run1"
+FIRST = mint_job_id(DAG, TASK, RUN)
+
+
+def tried(n: int) -> str:
+    """The job id try ``n`` mints when the record before it is terminal (try 1 has the first id)."""
+    return FIRST if n == 1 else mint_job_id(DAG, TASK, RUN, try_number=n)
+
+
+def ti(try_number: int, task_id: str = TASK) -> SimpleNamespace:
+    return SimpleNamespace(dag_id=DAG, task_id=task_id, run_id=RUN, map_index=-1, try_number=try_number)
+
+
+def record_of(job_id: str, state: TaoState | None = TaoState.RUNNING, *, retry_of: str | None = None) -> JobRecord:
+    """A record of ``job_id``: just opened (None), submitted (RUNNING) or settled (a terminal state)."""
+    layout = JobLayout(BASE, job_id)
+    record = open_record(
+        job_id=job_id,
+        cluster="mini",
+        image="/lustre/c/x.sqsh",
+        network_arch="custom",
+        action="train",
+        results_dir=layout.results_dir,
+        job_dir=layout.job_dir,
+        log_dir=layout.log_dir,
+        job_name=job_id,
+        now=NOW,
+        retry_of=retry_of,
+    )
+    if state is None:
+        return record
+    record = mark(record, TaoState.RUNNING, now=NOW, message="submitted", source="submit", backend_ref="500")
+    if state is TaoState.RUNNING:
+        return record
+    extra = {"err_class": ErrClass.ERR_PROGRAM} if state is TaoState.ERROR else {}
+    return mark(record, state, now=NOW, message="ended", source="sensor", **extra)
+
+
+class FakeHook:
+    """Files in a dict; records reads, lookups, commands, stagings, submissions and cancels."""
+
+    def __init__(self, files: Mapping[str, str] | None = None) -> None:
+        self.files: dict[str, str] = dict(files or {})
+        self.reads: list[str] = []
+        self.lookups: list[str] = []
+        self.found: dict[str, list[str]] = {}
+        self.lookup_error: Exception | None = None
+        self.commands: list[str] = []
+        self.staged: list[tuple[str, list[str]]] = []
+        self.submits: list[tuple[str, str, str, tuple[str, ...]]] = []
+        self.submit_error: Exception | None = None
+        self.cancels: list[tuple[list[str], str | None]] = []
+        self.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
+        self.allocation = "n1\nn2\n"
+
+    # -- sync
+    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
+        self.reads.append(path)
+        return self.files.get(path)
+
+    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.files[path] = data.decode()
+
+    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
+        self.commands.append(command)
+        if command == commands.node_states():
+            return CommandResult(0, self.sinfo, "")
+        if command.startswith("sinfo -h -N -o %N -n"):
+            return CommandResult(0, self.allocation, "")
+        return CommandResult(0, "", "")
+
+    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
+        self.lookups.append(job_name)
+        if self.lookup_error is not None:
+            raise self.lookup_error
+        return list(self.found.get(job_name, []))
+
+    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
+        self.staged.append((base, sorted(files)))
+
+    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+        if self.submit_error is not None:
+            raise self.submit_error
+        self.submits.append((script_path, job_name, log_dir, tuple(extra_args)))
+        return "501"
+
+    def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        self.cancels.append((list(job_ids), job_name))
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        text = self.files.get(path, "")
+        data = text[offset : offset + max_bytes]
+        return LogChunk(size=len(text), data=data, next_offset=offset + len(data))
+
+    # -- async
+    async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        self.cancel(job_ids, job_name=job_name)
+
+    async def a_read_file(self, path: str) -> str | None:
+        return self.read_file(path)
+
+    async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
+        self.write_file(path, data, mode)
+
+    async def a_run(self, command: str) -> CommandResult:
+        return self.run(command)
+
+    # -- helpers
+    def store(self, record: JobRecord) -> None:
+        self.files[JobLayout(BASE, record.job_id).record_path] = to_json(record)
+
+    def record(self, job_id: str) -> JobRecord:
+        return from_json(self.files[JobLayout(BASE, job_id).record_path])
+
+    @property
+    def sidecar_removals(self) -> list[str]:
+        return [c for c in self.commands if c.startswith("rm -f -- ")]
+
+
+# ---------------------------------------------------------------------- plan_attempt: submit once, adopt any try's job
+
+
+def test_the_first_try_submits_the_first_id_without_any_lookup() -> None:
+    hook = FakeHook()
+
+    attempt = JobLifecycle(hook).plan_attempt(ti(1), BASE)
+
+    assert attempt == Attempt(FIRST, JobLayout(BASE, FIRST))
+    assert (hook.lookups, hook.reads, hook.commands) == ([], [], [])
+
+
+@pytest.mark.parametrize(
+    ("try_number", "records", "found", "expected", "lookups"),
+    [
+        pytest.param(2, [], {}, Attempt(FIRST, JobLayout(BASE, FIRST)), [FIRST], id="try2-no-records-looks-up-first"),
+        pytest.param(
+            2,
+            [],
+            {FIRST: ["77"]},
+            Attempt(FIRST, JobLayout(BASE, FIRST), adopted="77"),
+            [FIRST],
+            id="try2-no-record-but-our-job-adopted",
+        ),
+        pytest.param(
+            2,
+            [record_of(FIRST)],
+            {FIRST: ["500"]},
+            Attempt(FIRST, JobLayout(BASE, FIRST), previous=record_of(FIRST), adopted="500"),
+            [FIRST],
+            id="try2-adopts-the-first-tries-live-job",
+        ),
+        pytest.param(
+            2,
+            [record_of(FIRST, None)],
+            {},
+            Attempt(FIRST, JobLayout(BASE, FIRST), previous=record_of(FIRST, None)),
+            [FIRST],
+            id="try2-first-try-died-before-sbatch-submits-under-its-name",
+        ),
+        pytest.param(
+            2,
+            [record_of(FIRST, TaoState.ERROR)],
+            {},
+            Attempt(tried(2), JobLayout(BASE, tried(2)), retry_of=FIRST),
+            [],
+            id="try2-first-record-terminal-fresh-id",
+        ),
+        pytest.param(
+            3,
+            [record_of(tried(2), retry_of=FIRST), record_of(FIRST, TaoState.ERROR)],
+            {tried(2): ["600"]},
+            Attempt(
+                tried(2),
+                JobLayout(BASE, tried(2)),
+                retry_of=FIRST,
+                previous=record_of(tried(2), retry_of=FIRST),
+                adopted="600",
+            ),
+            [tried(2)],
+            id="try3-adopts-try2s-job-retry-of-kept",
+        ),
+        pytest.param(
+            3,
+            [record_of(tried(2), TaoState.ERROR, retry_of=FIRST), record_of(FIRST, TaoState.ERROR)],
+            {tried(2): ["600"]},
+            Attempt(tried(3), JobLayout(BASE, tried(3)), retry_of=tried(2)),
+            [],
+            id="try3-try2-terminal-fresh-id-retries-try2",
+        ),
+        pytest.param(
+            3,
+            [record_of(FIRST)],
+            {FIRST: ["500"]},
+            Attempt(FIRST, JobLayout(BASE, FIRST), previous=record_of(FIRST), adopted="500"),
+            [FIRST],
+            id="try3-only-the-first-record-adopted",
+        ),
+        pytest.param(
+            3,
+            [record_of(FIRST, TaoState.CANCELED)],
+            {},
+            Attempt(tried(3), JobLayout(BASE, tried(3)), retry_of=FIRST),
+            [],
+            id="try3-only-first-record-terminal",
+        ),
+        pytest.param(
+            4,
+            [record_of(tried(3), TaoState.COMPLETE, retry_of=tried(2)), record_of(tried(2), retry_of=FIRST)],
+            {},
+            Attempt(tried(4), JobLayout(BASE, tried(4)), retry_of=tried(3)),
+            [],
+            id="try4-newest-record-wins",
+        ),
+        pytest.param(
+            4,
+            [record_of(tried(2), TaoState.ERROR, retry_of=FIRST)],
+            {},
+            Attempt(tried(4), JobLayout(BASE, tried(4)), retry_of=tried(2)),
+            [],
+            id="try4-try3-left-no-record",
+        ),
+    ],
+)
+def test_plan_attempt(
+    try_number: int,
+    records: list[JobRecord],
+    found: dict[str, list[str]],
+    expected: Attempt,
+    lookups: list[str],
+) -> None:
+    hook = FakeHook()
+    for record in records:
+        hook.store(record)
+    hook.found = found
+
+    attempt = JobLifecycle(hook).plan_attempt(ti(try_number), BASE)
+
+    assert attempt == expected
+    assert hook.lookups == lookups
+    assert hook.submits == []
+    assert hook.staged == []
+    if attempt.adopted is not None:  # an adopted job is released and gets its log directory
+        assert hook.commands == [commands.prepare_job_logs(f"{BASE}/logs", attempt.job_id, attempt.adopted)]
+
+
+def test_plan_attempt_reads_the_newest_try_first() -> None:
+    hook = FakeHook()
+
+    JobLifecycle(hook).plan_attempt(ti(4), BASE)
+
+    assert hook.reads == [JobLayout(BASE, job_id).record_path for job_id in (tried(3), tried(2), FIRST)]
+
+
+@pytest.mark.parametrize(
+    "records",
+    [pytest.param([], id="no-records"), pytest.param([record_of(tried(2), retry_of=FIRST)], id="try2-live")],
+)
+def test_a_failed_lookup_propagates_and_nothing_is_submitted(records: list[JobRecord]) -> None:
+    hook = FakeHook()
+    for record in records:
+        hook.store(record)
+    hook.lookup_error = JobLookupError("looking up jobs by name failed (squeue exited 1)", evidence="squeue exited 1")
+
+    with pytest.raises(JobLookupError, match="squeue exited 1"):
+        JobLifecycle(hook).plan_attempt(ti(3), BASE)
+
+    assert (hook.submits, hook.staged, hook.commands) == ([], [], [])
+
+
+def test_several_of_our_jobs_of_one_name_stop_the_try() -> None:
+    hook = FakeHook()
+    hook.found = {FIRST: ["500", "501"]}
+
+    with pytest.raises(AmbiguousSubmissionError, match=r"2 SLURM jobs are named .*\(500, 501\)"):
+        JobLifecycle(hook).plan_attempt(ti(2), BASE)
+
+    assert hook.submits == []
+
+
+# ---------------------------------------------------------------------- submit_once
+
+
+def test_submit_once_stages_submits_and_marks_running() -> None:
+    hook = FakeHook()
+    attempt = Attempt(FIRST, JobLayout(BASE, FIRST))
+    files = {"jobs/x/spec.yaml": (b"a: 1\n", 0o644)}
+
+    slurm_id, record = JobLifecycle(hook).submit_once(
+        attempt, results_base=BASE, files=files, record=record_of(FIRST, None)
+    )
+
+    assert slurm_id == "501"
+    assert hook.staged == [(BASE, ["jobs/x/spec.yaml"])]
+    assert hook.submits == [(attempt.layout.script_path, FIRST, f"{BASE}/logs", ())]
+    assert (record.state, record.backend_ref) == (TaoState.RUNNING, "501")
+    assert hook.record(FIRST) == record
+
+
+def test_submit_once_of_an_adopted_job_submits_nothing() -> None:
+    hook = FakeHook()
+    attempt = Attempt(FIRST, JobLayout(BASE, FIRST), adopted="500")
+
+    slurm_id, record = JobLifecycle(hook).submit_once(attempt, results_base=BASE, files={}, record=record_of(FIRST))
+
+    assert slurm_id == "500"
+    assert (hook.staged, hook.submits) == ([], [])
+    assert (record.state, record.backend_ref) == (TaoState.RUNNING, "500")
+
+
+# ---------------------------------------------------------------------- resubmit
+
+SENSOR_TI = ti(1, task_id="wait")
+RETRY_ID = mint_job_id(DAG, "wait", RUN, retry_of=FIRST)
+LAYOUT = JobLayout(BASE, FIRST)
+
+
+def handle(**changes: Any) -> JobHandle:
+    values: dict[str, Any] = {
+        "job_id": FIRST,
+        "slurm_job_id": "500",
+        "job_dir": LAYOUT.job_dir,
+        "results_dir": LAYOUT.results_dir,
+        "record_path": LAYOUT.record_path,
+        "results_base": BASE,
+        "log_dir": LAYOUT.job_log_dir("500"),
+        "script_path": LAYOUT.script_path,
+        "sidecar_path": LAYOUT.sidecar_path,
+        "submitted_at": NOW,
+    }
+    return JobHandle.from_dict({**values, **changes})
+
+
+def failure(native: str, evidence: str, node_list: str | None = "n[1-2]") -> tuple[JobState, Classification]:
+    state = state_from_native("500", native, source="sacct", exit_code=1, signal=0, node_list=node_list)
+    return state, Classification(ErrClass.ERR_INFRA, "infrastructure failure", evidence, True)
+
+
+@pytest.mark.parametrize(
+    ("native", "evidence", "sinfo", "allocation", "changes", "extra"),
+    [
+        pytest.param(
+            "NODE_FAIL",
+            "State=NODE_FAIL",
+            "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n",
+            "n1\nn2\n",
+            {},
+            ("--exclude=n2",),
+            id="node-fail-only-the-down-node",
+        ),
+        pytest.param(
+            "FAILED",
+            "line 7: NVRM: Xid (PCI:0000:3b:00) on n2: 79, GPU has fallen off the bus",
+            "n1|polar*|idle\nn2|polar*|idle\nn21|polar*|idle\nn3|polar*|idle\n",
+            "n1\nn2\nn21\n",
+            {},
+            ("--exclude=n2",),
+            id="evidence-names-n2-not-n21",
+        ),
+        pytest.param(
+            "FAILED",
+            "line 7: NCCL WARN NET/IB : Got completion with error 12",
+            "n1|polar*|idle\nn2|polar*|idle\nn3|polar*|idle\nn4|polar*|idle\n",
+            "n1\nn2\n",
+            {"num_nodes": 2, "partition": "polar"},
+            ("--exclude=n1,n2",),
+            id="nothing-named-whole-allocation-fits",
+        ),
+        pytest.param(
+            "NODE_FAIL",
+            "State=NODE_FAIL",
+            "n1|polar*|idle\nn2|polar*|down*\nn0|polar*|idle\n",
+            "n1\nn2\n",
+            {"exclude_nodes": ["n0"]},
+            ("--exclude=n0,n2",),
+            id="earlier-exclusions-kept",
+        ),
+        pytest.param(
+            "NODE_FAIL",
+            "State=NODE_FAIL",
+            "n1|gpu*|idle\nn2|gpu*|down*\nn3|debug|idle\n",
+            "n1\nn2\n",
+            {"num_nodes": 2, "partition": "gpu,debug"},
+            ("--exclude=n2",),
+            id="comma-partition-list-fits",
+        ),
+        pytest.param(
+            "FAILED",
+            "line 3: GPU has fallen off the bus",
+            "n1|polar*|idle\n",
+            "",
+            {},
+            (),
+            id="no-allocation-no-exclude",
+        ),
+    ],
+)
+def test_resubmit_excludes_only_what_the_evidence_names(
+    native: str, evidence: str, sinfo: str, allocation: str, changes: dict[str, Any], extra: tuple[str, ...]
+) -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.sinfo, hook.allocation = sinfo, allocation
+    state, verdict = failure(native, evidence, node_list="n[1-2]" if allocation else None)
+    old = handle(**changes)
+
+    new = JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
+
+    assert hook.lookups == [RETRY_ID]
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, f"{BASE}/logs", extra)]
+    assert new.job_id == RETRY_ID
+    assert (new.slurm_job_id, new.retry_of, new.infra_retries) == ("501", FIRST, 1)
+    assert new.exclude_nodes == (tuple(extra[0].removeprefix("--exclude=").split(",")) if extra else ())
+    assert (new.record_path, new.log_dir) == (JobLayout(BASE, RETRY_ID).record_path, f"{BASE}/logs/{RETRY_ID}-501")
+    assert (new.num_nodes, new.partition, new.sidecar_path) == (old.num_nodes, old.partition, old.sidecar_path)
+    settled = hook.record(FIRST)
+    assert (settled.terminal_state, settled.err_class) == (TaoState.ERROR, ErrClass.ERR_INFRA)
+    assert RETRY_ID in settled.transitions[-1].message
+    retry = hook.record(RETRY_ID)
+    assert (retry.retry_of, retry.backend_ref, retry.state) == (FIRST, "501", TaoState.RUNNING)
+    assert hook.sidecar_removals == []  # the resubmitted job still needs its secrets
+
+
+@pytest.mark.parametrize(
+    ("sinfo", "changes", "meta", "match"),
+    [
+        pytest.param(
+            "n1|polar*|idle\nn2|polar*|down*\n",
+            {"num_nodes": 2, "partition": "polar"},
+            None,
+            r"only 1 node\(s\) \(n1\) for a 2-node job",
+            id="two-node-job-on-a-two-node-partition",
+        ),
+        pytest.param(
+            "n1|gpu*|idle\nn2|gpu*|down*\nn3|debug|drain\n",
+            {"num_nodes": 3, "partition": "gpu,debug"},
+            None,
+            r"partition gpu,debug only 2 node\(s\) \(n1, n3\) for a 3-node job",
+            id="comma-partition-list-too-small",
+        ),
+        pytest.param(
+            "n1|polar*|idle\nn2|polar*|down*\n",
+            {"num_nodes": 2, "partition": "polar", "exclude_nodes": ["n1"]},
+            None,
+            r"avoiding n1,n2 .* only 0 node\(s\) \(none\)",
+            id="earlier-exclusion-plus-this-one",
+        ),
+        pytest.param(
+            "n1|polar*|idle\nn2|polar*|down*\n",
+            {},
+            '{"nodes": 2, "partition": "polar"}',
+            r"for a 2-node job",
+            id="shape-from-the-meta-file",
+        ),
+    ],
+)
+def test_resubmit_refuses_when_the_partition_would_be_too_small(
+    sinfo: str, changes: dict[str, Any], meta: str | None, match: str
+) -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.sinfo = sinfo
+    if meta is not None:
+        hook.files[LAYOUT.meta_path] = meta
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+
+    with pytest.raises(JobFailedError, match=match) as failed:
+        JobLifecycle(hook).resubmit(SENSOR_TI, handle(**changes), hook.record(FIRST), state, verdict)
+
+    assert failed.value.err_class == "ERR_INFRA"
+    assert hook.submits == []
+    assert JobLayout(BASE, RETRY_ID).record_path not in hook.files
+    settled = hook.record(FIRST)
+    assert (settled.terminal_state, settled.err_class) == (TaoState.ERROR, ErrClass.ERR_INFRA)
+    assert "not resubmitted" in settled.transitions[-1].message
+    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
+def test_resubmit_adopts_the_job_an_earlier_try_resubmitted() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.found = {RETRY_ID: ["501"]}
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+
+    new = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+
+    assert hook.submits == []
+    assert (new.job_id, new.slurm_job_id, new.infra_retries) == (RETRY_ID, "501", 1)
+    assert hook.submits == []  # the adopted job runs: only its exclusions are re-derived from the same evidence
+
+
+def test_an_adopted_resubmission_keeps_the_nodes_it_excludes() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+    first = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    assert first.exclude_nodes == ("n2",)
+    hook.found = {RETRY_ID: ["501"]}
+
+    again = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+
+    assert again.exclude_nodes == first.exclude_nodes
+
+
+def test_a_second_resubmission_still_checks_the_partition_from_the_meta_file() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.files[LAYOUT.meta_path] = '{"nodes": 2, "partition": "polar"}'
+    hook.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+    # an older provider's handle: no num_nodes/partition, so the shape comes from the meta file
+    retried = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    assert (retried.job_dir, retried.exclude_nodes, retried.num_nodes) == (LAYOUT.job_dir, ("n2",), None)
+    # the resubmitted job ran on n1,n3 and n3 failed too: only n1 is left for the 2-node job
+    hook.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|down*\n"
+    hook.allocation = "n1\nn3\n"
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL", node_list="n[1,3]")
+
+    with pytest.raises(JobFailedError, match="could never start"):
+        JobLifecycle(hook).resubmit(SENSOR_TI, retried, hook.record(RETRY_ID), state, verdict)
+
+
+def test_a_refused_resubmission_settles_both_records() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.submit_error = SubmissionError("Requested node configuration is not available", rc=1)
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+
+    with pytest.raises(JobFailedError, match=r"was refused .*excluded nodes \(n2\)"):
+        JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+
+    assert hook.record(FIRST).terminal_state is TaoState.ERROR
+    assert hook.record(RETRY_ID).terminal_state is TaoState.ERROR
+    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
+# ---------------------------------------------------------------------- cancel, UNKNOWN, settle, log tails
+
+
+@pytest.mark.parametrize(
+    ("stored", "canceled"),
+    [
+        pytest.param(TaoState.RUNNING, True, id="running"),
+        pytest.param(TaoState.COMPLETE, False, id="terminal-keeps-its-verdict"),
+        pytest.param("missing", False, id="no-record"),
+    ],
+)
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_cancel_scancels_records_canceled_and_removes_the_sidecar(
+    side: str, stored: TaoState | str, canceled: bool
+) -> None:
+    hook = FakeHook()
+    if stored != "missing":
+        hook.store(record_of(FIRST, stored))  # type: ignore[arg-type]
+    before = hook.files.get(LAYOUT.record_path)
+    lifecycle = JobLifecycle(hook)
+
+    if side == "sync":
+        lifecycle.cancel(handle(), source="sensor on_kill")
+    else:
+        asyncio.run(
+            lifecycle.a_cancel(
+                "500",
+                FIRST,
+                record_path=LAYOUT.record_path,
+                sidecar_path=LAYOUT.sidecar_path,
+                source="trigger on_kill",
+            )
+        )
+
+    assert hook.cancels == [(["500"], FIRST)]
+    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    if canceled:
+        record = hook.record(FIRST)
+        assert record.terminal_state is TaoState.CANCELED
+        assert record.transitions[-1].source == ("sensor on_kill" if side == "sync" else "trigger on_kill")
+    else:
+        assert hook.files.get(LAYOUT.record_path) == before
+
+
+@pytest.mark.parametrize("remove_sidecar", [True, False], ids=["vanished", "unrecognised"])
+def test_mark_unknown(remove_sidecar: bool) -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+
+    JobLifecycle(hook).mark_unknown(handle(), hook.record(FIRST), "gone", remove_sidecar=remove_sidecar)
+
+    record = hook.record(FIRST)
+    assert (record.terminal_state, record.transitions[-1].state, record.transitions[-1].message) == (
+        None,
+        TaoState.UNKNOWN,
+        "gone",
+    )
+    assert hook.sidecar_removals == ([f"rm -f -- {LAYOUT.sidecar_path}"] if remove_sidecar else [])
+
+
+def test_mark_unknown_leaves_a_terminal_record_alone() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST, TaoState.COMPLETE))
+    before = hook.files[LAYOUT.record_path]
+
+    JobLifecycle(hook).mark_unknown(handle(), hook.record(FIRST), "gone", remove_sidecar=True)
+
+    assert hook.files[LAYOUT.record_path] == before
+
+
+def test_settle_keeps_the_first_verdict_and_removes_the_sidecar() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST, TaoState.CANCELED))
+
+    record = JobLifecycle(hook).settle(handle(), hook.record(FIRST), TaoState.COMPLETE, message="late")
+
+    assert record.terminal_state is TaoState.CANCELED
+    assert hook.record(FIRST).terminal_state is TaoState.CANCELED
+    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
+def test_require_record_names_the_missing_file() -> None:
+    with pytest.raises(JobNotFoundError, match=LAYOUT.record_path):
+        JobLifecycle(FakeHook()).require_record(handle())
+
+
+def test_records_are_written_redacted() -> None:
+    hook = FakeHook()
+    record = mark(record_of(FIRST), TaoState.RUNNING, now=NOW, message="token tok-1f3a9c5e7b seen", source="x")
+
+    JobLifecycle(hook).write_record(LAYOUT.record_path, record, ["tok-1f3a9c5e7b"])
+
+    assert "tok-1f3a9c5e7b" not in hook.files[LAYOUT.record_path]
+    assert json.loads(hook.files[LAYOUT.record_path])["job_id"] == FIRST
+
+
+@pytest.mark.parametrize(
+    ("text", "max_bytes", "expected"),
+    [
+        pytest.param("abcdef", 4, "cdef", id="last-bytes"),
+        pytest.param("abc", 10, "abc", id="short-log"),
+        pytest.param(None, 10, "", id="missing"),
+        pytest.param("x secret-value y", 100, "x *** y", id="redacted"),
+    ],
+)
+def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
+    hook = FakeHook()
+    if text is not None:
+        hook.files["/l/main.out"] = text
+
+    assert JobLifecycle(hook).log_tail("/l/main.out", max_bytes, secrets=["secret-value"]) == expected
