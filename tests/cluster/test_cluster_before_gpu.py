@@ -200,7 +200,8 @@ def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results_dir} is writable",
-        "partitions": f"ok: {cluster.gpu_partition}, {cluster.cpu_partition}",
+        "partitions": f"ok: GPU jobs on {cluster.gpu_partition} (max 4 h); conversion on {cluster.cpu_partition} "
+        "(max 168 h)",
         "account": f"ok: {cluster.user} may charge {cluster.account}",
         "enroot": f"ok: enroot 3.4.1 on partition {cluster.cpu_partition}",
         "credentials": "ok: not needed for this image",
