@@ -13,7 +13,9 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -137,6 +139,50 @@ def submit_as_other(
     if rc != 0:
         pytest.fail(f"sbatch as {cluster.other_user} failed: {err.strip()}")
     return out.strip().split(";")[0]
+
+
+# A submit task's try, in its own process, against the fault login sshd (its sbatch submits the held job,
+# then cuts the session before the reply): it stops right before reconciling, to be SIGKILLed there.
+_KILLED_SUBMIT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from clusterkit import submit_op
+from deferral import context
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+def killed_before_reconciling(self, job_name, **kwargs):
+    print("RECONCILING", job_name, flush=True)
+    time.sleep(600)
+
+SlurmHook.reconcile_by_name = killed_before_reconciling
+submit_op(sys.argv[2], sys.argv[5]).execute(context(sys.argv[3], "submit", "r1", try_number=int(sys.argv[4])))
+"""
+
+
+def submit_and_sigkill(cluster: ClusterEnv, image: str, dag: str, *, try_number: int, command: str) -> str:
+    """Run try ``try_number`` of task ``submit`` (run ``r1``) in a child process through the fault sshd and
+    SIGKILL it right after its sbatch, before it could reconcile or release the held job (a worker killed
+    mid-submit); return the job name it submitted under."""
+    env = {**os.environ, "AIRFLOW_CONN_SLURM_DEFAULT": connection_json(cluster, port=cluster.fault_port)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SUBMIT, str(HARNESS.parent), image, dag, str(try_number), command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        output = []
+        for line in child.stdout:  # Airflow logs to stdout too; the child exits only if submit went wrong
+            output.append(line)
+            if line.startswith("RECONCILING "):
+                os.kill(child.pid, signal.SIGKILL)
+                return line.split()[1]
+        pytest.fail(f"try {try_number} ended without reaching the reconcile step:\n" + "".join(output[-20:]))
+    finally:
+        child.kill()
+        child.wait(30)
 
 
 def record_of(ssh_run: SshRun, path: str) -> dict[str, Any]:

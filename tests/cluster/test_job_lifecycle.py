@@ -8,18 +8,13 @@ user ``slurmother`` of the test cluster plays the other people on a shared clust
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
-import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from clusterkit import (
     as_other,
     conn,
-    connection_json,
     dag_id,
     final_state,
     harness,
@@ -31,6 +26,7 @@ from clusterkit import (
     sidecar_mode,
     squeue_field,
     submit,
+    submit_and_sigkill,
     submit_as_other,
     submit_op,
 )
@@ -48,7 +44,6 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -58,25 +53,7 @@ pytestmark = pytest.mark.cluster
 
 __all__ = ["conn", "dag_id", "image", "secret_value"]
 
-HERE = Path(__file__).resolve().parent
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
-
-# Try 2 of the submit task, in its own process, against the fault login sshd (its sbatch submits the
-# held job, then cuts the session before the reply): it stops right before reconciling, to be SIGKILLed.
-CHILD = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-from clusterkit import submit_op
-from deferral import context
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
-
-def killed_before_reconciling(self, job_name, **kwargs):
-    print("RECONCILING", job_name, flush=True)
-    time.sleep(600)
-
-SlurmHook.reconcile_by_name = killed_before_reconciling
-submit_op(sys.argv[2], "sleep 3").execute(context(sys.argv[3], "submit", "r1", try_number=2))
-"""
 
 
 def live_jobs(ssh_run: SshRun, *names: str) -> list[str]:
@@ -87,32 +64,6 @@ def live_jobs(ssh_run: SshRun, *names: str) -> list[str]:
             if squeue_field(ssh_run, slurm_id, "%T") in LIVE:
                 found.append(slurm_id)
     return found
-
-
-def run_try_and_kill_it(cluster: ClusterEnv, image: str, dag: str) -> str:
-    """Run try 2 in a child process and SIGKILL it right after its sbatch; return its job name."""
-    env = {**os.environ, "AIRFLOW_CONN_SLURM_DEFAULT": connection_json(cluster, port=cluster.fault_port)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(HERE), image, dag],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        output = []
-        for line in child.stdout:
-            output.append(line)
-            if line.startswith("RECONCILING "):
-                os.kill(child.pid, signal.SIGKILL)
-                break
-        else:
-            pytest.fail("try 2 ended without reaching the reconcile step:\n" + "".join(output[-20:]))
-    finally:
-        child.kill()
-        child.wait(30)
-    return str(line.split()[1])
 
 
 # ---------------------------------------------------------------------- 1. any try adopts any earlier try
@@ -132,7 +83,7 @@ def test_try_3_adopts_the_job_of_sigkilled_try_2(
         resume(sensor, first_ctx, deferred, run_async(first_event(deferred.trigger)))
     assert record_of(ssh_run, first["record_path"])["terminal_state"] == "ERROR"
 
-    second_name = run_try_and_kill_it(cluster, image, dag_id)
+    second_name = submit_and_sigkill(cluster, image, dag_id, try_number=2, command="sleep 3")
     assert second_name == mint_job_id(dag_id, "submit", "r1", try_number=2)
     (second_id,) = jobs_named(ssh_run, second_name)
     left = squeue_field(ssh_run, second_id, "%T|%r")
@@ -216,32 +167,6 @@ def test_failed_lookups_raise_and_nothing_is_submitted(
 
 
 # ---------------------------------------------------------------------- 4. cancel is recorded
-
-
-def test_user_kill_of_the_deferred_sensor_is_recorded(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
-    """A user marked the deferred sensor failed while the job ran (the triggerer cancels run(), then calls the
-    trigger's on_kill). Expected: the job is cancelled, the record is CANCELED with source "trigger on_kill",
-    the secret sidecar is gone."""
-    ctx = context(dag_id, "submit", "r1")
-    handle = submit(submit_op(image, "sleep 60"), ctx)
-    slurm_id = handle["slurm_job_id"]
-    trigger = defer(sensor_for(handle), ctx).trigger
-    assert isinstance(trigger, SlurmJobTrigger)
-
-    async def mark_failed() -> None:
-        watch = asyncio.ensure_future(first_event(trigger))
-        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
-        watch.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await watch
-        await trigger.on_kill()
-        await trigger.cleanup()
-
-    run_async(mark_failed())
-    assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=30)
-    record = record_of(ssh_run, handle["record_path"])
-    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
-    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
 
 
 def test_user_kill_of_a_poking_sensor_is_recorded(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:

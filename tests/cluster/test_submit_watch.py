@@ -313,6 +313,9 @@ def test_user_kill_of_the_deferred_sensor_cancels_the_job(conn: str, image: str,
 
     run_async(mark_failed())
     assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=30)
+    record = record_of(ssh_run, handle["record_path"])  # the kill is recorded, with who saw it
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
 
 
 def test_triggerer_restart_keeps_the_job_and_a_new_trigger_finishes_it(

@@ -11,10 +11,6 @@ running at the same time keep theirs.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,6 +26,7 @@ from clusterkit import (
     sensor_for,
     squeue_field,
     submit,
+    submit_and_sigkill,
     submit_op,
 )
 from deferral import context, defer, first_event, resume, run_async, wait_until
@@ -166,22 +163,6 @@ def test_first_login_host_down_the_task_runs_through_the_next(
     assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
 
 
-CHILD = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-from clusterkit import submit_op
-from deferral import context
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
-
-def killed_before_reconciling(self, job_name, **kwargs):
-    print("RECONCILING", job_name, flush=True)
-    time.sleep(600)
-
-SlurmHook.reconcile_by_name = killed_before_reconciling
-submit_op(sys.argv[2], "sleep 2").execute(context(sys.argv[3], "submit", "r1"))
-"""
-
-
 def test_submit_task_sigkilled_after_sbatch_then_retried_adopts_the_job(
     conn: str,
     image: str,
@@ -195,28 +176,7 @@ def test_submit_task_sigkilled_after_sbatch_then_retried_adopts_the_job(
     the (held) job and then cuts the session before the reply; the process was SIGKILLed right then, before
     it could reconcile or release the job (a worker killed mid-submit). Try 2 ran normally. Expected: try 2
     submits nothing, adopts that job, releases it, and the task chain ends COMPLETE; one SLURM job."""
-    env = {**os.environ, "AIRFLOW_CONN_SLURM_DEFAULT": connection_json(cluster, port=cluster.fault_port)}
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(HERE.parent), image, dag_id],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert child.stdout is not None
-        output = []
-        for line in child.stdout:  # Airflow logs to stdout too; the child exits only if submit went wrong
-            output.append(line)
-            if line.startswith("RECONCILING "):
-                os.kill(child.pid, signal.SIGKILL)
-                break
-        else:
-            pytest.fail("try 1 ended without reaching the reconcile step:\n" + "".join(output[-20:]))
-    finally:
-        child.kill()
-        child.wait(30)
-    job_name = line.split()[1]
+    job_name = submit_and_sigkill(cluster, image, dag_id, try_number=1, command="sleep 2")
     (slurm_id,) = jobs_named(ssh_run, job_name)
     left = squeue_field(ssh_run, slurm_id, "%T|%r")
     record_property("detail", f"after SIGKILL the job was {left}")
