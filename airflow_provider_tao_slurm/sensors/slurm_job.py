@@ -163,7 +163,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             return False
         event: JobEvent | None = None
         if state is None:
-            self._first_missing = self._first_missing or max(now, _epoch(handle.submitted_at) or now)
+            self._first_missing = self._first_missing or now
             if now - self._first_missing > self.not_found_grace:
                 event = JobEvent(
                     EventStatus.VANISHED,
