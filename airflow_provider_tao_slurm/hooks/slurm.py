@@ -236,10 +236,18 @@ class SlurmHook(BaseHook):
         )
 
     def _settings_without_connection(self) -> ClusterSettings:
-        """Settings from the ``SLURM_*`` variables, for when the Airflow connection does not exist.
+        """Settings from the ``SLURM_*`` variables, for when the default Airflow connection does not exist.
 
-        :raises ConnectionConfigError: when ``SLURM_HOSTNAME`` is not set either.
+        The variables stand in for the default connection only: an explicitly named connection that
+        does not exist is an error (a typo must not silently reach another cluster).
+
+        :raises ConnectionConfigError: for a missing named connection, or when ``SLURM_HOSTNAME`` is not set.
         """
+        if self.slurm_conn_id != self.default_conn_name:
+            raise ConnectionConfigError(
+                f"Airflow connection {self.slurm_conn_id!r} does not exist: create it (type 'tao_slurm') or fix "
+                f"slurm_conn_id; the SLURM_* environment variables stand in for {self.default_conn_name!r} only"
+            )
         if os.environ.get("SLURM_HOSTNAME"):
             return settings_from_env(os.environ)
         raise ConnectionConfigError(

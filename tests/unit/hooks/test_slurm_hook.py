@@ -136,23 +136,35 @@ def test_settings_come_from_the_connection_then_the_environment(
     side: str,
 ) -> None:
     if connection is not None:
-        monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(connection))
+        monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", json.dumps(connection))
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    hook = SlurmHook("unit_slurm")
+    hook = SlurmHook()  # the SLURM_* variables stand in for the default connection only
     got = hook.settings if side == "sync" else asyncio.run(hook.a_settings())
     assert got == expected
 
 
 @pytest.mark.parametrize("side", ["sync", "async"])
 def test_missing_connection_and_environment_says_what_to_create(side: str) -> None:
-    hook = SlurmHook("unit_slurm")
+    hook = SlurmHook()
     with pytest.raises(ConnectionConfigError) as caught:
         _ = hook.settings if side == "sync" else asyncio.run(hook.a_settings())
     assert str(caught.value) == (
-        "no Airflow connection 'unit_slurm' and SLURM_HOSTNAME is not set: create a 'tao_slurm' connection or "
+        "no Airflow connection 'slurm_default' and SLURM_HOSTNAME is not set: create a 'tao_slurm' connection or "
         "export SLURM_HOSTNAME, SLURM_USER and SSH_KEY_PATH"
     )
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_named_connection_that_does_not_exist_never_falls_back_to_the_environment(
+    monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    for name, value in ENVIRONMENT.items():
+        monkeypatch.setenv(name, value)
+    hook = SlurmHook("unit_slurm_typo")
+    with pytest.raises(ConnectionConfigError, match="connection 'unit_slurm_typo' does not exist") as caught:
+        _ = hook.settings if side == "sync" else asyncio.run(hook.a_settings())
+    assert "stand in for 'slurm_default' only" in str(caught.value)
 
 
 def test_invalid_connection_names_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
