@@ -95,6 +95,9 @@ with DAG(
         timeout_hours=0.5,
         network_arch="classification_pyt",
         action="train",
+        # Site options go to #SBATCH lines (qos=, constraint=, reservation=, gpu_type= likewise); the
+        # partition and its time limit come from the connection or the cluster itself.
+        sbatch_options={"comment": "{{ dag.dag_id }}"},
     )
     # [END howto_operator_sbatch_submit]
 
