@@ -17,7 +17,8 @@ The order a GPU cluster needs:
 4. ``submit`` — the training job on 2 nodes, one task per node, ``--wait-all-nodes=1``. Every
    node gets the TAO rendezvous: ``WORLD_SIZE`` (the NODE count), ``NODE_RANK`` (its
    ``SLURM_NODEID``), ``NUM_GPU_PER_NODE``, ``MASTER_ADDR`` (the first host of the job) and
-   ``MASTER_PORT=29500``, plus the probed NCCL settings (``nccl_env``, from the probe's XCom).
+   ``MASTER_PORT`` (29500 on exclusive nodes, else 29500 + job id mod 1000 so jobs sharing a master
+   node never collide), plus the probed NCCL settings (``nccl_env``, from the probe's XCom).
 5. ``wait`` — the sensor waits in the triggerer, settles the job record and checks ``status.json``.
 
 The defaults fit the local test cluster of ``make demo``: the training program is

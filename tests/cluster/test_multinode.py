@@ -310,9 +310,10 @@ def test_multinode_dag_trains_on_both_nodes_with_the_probed_env(dag_run: DagRun,
     seen = sorted(
         (m["host"], m["rank"], m["world"], m["gpus"], m["addr"], m["port"], m["nccl"]) for m in RENDEZVOUS.finditer(log)
     )
+    port = str(29500 + int(handle["slurm_job_id"]) % 1000)  # per job: nodes are shared, so never a fixed 29500
     assert seen == [
-        ("n1", "0", "2", "1", "n1", "29500", "NCCL_P2P_DISABLE=1"),
-        ("n2", "1", "2", "1", "n1", "29500", "NCCL_P2P_DISABLE=1"),
+        ("n1", "0", "2", "1", "n1", port, "NCCL_P2P_DISABLE=1"),
+        ("n2", "1", "2", "1", "n1", port, "NCCL_P2P_DISABLE=1"),
     ]
     script = read_remote(ssh_run, handle["script_path"])
     for line in (
