@@ -207,7 +207,14 @@ def run(stack: Stack) -> Run:
             pytest.fail(f"{DAG_ID} was not parsed within {PARSE_TIMEOUT_S:.0f} s:\n{stack.log.read_text()[-4000:]}")
         time.sleep(0.5)
     stack.client.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
-    posted = stack.client.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {}})
+    # Epochs of 4 s: the job runs long enough for the triggerer (which picks the trigger up a few seconds
+    # after the deferral) to see it RUNNING, as a user watching a real training would.
+    command = (
+        "python3 /srv/lustre/demo/tao_like_train.py --spec {config_path} --results {results_dir} --epoch-seconds 4"
+    )
+    posted = stack.client.post(
+        f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {"command": command}}
+    )
     posted.raise_for_status()
     run_id = posted.json()["dag_run_id"]
     path = f"/api/v2/dags/{DAG_ID}/dagRuns/{url_quote(run_id, safe='')}"
