@@ -29,11 +29,7 @@ A real run uses NCCL when torch sees a GPU and gloo otherwise, all-reduces ``ran
 process, checks that the sum is ``W * (W + 1) / 2``, and rank 0 prints
 ``TAO_NCCL_PROBE_OK world=W ...``. Exit status: 0 success; 2 setup error (bad rendezvous
 environment, no torch: other NCCL settings cannot help); 3 the collective failed or summed wrong.
-
-Test hook, inert unless the cluster sets it: when ``TAO_SLURM_TEST_FAULT`` is
-``nccl_hang_unless_p2p_disable`` and ``NCCL_P2P_DISABLE`` is not ``1``, rank 0 stays out of the
-all-reduce, so the other ranks hang in it, as with a broken NCCL peer-to-peer path. Only the local
-test cluster's TaskProlog exports that variable (while its fault switch is on).
+A collective that hangs is stopped by the job's own time limit (the operator's probe timeout).
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
@@ -51,8 +46,6 @@ SETUP_ERROR_MARKER = "TAO_NCCL_PROBE_SETUP_ERROR"
 FAILED_MARKER = "TAO_NCCL_PROBE_FAILED"
 SETUP_ERROR_EXIT = 2
 COLLECTIVE_FAILED_EXIT = 3
-TEST_FAULT_VAR = "TAO_SLURM_TEST_FAULT"
-HANG_UNLESS_P2P_DISABLE = "nccl_hang_unless_p2p_disable"
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 #: torchrun sets this in every worker it starts.
@@ -146,11 +139,6 @@ def expected_sum(world_size: int) -> int:
     return world_size * (world_size + 1) // 2
 
 
-def hang_requested(env: Mapping[str, str]) -> bool:
-    """True when the test cluster's fault switch asks for a hang (see the module docstring)."""
-    return env.get(TEST_FAULT_VAR) == HANG_UNLESS_P2P_DISABLE and env.get("NCCL_P2P_DISABLE") != "1"
-
-
 def shown_env(env: Mapping[str, str]) -> dict[str, str]:
     """The NCCL and gloo settings in ``env`` (never anything else: no secrets in the log)."""
     return {name: env[name] for name in sorted(env) if name.startswith(SHOWN_PREFIXES)}
@@ -158,7 +146,7 @@ def shown_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def describe(config: Rendezvous, env: Mapping[str, str]) -> dict[str, object]:
     """The configuration the dry run prints."""
-    return {**asdict(config), "settings": shown_env(env), "test_fault_hang": hang_requested(env)}
+    return {**asdict(config), "settings": shown_env(env)}
 
 
 def _say(*parts: object) -> None:
@@ -188,10 +176,6 @@ def run_probe(config: Rendezvous, env: Mapping[str, str]) -> int:
     )
     try:
         dist.init_process_group(backend, init_method="env://", rank=config.rank, world_size=config.world_size)
-        if hang_requested(env) and config.rank == 0:
-            _say(f"TAO_NCCL_PROBE: test fault {HANG_UNLESS_P2P_DISABLE}: rank 0 stays out of the all-reduce")
-            while True:
-                time.sleep(60)
         value = torch.tensor([float(config.rank + 1)], device=device)
         dist.all_reduce(value)
         total = round(value.item())

@@ -52,7 +52,11 @@ class ClusterEnv:
     cluster_name: str
     account: str
     gpu_partition: str
+    long_partition: str
     cpu_partition: str
+    qos: str
+    node_features: dict[str, list[str]]
+    gpu_types: dict[str, str]
     nodes: tuple[str, ...]
     gpus_per_node: int
     state_dir: str

@@ -17,17 +17,21 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
 127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
-four fake GPUs (char devices, GRES); partitions ``polar`` (default, 4 h) and ``cpu_long`` (7 days);
-account ``gpu_proj`` with two users: ``slurmuser`` (the provider's) and ``slurmother`` (another person on
+four fake GPUs (char devices, typed GRES: ``a100`` on n1, ``h100`` on n2) and node features (n1
+``a100,ib``, n2 ``h100,ib``); partitions ``polar`` (default, 4 h), ``polar_long`` (48 h, same nodes) and
+``cpu_long`` (7 days); a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
+may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (another person on
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
 then cuts the connection before the reply. ``/usr/local/bin/enroot`` and the SPANK plugin
 ``fakepyxis.so`` stand in for Enroot and Pyxis (see those files). Jobs get CPU PyTorch from the venv
-``/opt/tao-slurm/venv`` (the Pyxis stand-in runs commands on the host). Test-only fault switch: while
-``/srv/lustre/.harness/faults`` lists ``nccl_hang_unless_p2p_disable``, the TaskProlog exports
-``TAO_SLURM_TEST_FAULT=nccl_hang_unless_p2p_disable`` to every task, and the provider's NCCL probe
-then hangs unless ``NCCL_P2P_DISABLE=1``.
+``/opt/tao-slurm/venv`` (the Pyxis stand-in runs commands on the host). Fault switch, all on the
+cluster's side (the provider ships no test hook): while ``/srv/lustre/.harness/faults`` lists
+``nccl_hang_unless_p2p_disable``, the TaskProlog exports ``SLURMTEST_FAULT=nccl_hang_unless_p2p_disable``
+to every task, and the torch venv's ``slurmtest_faults`` start-up hook (see ``torch_faults.py``) then
+keeps global rank 0 out of every ``all_reduce`` unless ``NCCL_P2P_DISABLE=1``: the other ranks hang in
+it, as with a broken NCCL peer-to-peer path.
 """
 
 from __future__ import annotations
@@ -94,7 +98,9 @@ ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
 FAULT_SWITCH = SHARED / ".harness" / "faults"
 TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
 TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
+FAULT_VAR = "SLURMTEST_FAULT"
 TORCH_VENV = Path("/opt/tao-slurm/venv")
+TORCH_FAULTS_MODULE = "slurmtest_faults"
 TORCH_REQUIREMENT = "torch==2.13.0"
 
 USER = "slurmuser"
@@ -105,8 +111,13 @@ OTHER_PREFERRED_UID = 1002
 CLUSTER = "mini"
 ACCOUNT = "gpu_proj"
 GPU_PARTITION = "polar"
+LONG_PARTITION = "polar_long"
 CPU_PARTITION = "cpu_long"
+QOS = "long_qos"
 NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832)}
+#: Each node's GPU type (typed GRES) and its features (``--constraint``), as on a mixed site.
+GPU_TYPES = {"n1": "a100", "n2": "h100"}
+NODE_FEATURES = {"n1": ("a100", "ib"), "n2": ("h100", "ib")}
 GPUS_PER_NODE = 4
 GPU_MAJOR = 195
 HOST = "127.0.0.1"
@@ -377,6 +388,17 @@ def ensure_torch_venv() -> None:
     step(f"torch: installed {TORCH_REQUIREMENT} in {TORCH_VENV} ({time.monotonic() - started:.1f} s)")
 
 
+def ensure_torch_faults() -> None:
+    """Install the fault hook into the torch venv: a ``.pth`` line imports ``torch_faults.py`` at start-up.
+
+    The hook does nothing unless the TaskProlog exported :data:`FAULT_VAR` (see the module docstring).
+    """
+    (site_packages,) = (TORCH_VENV / "lib").glob("python3*/site-packages")
+    changed = write_file(site_packages / f"{TORCH_FAULTS_MODULE}.py", (HERE / "torch_faults.py").read_text())
+    changed |= write_file(site_packages / f"{TORCH_FAULTS_MODULE}.pth", f"import {TORCH_FAULTS_MODULE}\n")
+    step(f"torch: fault hook {'installed' if changed else 'present'} in {site_packages}")
+
+
 def ensure_gpu_devices() -> None:
     """Create the fake GPU char devices (major 195, like NVIDIA's) used as GRES files."""
     for index in range(GPUS_PER_NODE):
@@ -464,19 +486,22 @@ def slurm_conf() -> str:
         "GresTypes=gpu",
         *(
             f"NodeName={node} NodeHostname={node} NodeAddr={addr} Port={port} CPUs=8 RealMemory=8192 "
-            f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+            f"Gres=gpu:{GPU_TYPES[node]}:{GPUS_PER_NODE} Features={','.join(NODE_FEATURES[node])} State=UNKNOWN"
             for node, (addr, port) in NODES.items()
         ),
         f"PartitionName={GPU_PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=04:00:00 "
         "DefaultTime=01:00:00 State=UP",
+        f"PartitionName={LONG_PARTITION} Nodes={','.join(NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00 State=UP",
         f"PartitionName={CPU_PARTITION} Nodes={','.join(NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
     ]
     return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
 
 
 def gres_conf() -> str:
-    """Return gres.conf: four file-backed GPUs per node (22.05 drops file-less GPUs)."""
-    return f"AutoDetect=off\nNodeName={','.join(NODES)} Name=gpu File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+    """Return gres.conf: four file-backed GPUs of the node's type per node (22.05 drops file-less GPUs)."""
+    return "AutoDetect=off\n" + "".join(
+        f"NodeName={node} Name=gpu Type={GPU_TYPES[node]} File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES
+    )
 
 
 def slurmdbd_conf() -> str:
@@ -557,16 +582,17 @@ def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = ()) -> str:
 
 
 def task_prolog() -> str:
-    """Return the TaskProlog: the test-only fault switch (prints nothing unless the switch file lists a fault)."""
+    """Return the TaskProlog: the fault switch (prints nothing unless the switch file lists a fault)."""
     return (
         "#!/bin/sh\n"
         "# Written by tests/cluster/harness.py. SLURM runs this before every task, as the job's user, and\n"
-        '# adds each "export NAME=value" line it prints to the task environment. Test-only fault switch:\n'
-        f"# the first known fault word listed in {FAULT_SWITCH} is exported as TAO_SLURM_TEST_FAULT.\n"
+        '# adds each "export NAME=value" line it prints to the task environment. Fault switch: the first\n'
+        f"# known fault word listed in {FAULT_SWITCH} is exported as {FAULT_VAR} (read by the torch venv's\n"
+        f"# {TORCH_FAULTS_MODULE} start-up hook).\n"
         f"[ -r {FAULT_SWITCH} ] || exit 0\n"
         'while read -r word _ || [ -n "$word" ]; do\n'
         '    case "$word" in\n'
-        f'    {"|".join(TEST_FAULTS)}) echo "export TAO_SLURM_TEST_FAULT=$word"; exit 0 ;;\n'
+        f'    {"|".join(TEST_FAULTS)}) echo "export {FAULT_VAR}=$word"; exit 0 ;;\n'
         "    esac\n"
         f"done < {FAULT_SWITCH}\n"
         "exit 0\n"
@@ -983,9 +1009,13 @@ def ensure_accounting() -> None:
             ]
         )  # fmt: skip
         added.append(f"account {ACCOUNT}")
-    associations = sacctmgr_list("association", f"cluster={CLUSTER}", "format=account,user")
+    if [QOS] not in sacctmgr_list("qos", "format=name"):
+        run(["sacctmgr", "-i", "add", "qos", QOS, "Description=longer GPU jobs"])
+        added.append(f"qos {QOS}")
+    associations = sacctmgr_list("association", f"cluster={CLUSTER}", "format=account,user,qos")
     for user in ("root", USER, OTHER_USER):
-        if [ACCOUNT, user] not in associations:
+        row = next((row for row in associations if row[:2] == [ACCOUNT, user]), None)
+        if row is None:
             run(
                 [
                     "sacctmgr", "-i", "add", "user", user, f"Account={ACCOUNT}",
@@ -993,9 +1023,21 @@ def ensure_accounting() -> None:
                 ]
             )  # fmt: skip
             added.append(f"user {user}")
+        if row is None or QOS not in row[2].split(","):
+            run(
+                [
+                    "sacctmgr", "-i", "modify", "user", "where", f"name={user}", f"account={ACCOUNT}",
+                    f"cluster={CLUSTER}", "set", f"QOS+={QOS}",
+                ]
+            )  # fmt: skip
+            added.append(f"qos {QOS} for {user}")
     step(
         "accounting: "
-        + (f"added {', '.join(added)}" if added else f"{CLUSTER}/{ACCOUNT}/root,{USER},{OTHER_USER} present")
+        + (
+            f"added {', '.join(added)}"
+            if added
+            else f"{CLUSTER}/{ACCOUNT}/root,{USER},{OTHER_USER} with QOS {QOS} present"
+        )
     )
 
 
@@ -1114,7 +1156,11 @@ def cluster_env() -> dict[str, object]:
         "cluster_name": CLUSTER,
         "account": ACCOUNT,
         "gpu_partition": GPU_PARTITION,
+        "long_partition": LONG_PARTITION,
         "cpu_partition": CPU_PARTITION,
+        "qos": QOS,
+        "node_features": {node: list(features) for node, features in NODE_FEATURES.items()},
+        "gpu_types": dict(GPU_TYPES),
         "nodes": list(NODES),
         "gpus_per_node": GPUS_PER_NODE,
         "state_dir": str(STATE),
@@ -1148,6 +1194,7 @@ def cmd_up() -> int:
     ensure_layout()
     ensure_hosts()
     ensure_torch_venv()
+    ensure_torch_faults()
     ensure_gpu_devices()
     ensure_munge_key()
     write_configs()

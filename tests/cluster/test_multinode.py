@@ -6,9 +6,10 @@ the way the worker and the triggerer drive it: ``execute()`` raises ``TaskDeferr
 (rebuilt from ``serialize()``) runs on an asyncio loop until its event, which goes to
 ``execute_complete()`` with the deferral's kwargs, until the operator returns.
 
-The hang is real too: the harness's test-only fault switch (``/srv/lustre/.harness/faults``) makes
-the TaskProlog export ``TAO_SLURM_TEST_FAULT=nccl_hang_unless_p2p_disable``, and the probe's rank
-0 then stays out of the all-reduce unless ``NCCL_P2P_DISABLE=1``. The switch is on only inside
+The hang is real too, and injected on the cluster's side (the shipped probe has no test switch): the
+harness's fault switch (``/srv/lustre/.harness/faults``) makes the TaskProlog export
+``SLURMTEST_FAULT=nccl_hang_unless_p2p_disable``, and the torch venv's start-up hook then keeps global
+rank 0 out of every ``all_reduce`` unless ``NCCL_P2P_DISABLE=1``. The switch is on only inside
 :func:`fault_switch`. The probe tests use their own results directory (so their own NCCL cache);
 the DAG test runs ``airflow dags test example_tao_multinode`` like ``make demo``.
 """
@@ -231,7 +232,7 @@ def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
     names = [hung.job_name, passed.job_name]
 
     hung_log = job_log(ssh_run, deferrals[0], results_dir)
-    assert f"test fault {FAULT}: rank 0 stays out of the all-reduce" in hung_log
+    assert f"SLURMTEST fault {FAULT}: rank 0 stays out of the all-reduce" in hung_log
     assert f"TAO_SLURM: program stopped by timeout after {PROBE_TIMEOUT_S} s" in hung_log
     assert "TAO_NCCL_PROBE_OK" not in hung_log
     assert sacct_row(ssh_run, hung.slurm_job_id)["ExitCode"] == "124:0"
