@@ -1,0 +1,192 @@
+"""Right on any site (issue 15), proven on the real test cluster.
+
+The test cluster is set up like a second site: a default 4-hour GPU partition ``polar``, a 48-hour
+partition ``polar_long`` over the same nodes, node features (n1 ``a100,ib``, n2 ``h100,ib``), a QOS
+``long_qos`` and (when the harness could type them) typed GPUs. Nothing in the provider knows any
+of these names: every limit and default is read from the cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from clusterkit import (
+    conn,
+    connection_json,
+    dag_id,
+    image,
+    record_of,
+    remote_text,
+    secret_value,
+    sensor_for,
+    submit,
+    submit_op,
+)
+from deferral import context, defer, first_event, resume, run_async
+
+from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.exceptions import JobFailedError, ResourceError, ValidationError
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+__all__ = ["conn", "dag_id", "image", "secret_value"]
+
+
+def sacct_fields(ssh_run: SshRun, slurm_id: str, fields: str) -> list[str]:
+    """``sacct -X -n -P -o FIELDS`` of one job, split on ``|`` (waits up to 30 s for slurmdbd to have the job)."""
+    command = join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", fields, "--starttime=now-1days"])
+    deadline = time.monotonic() + 30
+    while True:
+        _, out, _ = ssh_run(command)
+        if out.strip() or time.monotonic() > deadline:
+            return out.strip().splitlines()[0].split("|") if out.strip() else []
+        time.sleep(1)
+
+
+def run_to_end(handle: dict[str, Any], ctx: dict[str, Any], **sensor_kwargs: Any) -> Any:
+    """Watch the job with the sensor until it is settled; the sensor's return value."""
+    sensor = sensor_for(handle, **sensor_kwargs)
+    deferred = defer(sensor, ctx)
+    return resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger, 180)))
+
+
+def test_the_partitions_own_limit_is_read_from_the_cluster(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """A 5-hour job on the 4-hour partition, a 10-hour job on the 48-hour partition, a 49-hour one there.
+    Expected: the first and third are refused before anything is staged, naming the partition and its limit
+    (read from sinfo, not built in); the second is submitted with its 10-hour limit."""
+    staged = f"ls {cluster.results_dir}/jobs | grep -c -F -- {dag_id} || true"
+    _, before, _ = ssh_run(staged)
+    with pytest.raises(ResourceError, match=r"partition polar allows at most 4 h, but time_hours=5") as short:
+        submit(submit_op(image, "sleep 1", time_hours=5, timeout_hours=4.5), context(dag_id, "submit", "r1"))
+    assert cluster.long_partition in str(short.value)  # names the partition that would allow it
+    with pytest.raises(ResourceError, match=rf"partition {cluster.long_partition} allows at most 48 h"):
+        submit(
+            submit_op(image, "sleep 1", partition=cluster.long_partition, time_hours=49, timeout_hours=48),
+            context(dag_id, "submit", "r2"),
+        )
+    _, after, _ = ssh_run(staged)
+    assert after == before, "a refused job stages nothing"
+
+    ctx = context(dag_id, "submit", "r3")
+    handle = submit(
+        submit_op(image, "sleep 1", partition=cluster.long_partition, time_hours=10, timeout_hours=9.5), ctx
+    )
+    assert run_to_end(handle, ctx)["terminal_state"] == "COMPLETE"
+    partition, limit = sacct_fields(ssh_run, handle["slurm_job_id"], "Partition,Timelimit")
+    assert (partition, limit) == (cluster.long_partition, "10:00:00")
+
+
+def test_without_a_partition_the_clusters_default_is_used(
+    image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection names no partition and no conversion partition. Expected: the job goes to the cluster's
+    default partition (``polar``, marked ``*`` by sinfo), checked against its 4-hour limit."""
+    conn_json = json.loads(connection_json(cluster))
+    conn_json["extra"].pop("partition", None)
+    conn_json["extra"].pop("conversion_partition", None)
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", json.dumps(conn_json))
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1", secret_env=None), ctx)
+    assert handle["partition"] == cluster.gpu_partition
+    assert sacct_fields(ssh_run, handle["slurm_job_id"], "Partition") == [cluster.gpu_partition]
+    with pytest.raises(ResourceError, match=rf"partition {cluster.gpu_partition} allows at most 4 h"):
+        submit(submit_op(image, "sleep 1", secret_env=None, time_hours=6, timeout_hours=5), context(dag_id, "s", "r2"))
+
+
+def test_site_options_reach_sbatch_and_show_in_accounting(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """A job with the site's QOS on the long partition, a node-feature constraint only n2 has, and free
+    sbatch options (a comment, a mail type). Expected: sacct shows the QOS and partition, the job ran on n2,
+    the comment is the job's, and the #SBATCH lines are in the staged script."""
+    ctx = context(dag_id, "submit", "r1")
+    feature = "h100" if "h100" in cluster.node_features.get("n2", []) else cluster.node_features["n2"][0]
+    op = submit_op(
+        image,
+        "sleep 1",
+        partition=cluster.long_partition,
+        qos=cluster.qos,
+        constraint=feature,
+        time_hours=6,
+        timeout_hours=5.5,
+        sbatch_options={"comment": "run-42", "mail-type": "NONE"},
+        gpu_type=cluster.gpu_types.get("n2") or None,
+    )
+    handle = submit(op, ctx)
+    script = remote_text(ssh_run, handle["script_path"])
+    for line in (f"#SBATCH --qos={cluster.qos}", f"#SBATCH --constraint={feature}", "#SBATCH --comment=run-42"):
+        assert f"{line}\n" in script
+    _, comment, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", handle["slurm_job_id"], "-o", "%k"]))
+    assert comment.strip() in ("run-42", "")  # squeue forgets finished jobs after MinJobAge
+    result = run_to_end(handle, ctx)
+    assert result["terminal_state"] == "COMPLETE"
+    qos, partition, nodes = sacct_fields(ssh_run, handle["slurm_job_id"], "QOS,Partition,NodeList")
+    assert (qos, partition, nodes) == (cluster.qos, cluster.long_partition, "n2")
+
+
+def test_options_the_provider_owns_are_refused_before_anything_is_staged(conn: str, image: str, dag_id: str) -> None:
+    """sbatch_options that would break isolation or accounting, a QOS with a space, a literal secret."""
+    for kwargs, message in (
+        ({"sbatch_options": {"uid": "0"}}, "may not set --uid"),
+        ({"sbatch_options": {"output": "/etc/passwd"}}, "may not set --output"),
+        ({"sbatch_options": {"export": "ALL"}}, "may not set --export"),
+        ({"sbatch_options": {"-J": "x"}}, "not a long option name"),
+        ({"qos": "long qos"}, "no spaces"),
+        ({"secret_env": {"TOKEN": "plain-text-secret"}}, "holds a literal value"),
+        ({"gpus_per_node": 2}, "hangs happen inside a node too"),
+    ):
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            submit(submit_op(image, "sleep 1", **kwargs), context(dag_id, "submit", "r1"))
+
+
+def test_two_multi_node_jobs_sharing_a_master_node_use_different_ports(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    """Two 2-node jobs (one GPU per node, shared nodes) run at the same time, so both have n1 as master.
+    Expected: each binds its own MASTER_PORT (29500 + job id mod 1000), and they differ."""
+    handles = [
+        submit(
+            submit_op(image, "sleep 3", num_nodes=2, nccl_env={}),
+            context(dag_id, "submit", f"r{index}"),
+        )
+        for index in (1, 2)
+    ]
+    ports = []
+    for index, handle in enumerate(handles, start=1):
+        run_to_end(handle, context(dag_id, "submit", f"r{index}"))
+        out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+        found = re.search(r"TAO_SLURM: rendezvous (\S+):(\d+),", out)
+        assert found, out[-2000:]
+        assert int(found.group(2)) == 29500 + int(handle["slurm_job_id"]) % 1000
+        ports.append((found.group(1), int(found.group(2))))
+    assert ports[0][1] != ports[1][1]
+
+
+def test_a_tao_job_is_complete_only_when_status_json_says_success(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    """Two TAO jobs (network_arch classification_pyt) exit 0: one writes status.json SUCCESS, one writes none.
+    Expected: the first is COMPLETE; the second is ERROR (ERR_PROGRAM) saying status.json is missing."""
+    ok_ctx = context(dag_id, "submit", "r1")
+    write_success = (
+        "mkdir -p {results_dir} && "
+        """echo '{"status": "SUCCESS", "message": "done"}' > {results_dir}/status.json"""
+    )
+    ok = submit(submit_op(image, write_success, network_arch="classification_pyt"), ok_ctx)
+    assert run_to_end(ok, ok_ctx)["terminal_state"] == "COMPLETE"
+
+    bad_ctx = context(dag_id, "submit", "r2")
+    bad = submit(submit_op(image, "echo trained", network_arch="classification_pyt"), bad_ctx)
+    with pytest.raises(JobFailedError, match=r"status\.json is missing"):
+        run_to_end(bad, bad_ctx)
+    record = record_of(ssh_run, bad["record_path"])
+    assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_PROGRAM")
