@@ -1,30 +1,38 @@
 """Failure classification: decide from evidence whether a failed job hit the infrastructure or the program.
 
-Infrastructure failures (``ERR_INFRA``) are retryable; program failures (``ERR_PROGRAM``) are not.
-The decision uses the SLURM state first, then the job's log tail, and always keeps the field or log
-line that decided as evidence.
+The seed's table: a job that ended FAILED, BOOT_FAIL, DEADLINE, OUT_OF_MEMORY or NODE_FAIL is
+retried (``retryable``) only when its log tail matches an infrastructure pattern; otherwise it is an
+ERROR that no retry fixes. TIMEOUT is the program's (it ran out of its own wall time). CANCELLED,
+PREEMPTED and REVOKED are CANCELED, not failures: SLURM's own requeue handles preemption (a
+requeued job goes back to PENDING), so :func:`classify` refuses them. The verdict always keeps the
+field or log line that decided as evidence.
 
 Order of the decision:
 
-1. States that decide alone: NODE_FAIL, BOOT_FAIL and PREEMPTED (a requeued job is PENDING, so a
-   job seen PREEMPTED was not requeued) are infrastructure; TIMEOUT, OUT_OF_MEMORY and DEADLINE
-   are program failures.
-2. Hardware evidence anywhere in the tail decides for infrastructure: hardware Xids (48, 63, 64,
-   74, 79, 92, 94, 95), "GPU has fallen off the bus", uncorrectable ECC, a network or NVLink link
-   down, "CUDA driver initialization failed". Its position does not matter: kernel messages are
-   often copied into job logs after the program's own symptoms.
+1. TIMEOUT decides alone: a program failure.
+2. Infrastructure evidence anywhere in the tail decides for infrastructure, retryable: hardware
+   Xids (48, 63, 64, 74, 79, 92, 94, 95), "GPU has fallen off the bus", uncorrectable ECC, a network
+   or NVLink link down, "CUDA driver initialization failed", SLURM's own
+   ``*** JOB n ON node CANCELLED AT ... DUE TO NODE FAILURE ***`` banner, and the kernel's OOM killer
+   reclaiming the node (see below). Its position does not matter: kernel messages are often copied
+   into job logs after the program's own symptoms.
 3. Otherwise the earliest error line decides. NCCL transport errors, "remote process exited or
    there was a network error" and NCCL watchdog timeouts are usually secondary (one rank died and
    the others lost it), so they decide for infrastructure only when no program error comes first.
    A Python traceback counts at its exception line, so a traceback that ends in an NCCL error is
    judged by that error.
-4. No evidence: a program failure, citing State and ExitCode.
+4. No infrastructure evidence: not retryable. NODE_FAIL and BOOT_FAIL keep ``ERR_INFRA`` (the
+   scheduler blames a node) but are not resubmitted on the state alone; OUT_OF_MEMORY and
+   DEADLINE are program failures citing the state; FAILED cites the program line, else its State
+   and ExitCode.
 
-Host-memory kills are program failures: ``slurmstepd: error: Detected 1 oom_kill event`` and the
-kernel's ``Out of memory: Killed process`` mean the job's processes exceeded the memory the job
-asked for (its cgroup limit), like the OUT_OF_MEMORY state; a retry with the same request fails
-the same way. Xid 13, 31 and 43 are usually caused by the application (illegal memory access) and
-are program failures too.
+Host-memory kills of the job are program failures: ``slurmstepd: error: Detected 1 oom_kill
+event``, a cgroup OOM (``constraint=CONSTRAINT_MEMCG``) and the kernel's ``Out of memory: Killed
+process`` of the job's own process mean it exceeded the memory it asked for; a retry with the same
+request fails the same way. The OOM killer reclaiming the *node* is infrastructure: a system-wide
+OOM (``constraint=CONSTRAINT_NONE``) or a kill of a node daemon (slurmd, slurmstepd, sshd, munged,
+systemd): another tenant or the node itself ran out of memory. Xid 13, 31 and 43 are usually caused
+by the application (illegal memory access) and are program failures too.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ class Classification:
 
 
 class _Kind(Enum):
+    #: Node or hardware evidence: decides for infrastructure wherever it appears.
     HARDWARE = "hardware"
     TRANSPORT = "transport"
     PROGRAM = "program"
@@ -107,6 +116,20 @@ _RULES = (
         "InfiniBand or NVLink link down; retryable, exclude the node if it recurs",
     ),
     _Rule(
+        _Kind.HARDWARE,
+        re.compile(r"\*\*\* (?:JOB|STEP) \S+ ON \S+ CANCELLED AT .* DUE TO NODE FAILURE|srun: error: Node failure on "),
+        "SLURM stopped the job because a node failed (NODE FAILURE); retryable, the failed node is excluded",
+    ),
+    _Rule(
+        _Kind.HARDWARE,
+        re.compile(
+            r"constraint=CONSTRAINT_NONE"
+            r"|out of memory: killed process \d+ \((?:slurmd|slurmstepd|sshd|munged|systemd[\w-]*|dbus-daemon)\)",
+            re.IGNORECASE,
+        ),
+        "the kernel's OOM killer reclaimed the node (system-wide out of memory, not the job's own limit); retryable",
+    ),
+    _Rule(
         _Kind.PROGRAM,
         re.compile(_XID + r"(?:13|31|43)\b", re.IGNORECASE),
         "GPU fault most likely caused by the program (Xid 13/31/43: illegal memory access or exception)",
@@ -148,19 +171,22 @@ _TRACEBACK_RULE = _Rule(
 # Rank prefixes added by `srun -l` ("0: ") and torchrun ("[rank0]: ", "[default0]:").
 _RANK_PREFIX = re.compile(r"^(?:\d+:\s?|\[[^\]\s]*\]:\s?)*")
 
-_BY_STATE = {
+#: TIMEOUT decides alone.
+_TIMEOUT = (
+    ErrClass.ERR_PROGRAM,
+    "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
+)
+#: The verdict of a state whose log tail shows no infrastructure evidence (never retryable).
+_WITHOUT_EVIDENCE = {
     "NODE_FAIL": (
         ErrClass.ERR_INFRA,
-        "a node of the allocation failed (NODE_FAIL on {nodes}); retryable, exclude the node if it recurs",
+        "the scheduler reports a failed node (NODE_FAIL on {nodes}) but the log names no infrastructure "
+        "error; not resubmitted: ask the cluster's admins about the node, then rerun",
     ),
     "BOOT_FAIL": (
         ErrClass.ERR_INFRA,
-        "a node failed to boot (BOOT_FAIL on {nodes}); retryable, exclude the node if it recurs",
-    ),
-    "PREEMPTED": (ErrClass.ERR_INFRA, "preempted by a higher-priority job and not requeued (PREEMPTED); retryable"),
-    "TIMEOUT": (
-        ErrClass.ERR_PROGRAM,
-        "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
+        "a node failed to boot (BOOT_FAIL on {nodes}) and the log names no infrastructure error; not "
+        "resubmitted: ask the cluster's admins about the node, then rerun",
     ),
     "OUT_OF_MEMORY": (
         ErrClass.ERR_PROGRAM,
@@ -174,8 +200,8 @@ def _clip(text: str) -> str:
     return text if len(text) <= EVIDENCE_MAX_CHARS else text[: EVIDENCE_MAX_CHARS - 3] + "..."
 
 
-def _verdict(err_class: ErrClass, reason: str, evidence: str) -> Classification:
-    return Classification(err_class, reason, _clip(evidence), err_class is ErrClass.ERR_INFRA)
+def _verdict(err_class: ErrClass, reason: str, evidence: str, *, retryable: bool) -> Classification:
+    return Classification(err_class, reason, _clip(evidence), retryable)
 
 
 def _state_evidence(state: JobState) -> str:
@@ -212,44 +238,48 @@ def _log_hits(lines: list[str]) -> dict[int, _Rule]:
 def classify(state: JobState, log_tail: str = "", max_lines: int = DEFAULT_MAX_LINES) -> Classification:
     """Classify a failed job as an infrastructure or a program failure, with evidence.
 
-    Meant for jobs that ended in ERROR (or COMPLETE with a failed ``status.json``), for PREEMPTED
-    jobs, and for UNKNOWN jobs whose logs are available. See the module docstring for the order
-    of the decision.
+    Meant for jobs that ended in ERROR (or COMPLETE with a failed ``status.json``) and for UNKNOWN
+    jobs whose logs are available. See the module docstring for the seed's table and the order of
+    the decision.
 
     :param state: the job's final state.
     :param log_tail: the end of the job's stdout and stderr; only its last ``max_lines`` lines are read.
     :param max_lines: how many trailing lines to read (at least 1).
     :returns: the verdict; the evidence cites ``State=...`` or ``line <n>: <text>`` (``n`` counts
         from the first line of ``log_tail``), cut to :data:`EVIDENCE_MAX_CHARS` characters.
-    :raises ValidationError: if ``max_lines`` is below 1, or the job is live or was cancelled
-        (neither is a failure to classify).
+    :raises ValidationError: if ``max_lines`` is below 1, or the job is live or was cancelled,
+        preempted or revoked (none is a failure to classify).
     """
     if max_lines < 1:
         raise ValidationError(f"max_lines must be at least 1, got {max_lines}; pass a positive line count")
-    if state.tao_state in (TaoState.PENDING, TaoState.RUNNING) or (
-        state.tao_state is TaoState.CANCELED and state.native != "PREEMPTED"
-    ):
+    if state.tao_state in (TaoState.PENDING, TaoState.RUNNING, TaoState.CANCELED):
         raise ValidationError(
             f"job {state.job_id} is {state.tao_state} (SLURM {state.message}), not a failure; "
             "classify only jobs that ended in an error"
         )
-    if state.native in _BY_STATE:
-        err_class, reason = _BY_STATE[state.native]
-        return _verdict(err_class, reason.format(nodes=state.node_list or "an unknown node"), _state_evidence(state))
+    if state.native == "TIMEOUT":
+        return _verdict(*_TIMEOUT, _state_evidence(state), retryable=False)
 
     all_lines = log_tail.splitlines()
     first_number = max(len(all_lines) - max_lines, 0) + 1
     lines = all_lines[-max_lines:]
     hits = _log_hits(lines)
     hardware = [index for index, rule in hits.items() if rule.kind is _Kind.HARDWARE]
-    if hits:
-        index = min(hardware) if hardware else min(hits)
-        rule = hits[index]
-        err_class = ErrClass.ERR_PROGRAM if rule.kind is _Kind.PROGRAM else ErrClass.ERR_INFRA
-        return _verdict(err_class, rule.reason, f"line {first_number + index}: {lines[index].strip()}")
+    index = (min(hardware) if hardware else min(hits)) if hits else None
+    if index is not None and hits[index].kind is not _Kind.PROGRAM:
+        evidence = f"line {first_number + index}: {lines[index].strip()}"
+        return _verdict(ErrClass.ERR_INFRA, hits[index].reason, evidence, retryable=True)
+    if state.native in _WITHOUT_EVIDENCE:
+        err_class, reason = _WITHOUT_EVIDENCE[state.native]
+        nodes = state.node_list or "an unknown node"
+        return _verdict(err_class, reason.format(nodes=nodes), _state_evidence(state), retryable=False)
+    if index is not None:
+        evidence = f"line {first_number + index}: {lines[index].strip()}"
+        return _verdict(ErrClass.ERR_PROGRAM, hits[index].reason, evidence, retryable=False)
     return _verdict(
         ErrClass.ERR_PROGRAM,
         f"no infrastructure error in the state or the log tail ({state.message}); treated as a program "
         "error: read the job's logs and fix the program or its inputs",
         _state_evidence(state),
+        retryable=False,
     )

@@ -301,8 +301,8 @@ FINDINGS: list[tuple[str, str, str]] = [
     (
         "PREEMPTED (without requeue) ends the task as CANCELED without resubmission, as the design's state table "
         "says, while `core.failures.classify` calls PREEMPTED a retryable ERR_INFRA: the sensor never asks it.",
-        "open: needs a product decision (resubmit preempted jobs like NODE_FAIL, or keep the design table); "
-        "the current behaviour is the design's and is tested",
+        "fixed (issue 15): the seed's table decides; CANCELLED, PREEMPTED and REVOKED are CANCELED and "
+        "`classify` refuses them (SLURM's own requeue handles preemption)",
         f"{SCHED}::test_failure_state_ends_the_task_once[preempted]",
     ),
     (

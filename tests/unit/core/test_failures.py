@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_provider_tao_slurm.core.failures import EVIDENCE_MAX_CHARS, Classification, classify
+from airflow_provider_tao_slurm.core.failures import EVIDENCE_MAX_CHARS, classify
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import ValidationError
 
@@ -385,111 +385,105 @@ def test_reason_names_problem_and_fix(log: str, words: str) -> None:
     assert words in classify(_job(), log).reason
 
 
-# --- decided by state alone ----------------------------------------------------------------------
+# --- the seed's table: the state and the log decide together ---------------------------------------
+
+NODE_FAILURE_BANNER = """\
+Epoch 3:  41%|████      | 164/400 [02:11<03:09,  1.25it/s, loss=0.82]
+slurmstepd: error: *** JOB 4242 ON n2 CANCELLED AT 2026-12-03T06:40:11 DUE TO NODE FAILURE ***
+"""
+NODE_OOM_KILLER = """\
+[Thu Dec  3 06:12:40 2026] oom-kill:constraint=CONSTRAINT_NONE,nodemask=(null),cpuset=/,mems_allowed=0-1,task=slurmd
+[Thu Dec  3 06:12:40 2026] Out of memory: Killed process 2211 (slurmd) total-vm:812340kB, anon-rss:10220kB
+Traceback (most recent call last):
+  File "/opt/tao/train.py", line 180, in main
+RuntimeError: DataLoader worker (pid 9121) is killed by signal: Killed.
+"""
+JOB_OOM_KILLER = """\
+[Thu Dec  3 06:12:40 2026] oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,task=python
+[Thu Dec  3 06:12:40 2026] Memory cgroup out of memory: Killed process 9121 (python) total-vm:9812340kB
+slurmstepd: error: Detected 1 oom_kill event in StepId=4242.batch. Some of the step tasks have been OOM Killed.
+"""
+TIMEOUT_REASON = "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint"
+NO_INFRA = "the log names no infrastructure error; not resubmitted"
 
 
 @pytest.mark.parametrize(
-    ("raw_state", "exit_code", "signal", "log", "expected"),
+    ("raw_state", "signal", "log", "err_class", "retryable", "evidence", "words"),
     [
         pytest.param(
-            "NODE_FAIL",
-            0,
-            0,
-            CUDA_OOM_NEW,
-            Classification(
-                INFRA,
-                "a node of the allocation failed (NODE_FAIL on n1); retryable, exclude the node if it recurs",
-                "State=NODE_FAIL ExitCode=0:0",
-                True,
-            ),
-            id="node-fail-beats-log",
+            "NODE_FAIL", 0, NODE_FAILURE_BANNER, INFRA, True, "line 2: slurmstepd: error: *** JOB 4242 ON n2",
+            "a node failed (NODE FAILURE); retryable", id="node-fail-with-slurm-banner",
         ),
         pytest.param(
-            "BOOT_FAIL",
-            None,
-            None,
-            "",
-            Classification(
-                INFRA,
-                "a node failed to boot (BOOT_FAIL on n1); retryable, exclude the node if it recurs",
-                "State=BOOT_FAIL",
-                True,
-            ),
-            id="boot-fail",
+            "NODE_FAIL", 0, CUDA_OOM_NEW, INFRA, False, "State=NODE_FAIL ExitCode=0:0",
+            f"failed node (NODE_FAIL on n1) but {NO_INFRA}", id="node-fail-program-log-not-retried",
         ),
         pytest.param(
-            "PREEMPTED",
-            0,
-            15,
-            "",
-            Classification(
-                INFRA,
-                "preempted by a higher-priority job and not requeued (PREEMPTED); retryable",
-                "State=PREEMPTED ExitCode=0:15",
-                True,
-            ),
-            id="preempted-not-requeued",
+            "NODE_FAIL", 0, "", INFRA, False, "State=NODE_FAIL ExitCode=0:0", NO_INFRA, id="node-fail-no-log",
         ),
         pytest.param(
-            "TIMEOUT",
-            0,
-            15,
-            WATCHDOG_ONLY,
-            Classification(
-                PROGRAM,
-                "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
-                "State=TIMEOUT ExitCode=0:15",
-                False,
-            ),
-            id="timeout-beats-log",
+            "BOOT_FAIL", 0, "", INFRA, False, "State=BOOT_FAIL", f"(BOOT_FAIL on n1) and {NO_INFRA}",
+            id="boot-fail-no-log",
         ),
         pytest.param(
-            "OUT_OF_MEMORY",
-            0,
-            125,
-            XID79_AFTER_CUDA_ERROR,
-            Classification(
-                PROGRAM,
-                "host memory limit exceeded (OUT_OF_MEMORY): request more memory or reduce memory use",
-                "State=OUT_OF_MEMORY ExitCode=0:125",
-                False,
-            ),
-            id="out-of-memory",
+            "BOOT_FAIL", 0, DRIVER_INIT_FAILED, INFRA, True, "line", "CUDA driver initialization failed",
+            id="boot-fail-driver",
         ),
         pytest.param(
-            "DEADLINE",
-            0,
-            0,
-            "",
-            Classification(
-                PROGRAM,
-                "the job's --deadline passed before it finished (DEADLINE)",
-                "State=DEADLINE ExitCode=0:0",
-                False,
-            ),
-            id="deadline",
+            "TIMEOUT", 15, WATCHDOG_ONLY, PROGRAM, False, "State=TIMEOUT ExitCode=0:15", TIMEOUT_REASON,
+            id="timeout-decides-alone",
         ),
         pytest.param(
-            "FAILED",
-            3,
-            0,
-            "",
-            Classification(
-                PROGRAM,
-                "no infrastructure error in the state or the log tail (FAILED); "
-                "treated as a program error: read the job's logs and fix the program "
-                "or its inputs",
-                "State=FAILED ExitCode=3:0",
-                False,
-            ),
-            id="plain-failed",
+            "OUT_OF_MEMORY", 125, XID79_AFTER_CUDA_ERROR, INFRA, True, "line", "GPU hardware fault",
+            id="out-of-memory-with-xid79",
+        ),
+        pytest.param(
+            "OUT_OF_MEMORY", 125, NODE_OOM_KILLER, INFRA, True, "line 1: [Thu Dec  3 06:12:40 2026] oom-kill:",
+            "OOM killer reclaimed the node", id="out-of-memory-node-reclaimed",
+        ),
+        pytest.param(
+            "OUT_OF_MEMORY", 125, JOB_OOM_KILLER, PROGRAM, False, "State=OUT_OF_MEMORY ExitCode=0:125",
+            "host memory limit exceeded (OUT_OF_MEMORY)", id="out-of-memory-own-limit",
+        ),
+        pytest.param(
+            "OUT_OF_MEMORY", 125, "", PROGRAM, False, "State=OUT_OF_MEMORY ExitCode=0:125",
+            "request more memory", id="out-of-memory-no-log",
+        ),
+        pytest.param(
+            "DEADLINE", 0, "", PROGRAM, False, "State=DEADLINE ExitCode=0:0", "--deadline passed",
+            id="deadline-no-log",
+        ),
+        pytest.param(
+            "DEADLINE", 0, NCCL_IB_ERROR_12, INFRA, True, "line", "InfiniBand transport error", id="deadline-ib",
+        ),
+        pytest.param(
+            "FAILED", 0, NODE_OOM_KILLER, INFRA, True, "line 1:", "OOM killer reclaimed the node",
+            id="failed-node-reclaimed-beats-later-traceback",
+        ),
+        pytest.param(
+            "FAILED", 0, JOB_OOM_KILLER, PROGRAM, False, "line 1:", "host memory exhausted (OOM killer)",
+            id="failed-own-oom",
+        ),
+        pytest.param(
+            "FAILED", 0, "", PROGRAM, False, "State=FAILED ExitCode=1:0",
+            "no infrastructure error in the state or the log tail (FAILED)", id="plain-failed",
         ),
     ],
-)
-def test_classify_by_state(
-    raw_state: str, exit_code: int | None, signal: int | None, log: str, expected: Classification
+)  # fmt: skip
+def test_classify_follows_the_seeds_table(
+    raw_state: str,
+    signal: int,
+    log: str,
+    err_class: ErrClass,
+    retryable: bool,
+    evidence: str,
+    words: str,
 ) -> None:
-    assert classify(_job(raw_state, exit_code, signal), log) == expected
+    exit_code = 1 if raw_state == "FAILED" else 0
+    verdict = classify(_job(raw_state, None if raw_state == "BOOT_FAIL" else exit_code, signal), log)
+    assert (verdict.err_class, verdict.retryable) == (err_class, retryable)
+    assert verdict.evidence.startswith(evidence), verdict.evidence
+    assert words in verdict.reason, verdict.reason
 
 
 def test_node_fail_without_node_list() -> None:
@@ -505,6 +499,7 @@ def test_node_fail_without_node_list() -> None:
         pytest.param("SUSPENDED", id="suspended"),
         pytest.param("CANCELLED by 1001", id="cancelled-by-user"),
         pytest.param("REVOKED", id="revoked"),
+        pytest.param("PREEMPTED", id="preempted"),
     ],
 )
 def test_classify_refuses_live_or_cancelled_jobs(raw_state: str) -> None:

@@ -146,6 +146,14 @@ def terminal(native: str, *, exit_code: int = 0, node_list: str | None = "n2", *
     }
 
 
+def node_failed(hook: FakeHook, node: str = "n2") -> None:
+    """Put SLURM's own node-failure banner (as slurmstepd writes it) in the first job's main.err."""
+    hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = (
+        f"srun: error: Node failure on {node}\nslurmstepd-{node}: error: *** JOB {SLURM_ID} ON {node} CANCELLED AT "
+        "2026-12-03T06:11:25 DUE TO NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n"
+    )
+
+
 def complete(sensor: SlurmJobSensor, event: Any, handle: dict[str, Any] | None = None) -> Any:
     return sensor.execute_complete(CTX, event=event, job=handle or make_handle())
 
@@ -346,6 +354,7 @@ def test_non_deferrable_on_kill_cancels_records_and_removes_the_sidecar() -> Non
 
 def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() -> None:
     hook = FakeHook()
+    node_failed(hook)
     handle = make_handle(num_nodes=2, partition="polar")
 
     with pytest.raises(JobFailedError, match=r"only 1 node\(s\) \(n1\) for a 2-node job, which could never start"):
@@ -377,6 +386,7 @@ def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it
 
 def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
     hook = FakeHook()
+    node_failed(hook)
     sensor = sensor_with(hook)
 
     with pytest.raises(TaskDeferred) as deferred:
@@ -403,6 +413,18 @@ def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
     assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands
 
 
+def test_a_node_failure_the_log_does_not_confirm_is_not_resubmitted() -> None:
+    hook = FakeHook()
+    hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = "Traceback (most recent call last):\nValueError: bad\n"
+
+    with pytest.raises(JobFailedError, match=r"NODE_FAIL on n2\) but the log names no infrastructure error") as failed:
+        complete(sensor_with(hook), terminal("NODE_FAIL", node_list="n2"))
+
+    assert failed.value.err_class == "ERR_INFRA"
+    assert hook.submits == []
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
+
+
 def test_hardware_evidence_in_the_log_is_an_infrastructure_failure() -> None:
     hook = FakeHook()
     hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = (
@@ -417,6 +439,7 @@ def test_hardware_evidence_in_the_log_is_an_infrastructure_failure() -> None:
 
 def test_a_retried_sensor_adopts_the_job_an_earlier_try_resubmitted() -> None:
     hook = FakeHook()
+    node_failed(hook)
     with pytest.raises(TaskDeferred):
         complete(sensor_with(hook), terminal("NODE_FAIL"))
     old_record = hook.files[LAYOUT.record_path]
@@ -434,6 +457,7 @@ def test_a_retried_sensor_adopts_the_job_an_earlier_try_resubmitted() -> None:
 
 def test_two_resubmitted_jobs_of_one_name_stop_the_sensor() -> None:
     hook = FakeHook()
+    node_failed(hook)
     hook.found = ["501", "502"]
 
     with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
@@ -455,6 +479,7 @@ def test_infra_retries_are_bounded() -> None:
 
 def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
     hook = FakeHook()
+    node_failed(hook)
     hook.submit_error = SubmissionError("Requested node configuration is not available", rc=1)
 
     with pytest.raises(JobFailedError, match=r"resubmission .* was refused .*excluded nodes \(n1,n2\)") as failed:
@@ -595,6 +620,7 @@ def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch
 
 def test_poke_resubmission_watches_the_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = FakeHook()
+    node_failed(hook)
     failed = native("NODE_FAIL", "sacct", exit_code=0, signal=0, node_list="n2")
     sensor = poking(hook, [failed, native("RUNNING")], monkeypatch)
 
