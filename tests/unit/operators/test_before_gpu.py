@@ -659,7 +659,7 @@ def test_import_waits_for_a_lock_being_submitted_then_breaks_it(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     image = "nvcr.io/nvidia/app:4"
-    lock = _hold_lock(cached(cluster, image), OTHER, None, age=conversion.LOCK_SUBMIT_GRACE_S - 1)
+    lock = _hold_lock(cached(cluster, image), OTHER, None, age=conversion.LOCK_SUBMIT_GRACE_S - 30)
     sleeps: list[float] = []
 
     def sleep(seconds: float) -> None:
