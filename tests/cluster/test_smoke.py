@@ -125,11 +125,33 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
         return seen
 
     idle = dict.fromkeys(cluster.nodes, "idle")
-    wanted = {f"{cluster.gpu_partition}*": idle, cluster.cpu_partition: idle}
+    wanted = {f"{cluster.gpu_partition}*": idle, cluster.long_partition: idle, cluster.cpu_partition: idle}
     deadline = time.monotonic() + 20  # a job of an earlier run may still be finishing
     while (seen := partitions()) != wanted and time.monotonic() < deadline:
         time.sleep(0.5)
     assert seen == wanted
+
+
+def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: ClusterEnv, ssh_run: SshRun) -> None:
+    """The cluster looks like another site: each partition's MaxTime, node features, GPU types, the QOS."""
+    rc, out, err = ssh_run("sinfo -h -o '%P %l'")
+    assert rc == 0, err
+    limits = dict(line.split() for line in out.splitlines())
+    assert limits == {
+        f"{cluster.gpu_partition}*": "4:00:00",
+        cluster.long_partition: "2-00:00:00",
+        cluster.cpu_partition: "7-00:00:00",
+    }
+    rc, out, err = ssh_run("sinfo -h -N -p " + cluster.gpu_partition + " -o '%N %f %G'")
+    assert rc == 0, err
+    nodes = {node: (features, gres) for node, features, gres in (line.split() for line in out.splitlines())}
+    assert nodes == {
+        node: (",".join(cluster.node_features[node]), f"gpu:{cluster.gpu_types[node]}:{cluster.gpus_per_node}")
+        for node in cluster.nodes
+    }
+    rc, out, err = ssh_run(f"sacctmgr -n -P show assoc where user={cluster.user} format=qos")
+    assert rc == 0, err
+    assert cluster.qos in out.strip().split(",")
 
 
 def test_gpu_batch_job_completes_with_a_gpu(ssh_run: SshRun, gpu_job: FinishedJob) -> None:
