@@ -331,6 +331,24 @@ def test_first_import_converts_on_the_cpu_partition_and_the_second_reuses(
     assert len(imports_of(cluster, image)) == 1, "the second run submitted nothing"
 
 
+def test_the_conversion_job_carries_the_site_options(cluster: ClusterEnv, ssh_run: SshRun) -> None:
+    """The site's QOS and a node-feature constraint reach the conversion job (sacct shows them)."""
+    image = image_name("site-options")
+    feature = cluster.node_features["n1"][0]
+    importer(cluster, image, deferrable=False, qos=cluster.qos, constraint=feature).execute({})
+    (row,) = imports_of(cluster, image)
+    job_id = row[2]
+    fields = wait_until(
+        lambda: (
+            (out := ssh_run(f"sacct -j {job_id} -X -n -P -o QOS,Partition,NodeList,State")[1])
+            and out.strip().endswith("|COMPLETED")
+            and out.strip()
+        ),
+        f"accounting row of job {job_id}",
+    )
+    assert fields == f"{cluster.qos}|{cluster.cpu_partition}|n1|COMPLETED"
+
+
 def test_a_truncated_file_at_the_target_is_replaced(cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer) -> None:
     image = image_name("damaged-target")
     target = target_of(cluster, image)

@@ -83,8 +83,8 @@ def drive(op: NcclProbeOperator, ctx: dict[str, Any]) -> tuple[dict[str, str], l
 
 
 def sacct_row(ssh_run: SshRun, slurm_id: str) -> dict[str, str]:
-    """``sacct -X`` State, ExitCode and NodeList of one job (waits for accounting to have it)."""
-    fields = ("State", "ExitCode", "NodeList", "AllocTRES")
+    """``sacct -X`` State, ExitCode, NodeList, AllocTRES and QOS of one job (waits for accounting to have it)."""
+    fields = ("State", "ExitCode", "NodeList", "AllocTRES", "QOS")
     deadline = time.monotonic() + 30
     while True:
         _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", ",".join(fields)]))
@@ -202,16 +202,31 @@ def test_probe_all_reduces_across_both_nodes_with_gloo(
     assert (cache["env"], cache["slurm_job_id"]) == ({}, deferrals[0].trigger.slurm_job_id)
 
 
-def test_single_node_probe_with_two_gpus(
+def test_single_node_probe_with_two_gpus_and_site_options(
     ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
-    op = probe_op(image, cluster_json, probe_conn, nodes=1, gpus_per_node=2, timeout_seconds=60, force=True)
+    """One node, two GPUs, with the site's QOS and a constraint plus GPU type only n2 has."""
+    op = probe_op(
+        image,
+        cluster_json,
+        probe_conn,
+        nodes=1,
+        gpus_per_node=2,
+        timeout_seconds=60,
+        force=True,
+        qos=cluster_json["qos"],
+        constraint=cluster_json["node_features"]["n2"][0],
+        gpu_type=cluster_json["gpu_types"]["n2"],
+    )
     env, deferrals = drive(op, context(f"nccl{TOKEN}-1x2", "run1"))
     assert (env, len(deferrals)) == ({}, 1)
     log = job_log(ssh_run, deferrals[0], results_dir)
     ranks = sorted(re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node 0/1 local (\d)/2 host (\S+) backend gloo", log, re.M))
     assert [(rank, local) for rank, local, _ in ranks] == [("0", "0"), ("1", "1")]
-    assert len({host for _, _, host in ranks}) == 1
+    assert {host for _, _, host in ranks} == {"n2"}
+    row = sacct_row(ssh_run, deferrals[0].trigger.slurm_job_id)
+    assert (row["QOS"], row["NodeList"]) == (cluster_json["qos"], "n2")
+    assert f"gres/gpu:{cluster_json['gpu_types']['n2']}=2" in row["AllocTRES"] or "gres/gpu=2" in row["AllocTRES"]
     assert "TAO_NCCL_PROBE_OK world=2 nodes=1 gpus_per_node=2 backend=gloo sum=3" in log
     cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.single-node.json"))
     assert (cache["env"], cache["nodes"], cache["gpus_per_node"]) == ({}, 1, 2)

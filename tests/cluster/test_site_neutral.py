@@ -2,14 +2,16 @@
 
 The test cluster is set up like a second site: a default 4-hour GPU partition ``polar``, a 48-hour
 partition ``polar_long`` over the same nodes, node features (n1 ``a100,ib``, n2 ``h100,ib``), a QOS
-``long_qos`` and (when the harness could type them) typed GPUs. Nothing in the provider knows any
-of these names: every limit and default is read from the cluster.
+``long_qos``, typed GPUs (n1 ``a100``, n2 ``h100``), and reservations the tests make as an admin
+would. Nothing in the provider knows any of these names: every limit and default is read from the
+cluster.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -40,13 +42,14 @@ __all__ = ["conn", "dag_id", "image", "secret_value"]
 
 
 def sacct_fields(ssh_run: SshRun, slurm_id: str, fields: str) -> list[str]:
-    """``sacct -X -n -P -o FIELDS`` of one job, split on ``|`` (waits up to 30 s for slurmdbd to have the job)."""
+    """``sacct -X -n -P -o FIELDS`` of one job, split on ``|`` (waits up to 30 s for a complete row)."""
     command = join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", fields, "--starttime=now-1days"])
     deadline = time.monotonic() + 30
-    while True:
+    while True:  # right after a short job sacct may still show a placeholder row (no partition, QOS Unknown)
         _, out, _ = ssh_run(command)
-        if out.strip() or time.monotonic() > deadline:
-            return out.strip().splitlines()[0].split("|") if out.strip() else []
+        row = out.strip().splitlines()[0].split("|") if out.strip() else []
+        if (row and "" not in row and "Unknown" not in row) or time.monotonic() > deadline:
+            return row
         time.sleep(1)
 
 
@@ -190,3 +193,38 @@ def test_a_tao_job_is_complete_only_when_status_json_says_success(
         run_to_end(bad, bad_ctx)
     record = record_of(ssh_run, bad["record_path"])
     assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_PROGRAM")
+
+
+def test_a_reservation_reaches_the_job(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """An admin reserved n2 for the cluster user (created here as root, as a site admin would). Expected: the
+    job asks for it with ``#SBATCH --reservation``, runs inside it on n2, and sacct names the reservation."""
+    name = f"rl_{dag_id[-10:]}"
+    create = [
+        "scontrol", "create", "reservation", f"ReservationName={name}", f"Users={cluster.user}",
+        "Nodes=n2", "StartTime=now", "Duration=00:10:00", "Flags=IGNORE_JOBS",
+    ]  # fmt: skip
+    subprocess.run(create, check=True, capture_output=True, text=True, timeout=30)
+    try:
+        ctx = context(dag_id, "submit", "r1")
+        handle = submit(submit_op(image, "sleep 1", reservation=name), ctx)
+        assert f"#SBATCH --reservation={name}\n" in remote_text(ssh_run, handle["script_path"])
+        assert run_to_end(handle, ctx)["terminal_state"] == "COMPLETE"
+        reservation, nodes = sacct_fields(ssh_run, handle["slurm_job_id"], "Reservation,NodeList")
+        assert (reservation, nodes) == (name, "n2")
+    finally:
+        subprocess.run(["scontrol", "delete", f"ReservationName={name}"], check=False, timeout=30)
+
+
+def test_total_gpus_derives_the_layout(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+    """``total_gpus=2`` with the layout parameters left at the operator's defaults (NCCL environment given).
+    Expected: the core's TAO rule (up to 8 GPUs on one node) makes it one node with two GPUs, not the default
+    four; accounting shows two GPUs on one node."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1", gpus_per_node=4, total_gpus=2, nccl_env={}), ctx)
+    assert "#SBATCH --gres=gpu:2\n" in remote_text(ssh_run, handle["script_path"])
+    assert run_to_end(handle, ctx)["terminal_state"] == "COMPLETE"
+    nnodes, tres = sacct_fields(ssh_run, handle["slurm_job_id"], "NNodes,AllocTRES")
+    assert nnodes == "1"
+    assert "gres/gpu=2" in tres.split(","), tres
