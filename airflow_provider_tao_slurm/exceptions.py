@@ -1,14 +1,28 @@
 """Typed exceptions of the provider, all in one module.
 
 Every message says what failed and what to do about it, and never contains a secret value.
-This module imports nothing from Airflow so that the pure ``core`` layer can raise these too;
-Airflow treats any exception raised from ``execute()`` as a task failure.
+The pure ``core`` layer raises these too; the only thing taken from Airflow is the
+:class:`~airflow.sdk.exceptions.AirflowFailException` base of the errors that retrying cannot fix.
+
+Which errors burn a retry:
+
+- **Fail at once, no retry** (subclasses of ``AirflowFailException``): bad input and refused limits
+  (:class:`ValidationError` and its subclasses, among them a multi-node job without its NCCL probe
+  result and bad connection settings, :class:`ConnectionConfigError`), :class:`TemplateRenderError`,
+  :class:`SecretLeakError`, an unknown or changed host key (:class:`HostKeyError`), refused
+  credentials (:class:`SlurmAuthenticationError`) and duplicate jobs that need a person
+  (:class:`AmbiguousSubmissionError`).
+- **Retryable** (Airflow's ``retries`` apply): everything else, e.g. no login host reachable,
+  a dropped connection, the controller or accounting down (:class:`JobLookupError`), ``sbatch``
+  refusing a job (often transient: "Socket timed out"), a failed job, a failed conversion.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
 
 
 class TaoSlurmError(Exception):
@@ -18,7 +32,7 @@ class TaoSlurmError(Exception):
 # --- bad input: raised before anything reaches the cluster -------------------------------------
 
 
-class ValidationError(TaoSlurmError, ValueError):
+class ValidationError(TaoSlurmError, ValueError, AirflowFailException):
     """A user-supplied value is invalid. The message names the parameter and the fix."""
 
 
@@ -34,11 +48,11 @@ class ResourceError(ValidationError):
     """A resource request (GPUs, nodes, CPUs, time) is impossible or over a limit."""
 
 
-class TemplateRenderError(TaoSlurmError):
+class TemplateRenderError(TaoSlurmError, AirflowFailException):
     """An sbatch template could not be rendered (unknown or leftover placeholder)."""
 
 
-class SecretLeakError(TaoSlurmError):
+class SecretLeakError(TaoSlurmError, AirflowFailException):
     """Literal credential material was found where it must never be written.
 
     :param findings: ``(line_number, name)`` pairs; names only, never values.
@@ -71,11 +85,11 @@ class SlurmConnectionError(TaoSlurmError):
         self.failures = list(failures)
 
 
-class SlurmAuthenticationError(SlurmConnectionError):
+class SlurmAuthenticationError(SlurmConnectionError, AirflowFailException):
     """The login host refused our credentials."""
 
 
-class HostKeyError(SlurmConnectionError):
+class HostKeyError(SlurmConnectionError, AirflowFailException):
     """The login host's key is unknown or changed; host keys are verified by default."""
 
 
@@ -129,7 +143,7 @@ class SubmissionError(RemoteCommandError):
     """``sbatch`` refused the job (bad partition, account, time limit, ...)."""
 
 
-class AmbiguousSubmissionError(TaoSlurmError):
+class AmbiguousSubmissionError(TaoSlurmError, AirflowFailException):
     """After an unclear ``sbatch`` reply, more than one job carries our exact job name."""
 
     def __init__(self, message: str, job_ids: Sequence[str] = ()) -> None:
