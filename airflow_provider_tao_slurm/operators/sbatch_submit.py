@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -9,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import yaml
 
 from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
@@ -85,7 +87,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :param partition: GPU partition(s); default from the connection.
     :param account: SLURM account; default from the connection.
     :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection.
-    :param spec: TAO spec (dict or YAML text), staged as ``specs/spec.yaml`` (``{config_path}``).
+    :param spec: TAO spec, staged as ``specs/spec.yaml`` (``{config_path}``): a dict, YAML text, or the
+        name of a ``.yaml``/``.yml`` file next to the DAG file (or in the DAG's ``template_searchpath``),
+        which Airflow reads and renders with Jinja like any templated file (``template_ext``).
     :param env: non-secret environment for the job.
     :param secret_env: secret environment as references only: ``{NAME: "env:VAR" | "conn:ID" | "var:KEY"}``,
         resolved at run time, written only to a mode-600 sidecar over stdin (a literal value is refused,
@@ -133,6 +137,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         "sbatch_options",
     )
     template_fields_renderers = {"spec": "yaml", "env": "json", "nccl_env": "json", "command": "bash"}
+    #: Only ``spec`` is read from a file: a command or spec value that merely ends in ``.yaml`` stays text.
+    template_ext: Sequence[str] = (".yaml", ".yml")
     operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
 
     def __init__(
@@ -303,6 +309,33 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         return {item.destination: content for item, content in contents}, manifest(contents)
 
     # ------------------------------------------------------------------ execute
+
+    def resolve_template_files(self) -> None:
+        """Read ``spec`` from its file when it names one (no other field is ever read from a file)."""
+        spec = self.spec
+        if isinstance(spec, str) and spec.endswith(tuple(self.template_ext)):
+            env = self.get_template_env()
+            if env.loader is not None:
+                with contextlib.suppress(jinja2.TemplateNotFound):
+                    self.spec = env.loader.get_source(env, spec)[0]
+        self.prepare_template()
+
+    def render_template(
+        self, content: Any, context: Any, jinja_env: jinja2.Environment | None = None, seen_oids: set[int] | None = None
+    ) -> Any:
+        """Render as Airflow does, except that only the ``spec`` field itself may name a template file."""
+        if isinstance(content, str) and content.endswith(tuple(self.template_ext)):
+            env = jinja_env or self.get_template_env()
+            if content is not self.spec:
+                return self._render(env.from_string(content), context)
+            try:
+                return super().render_template(content, context, env, seen_oids)
+            except jinja2.TemplateNotFound:
+                raise ValidationError(
+                    f"spec={content!r} names a YAML file, but it is neither next to the DAG file nor in the DAG's "
+                    "template_searchpath; put it there, or pass the spec as a dict or YAML text"
+                ) from None
+        return super().render_template(content, context, jinja_env, seen_oids)
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING."""
