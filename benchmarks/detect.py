@@ -48,7 +48,9 @@ with DAG(dag_id={dag_id!r}, schedule=None) as dag:
         time_hours=0.25,
         timeout_hours=0.2,
     )
-    SlurmJobSensor(task_id="wait", slurm_conn_id={conn_id!r}, job=submit.output, poke_interval={poke})
+    SlurmJobSensor(
+        task_id="wait", slurm_conn_id={conn_id!r}, job=submit.output, poke_interval={poke}, deferrable=True
+    )
 '''
 
 

@@ -130,6 +130,7 @@ with DAG(
         task_id="wait",
         job=submit.output,
         poke_interval=5,
+        deferrable=True,
     )
 
     preflight >> check_datasets >> import_image >> nccl_probe >> submit >> wait

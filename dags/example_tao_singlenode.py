@@ -73,7 +73,8 @@ with DAG(
     import_image = EnrootImportOperator(
         task_id="import_image",
         image="{{ params.image }}",
-        poke_interval=5,
+        poll_interval=5,
+        deferrable=True,  # wait in the triggerer (or set [operators] default_deferrable = True)
     )
     # [END howto_operator_enroot_import]
 
@@ -106,6 +107,7 @@ with DAG(
         task_id="wait",
         job=submit.output,
         poke_interval=5,  # the demo cluster is tiny; 30-60 s suits a real cluster
+        deferrable=True,  # a long training waits in the triggerer, not in a worker slot
         retries=1,  # a retried sensor re-settles the same job: it never resubmits what already ran
     )
     # [END howto_sensor_slurm_job]

@@ -138,12 +138,12 @@ def _extra(option: str) -> str:
     return option
 
 
-def check_conversion_request(*, cpus: object, mem_mb: object, time_minutes: object, account: object) -> None:
+def check_conversion_request(*, cpus_per_task: object, mem_mb: object, time_minutes: object, account: object) -> None:
     """Check the conversion job's own values (no cluster needed), as :func:`render_conversion_script` will.
 
     :raises ValidationError: (or ResourceError) naming the bad value.
     """
-    _positive("cpus", cpus)
+    _positive("cpus_per_task", cpus_per_task)
     _positive("mem_mb", mem_mb)
     _positive("time_minutes", time_minutes)
     if account is not None:

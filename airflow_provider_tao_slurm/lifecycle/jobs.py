@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -32,11 +33,12 @@ from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobFailedError,
+    JobLookupError,
     JobNotFoundError,
     RecordError,
     SubmissionError,
 )
-from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent, JobHandle
 from airflow_provider_tao_slurm.lifecycle.support import utc_now
 
 if TYPE_CHECKING:
@@ -423,6 +425,36 @@ class JobLifecycle:
             self.hook.run(commands.remove_files([path]), check=True, what="removing the secret sidecar")
 
     # ------------------------------------------------------------------ logs
+
+    def wait_until_ended(
+        self, slurm_job_id: str, job_name: str, *, submitted_at: float, poll_interval: float
+    ) -> dict[str, Any]:
+        """Wait in the worker (``deferrable=False``) until the job ends; return the event the trigger would send.
+
+        A failed query is no evidence that the job is gone: it restarts the not-found clock. A job unknown to
+        squeue and sacct for :data:`DEFAULT_NOT_FOUND_GRACE_S` gives a VANISHED event.
+        """
+        last_seen = submitted_at
+        while True:
+            try:
+                state = self.hook.get_states([slurm_job_id]).get(slurm_job_id)
+            except JobLookupError as exc:
+                self.log.warning("SLURM status query failed, still waiting: %s", exc)
+                last_seen = time.time()
+                state = None
+            else:
+                if state is not None:
+                    last_seen = time.time()
+                    if state.is_terminal:
+                        return JobEvent(EventStatus.TERMINAL, slurm_job_id, job_name, state).to_dict()
+                elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
+                    return JobEvent(
+                        EventStatus.VANISHED,
+                        slurm_job_id,
+                        job_name,
+                        message=f"is unknown to squeue and sacct; check `sacct -j {slurm_job_id}`",
+                    ).to_dict()
+            time.sleep(poll_interval)
 
     def log_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES, secrets: Iterable[str] = ()) -> str:
         """The last ``max_bytes`` of a remote log, redacted (empty when missing)."""

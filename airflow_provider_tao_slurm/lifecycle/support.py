@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cached_property
+from typing import Any
+
+from airflow.exceptions import AirflowProviderDeprecationWarning
+from airflow.sdk.configuration import conf
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.images import ImageRef, registry_host
@@ -32,6 +37,34 @@ class SlurmHookMixin:
     def hook(self) -> SlurmHook:
         """The hook, created on first use (never at DAG parse time)."""
         return SlurmHook(self.slurm_conn_id)
+
+
+def default_deferrable() -> bool:
+    """Airflow's ``[operators] default_deferrable`` (False unless set), read as the official providers do."""
+    return conf.getboolean("operators", "default_deferrable", fallback=False)
+
+
+def renamed_parameter(kwargs: dict[str, Any], old: str, new: str, value: Any, default: Any) -> Any:
+    """Accept a parameter's deprecated old name for one more release.
+
+    :param kwargs: the operator's remaining keyword arguments; the old name is taken out of them.
+    :param old: the deprecated name, e.g. ``nodes``.
+    :param new: the name to use instead, e.g. ``num_nodes``.
+    :param value: the value of the new name (its default when not given).
+    :param default: the new name's default.
+    :returns: the old name's value (with an ``AirflowProviderDeprecationWarning``) when given, else ``value``.
+    :raises ValidationError: when both names were given.
+    """
+    if old not in kwargs:
+        return value
+    if value != default:
+        raise ValidationError(f"{old} and {new} were both given; {old} is the old name of {new}: give only {new}")
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new}",
+        AirflowProviderDeprecationWarning,
+        stacklevel=3,
+    )
+    return kwargs.pop(old)
 
 
 def utc_now() -> str:

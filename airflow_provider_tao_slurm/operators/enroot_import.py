@@ -10,6 +10,7 @@ adopt its job id. A failed or invalid conversion fails the task; a registry URI 
 
 from __future__ import annotations
 
+import math
 import secrets
 import time
 from collections.abc import Mapping
@@ -47,17 +48,19 @@ from airflow_provider_tao_slurm.core.storage import display_value, resolve_clust
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
     ImageConversionError,
-    JobLookupError,
     RemoteCommandError,
+    ResourceError,
     TaoSlurmError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent
+from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.lifecycle.support import (
+    default_deferrable,
     install_registry_credentials,
     partitions_for,
     registry_credentials_from_connection,
+    renamed_parameter,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
@@ -106,16 +109,20 @@ class EnrootImportOperator(SlurmBaseOperator):
     :param partition: the CPU partition of the conversion job (default: the connection's
         ``conversion_partition``); templated.
     :param account: the SLURM account (default: the connection's); templated.
-    :param cpus: CPUs of the conversion job.
+    :param cpus_per_task: CPUs of the conversion job (formerly ``cpus``, still accepted with a
+        deprecation warning for one release).
     :param mem_mb: memory of the conversion job in MB.
-    :param time_minutes: wall-time limit of the conversion job in minutes (checked against the partition's).
+    :param time_hours: wall-time limit of the conversion job in hours, checked against the partition's
+        (formerly ``time_minutes``, still accepted with a deprecation warning for one release).
     :param qos: SLURM QOS of the conversion job (``--qos``).
     :param reservation: SLURM reservation(s) for the conversion job.
     :param constraint: node features the conversion job needs (``--constraint``).
     :param sbatch_options: more sbatch options ``{long-name: value}``, validated as for ``SbatchSubmitOperator``.
-    :param deferrable: wait for the conversion job in the triggerer (default) instead of the worker.
+    :param deferrable: wait for the conversion job in the triggerer instead of the worker; default:
+        Airflow's ``[operators] default_deferrable``.
     :param containers_dir: the image cache directory (default ``<results_dir>/containers``); templated.
-    :param poke_interval: seconds between status polls of the conversion job.
+    :param poll_interval: seconds between status polls of the conversion job (formerly
+        ``poke_interval``, still accepted with a deprecation warning for one release).
     :param registry_conn_id: an Airflow connection whose password is the registry key (login defaults
         to ``$oauthtoken``); when given, Enroot credentials are installed before converting.
     :param slurm_conn_id: the ``tao_slurm`` connection.
@@ -141,12 +148,12 @@ class EnrootImportOperator(SlurmBaseOperator):
         force_reconvert_latest: bool = False,
         partition: str | None = None,
         account: str | None = None,
-        cpus: int = 4,
+        cpus_per_task: int = 4,
         mem_mb: int = 7200,
-        time_minutes: int = 120,
-        deferrable: bool = True,
+        time_hours: float = 2.0,
+        deferrable: bool = default_deferrable(),
         containers_dir: str | None = None,
-        poke_interval: float = 10.0,
+        poll_interval: float = 10.0,
         registry_conn_id: str | None = None,
         qos: str | None = None,
         reservation: str | None = None,
@@ -154,6 +161,11 @@ class EnrootImportOperator(SlurmBaseOperator):
         sbatch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        cpus_per_task = renamed_parameter(kwargs, "cpus", "cpus_per_task", cpus_per_task, 4)
+        poll_interval = renamed_parameter(kwargs, "poke_interval", "poll_interval", poll_interval, 10.0)
+        if "time_minutes" in kwargs:
+            minutes = renamed_parameter(kwargs, "time_minutes", "time_hours", time_hours, 2.0)
+            time_hours = minutes / 60 if isinstance(minutes, int | float) and not isinstance(minutes, bool) else minutes
         super().__init__(**kwargs)
         self.qos = qos
         self.reservation = reservation
@@ -164,12 +176,12 @@ class EnrootImportOperator(SlurmBaseOperator):
         self.force_reconvert_latest = force_reconvert_latest
         self.partition = partition
         self.account = account
-        self.cpus = cpus
+        self.cpus_per_task = cpus_per_task
         self.mem_mb = mem_mb
-        self.time_minutes = time_minutes
+        self.time_hours = time_hours
         self.deferrable = deferrable
         self.containers_dir = containers_dir
-        self.poke_interval = poke_interval
+        self.poll_interval = poll_interval
         self.registry_conn_id = registry_conn_id
 
     # ------------------------------------------------------------------ entry points
@@ -181,13 +193,16 @@ class EnrootImportOperator(SlurmBaseOperator):
             return self._existing_image(image.path)
         owner = secrets.token_hex(8)
         check_conversion_request(
-            cpus=self.cpus, mem_mb=self.mem_mb, time_minutes=self.time_minutes, account=self.account
+            cpus_per_task=self.cpus_per_task,
+            mem_mb=self.mem_mb,
+            time_minutes=self._time_minutes(),
+            account=self.account,
         )
         extra = site_options(
             qos=self.qos, constraint=self.constraint, reservation=self.reservation, sbatch_options=self.sbatch_options
         )
         plan = self._plan(image)
-        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_minutes / 60, param="time_minutes/60"))
+        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_hours, param="time_hours"))
         plan = replace(plan, partition=partition)
         script = render_conversion_script(
             ConversionJob(
@@ -196,9 +211,9 @@ class EnrootImportOperator(SlurmBaseOperator):
                 target=plan.target,
                 partition=partition,
                 account=plan.account,
-                cpus=self.cpus,
+                cpus=self.cpus_per_task,
                 mem_mb=self.mem_mb,
-                time_minutes=self.time_minutes,
+                time_minutes=self._time_minutes(),
                 log_dir=JobLayout(plan.results_dir, conversion_job_name(owner)).log_dir,
                 sbatch_extra=extra,
             )
@@ -212,12 +227,15 @@ class EnrootImportOperator(SlurmBaseOperator):
                     slurm_conn_id=self.slurm_conn_id,
                     slurm_job_id=started.job_id,
                     job_name=started.job_name,
-                    poll_interval=self.poke_interval,
+                    poll_interval=self.poll_interval,
                     submitted_at=started.submitted_at,
                 ),
                 method_name="execute_complete",
             )
-        return self.execute_complete(context, self._wait(started))
+        event = JobLifecycle(self.hook, self.log).wait_until_ended(
+            started.job_id, started.job_name, submitted_at=started.submitted_at, poll_interval=self.poll_interval
+        )
+        return self.execute_complete(context, event)
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
         """Check the trigger's event and the converted file; fail with the conversion log's tail."""
@@ -234,7 +252,7 @@ class EnrootImportOperator(SlurmBaseOperator):
                 f"converting image {display_value(plan.image.raw)} failed: SLURM job {job_id} ({job_name}) "
                 f"{failure}. Nothing usable is at {plan.target}, and no GPU job may fall back to the registry "
                 "image. Fix the cause shown in the conversion log below (image name and tag, registry credentials "
-                "via registry_conn_id, mem_mb, time_minutes) and run the task again.\n"
+                "via registry_conn_id, mem_mb, time_hours) and run the task again.\n"
                 + self._log_tail(plan.results_dir, job_id, job_name)
             )
         finally:
@@ -242,13 +260,20 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     # ------------------------------------------------------------------ validation (no SSH)
 
+    def _time_minutes(self) -> int:
+        """``time_hours`` as whole minutes for the conversion job (rounded up)."""
+        hours = self.time_hours
+        if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 24 * 365:
+            raise ResourceError(f"time_hours={display_value(hours)} must be a positive number of hours, e.g. 2")
+        return math.ceil(hours * 60)
+
     def _image(self) -> ImageRef:
         for name in ("force_reconvert_latest", "deferrable"):
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(f"{name}={display_value(getattr(self, name))} must be True or False")
-        interval = self.poke_interval
+        interval = self.poll_interval
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
-            raise ValidationError(f"poke_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
+            raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
         image = parse_image(self.image)
         if image.path is not None and self.sqsh_path is not None:
             raise ValidationError(
@@ -374,33 +399,6 @@ class EnrootImportOperator(SlurmBaseOperator):
             plan.partition,
         )
         return _Job(job_id, job_name, time.time())
-
-    def _wait(self, job: _Job) -> dict[str, Any]:
-        """Non-deferrable mode: poll until the job is terminal; return the event the trigger would send.
-
-        A failed query is no evidence that the job is gone: it restarts the not-found clock.
-        """
-        last_seen = job.submitted_at
-        while True:
-            try:
-                state = self.hook.get_states([job.job_id]).get(job.job_id)
-            except JobLookupError as exc:
-                self.log.warning("SLURM status query failed, still waiting: %s", exc)
-                last_seen = time.time()
-                state = None
-            else:
-                if state is not None:
-                    last_seen = time.time()
-                    if state.is_terminal:
-                        return JobEvent(EventStatus.TERMINAL, job.job_id, job.job_name, state).to_dict()
-                elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
-                    return JobEvent(
-                        EventStatus.VANISHED,
-                        job.job_id,
-                        job.job_name,
-                        message=f"is unknown to squeue and sacct; check `sacct -j {job.job_id}`",
-                    ).to_dict()
-            time.sleep(self.poke_interval)
 
     def _read_event(self, event: Any) -> tuple[str, str, str | None]:
         """``(job id, job name, failure description or None)`` from a trigger event."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import Any, NoReturn
+from typing import Any
 
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
@@ -47,7 +47,13 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-from airflow_provider_tao_slurm.lifecycle.support import lint_bash, partitions_for, utc_now
+from airflow_provider_tao_slurm.lifecycle.support import (
+    default_deferrable,
+    lint_bash,
+    partitions_for,
+    renamed_parameter,
+    utc_now,
+)
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -108,7 +114,8 @@ class NcclProbeOperator(SlurmBaseOperator):
     the same path (as for the training job's spec), and runs with ``python -m torch.distributed.run``.
 
     :param image: ``.sqsh`` path of the training image (it needs PyTorch); templated.
-    :param nodes: nodes of the real job.
+    :param num_nodes: nodes of the real job (formerly ``nodes``, still accepted with a deprecation
+        warning for one release).
     :param gpus_per_node: GPUs per node of the real job.
     :param timeout_seconds: how long one probe may take once running, before it counts as hung; templated.
     :param candidate_envs: environments to try in order (dicts of strings); default: none, then
@@ -121,7 +128,9 @@ class NcclProbeOperator(SlurmBaseOperator):
     :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection; templated.
     :param cpus_per_task: CPUs per node (default: one per GPU).
     :param mem_mb: memory per node in MB (default: the partition's).
-    :param poll_interval: seconds between status polls while deferred (shared per cluster).
+    :param poll_interval: seconds between status polls (shared per cluster when deferred).
+    :param deferrable: wait for each probe job in the triggerer instead of the worker; default:
+        Airflow's ``[operators] default_deferrable``.
     :param qos: SLURM QOS of the probe jobs (use the real job's).
     :param reservation: SLURM reservation(s) of the probe jobs.
     :param constraint: node features (``--constraint``), as the real job asks.
@@ -146,7 +155,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         self,
         *,
         image: str,
-        nodes: int = 2,
+        num_nodes: int = 2,
         gpus_per_node: int = 1,
         timeout_seconds: int = 120,
         candidate_envs: Sequence[Mapping[str, str]] | None = None,
@@ -158,6 +167,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         cpus_per_task: int | None = None,
         mem_mb: int | None = None,
         poll_interval: float = 10.0,
+        deferrable: bool = default_deferrable(),
         qos: str | None = None,
         reservation: str | None = None,
         constraint: str | None = None,
@@ -165,14 +175,16 @@ class NcclProbeOperator(SlurmBaseOperator):
         sbatch_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
+        num_nodes = renamed_parameter(kwargs, "nodes", "num_nodes", num_nodes, 2)
         super().__init__(**kwargs)
+        self.deferrable = deferrable
         self.qos = qos
         self.reservation = reservation
         self.constraint = constraint
         self.gpu_type = gpu_type
         self.sbatch_options = sbatch_options
         self.image = image
-        self.nodes = nodes
+        self.num_nodes = num_nodes
         self.gpus_per_node = gpus_per_node
         self.timeout_seconds = timeout_seconds
         self.candidate_envs = candidate_envs
@@ -199,7 +211,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             cached = self._cached(plan)
             if cached is not None:
                 return cached
-        self._submit(plan, 0, [])
+        return self._submit(context, plan, 0, [])
 
     def execute_complete(
         self,
@@ -289,7 +301,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             )
         if attempt + 1 < len(plan.attempts):
             self.log.warning("Trying the next NCCL candidate environment")
-            self._submit(plan, attempt + 1, history)
+            return self._submit(context, plan, attempt + 1, history)
         raise NcclProbeError(
             f"no candidate NCCL environment passed the all-reduce probe over {plan.resources.num_nodes} node(s) x "
             f"{plan.resources.gpus_per_node} GPU(s) on cluster {plan.cluster!r}:\n- "
@@ -301,7 +313,7 @@ class NcclProbeOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ planning (no SSH)
 
     def _resources(self) -> Resources:
-        for name in ("nodes", "gpus_per_node", "timeout_seconds"):
+        for name in ("num_nodes", "gpus_per_node", "timeout_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValidationError(f"{name}={display_value(value)} must be a positive whole number")
@@ -309,14 +321,15 @@ class NcclProbeOperator(SlurmBaseOperator):
             raise ValidationError(
                 f"timeout_seconds={self.timeout_seconds} leaves no time to start PyTorch; give at least {MIN_TIMEOUT_S}"
             )
-        if not isinstance(self.force, bool):
-            raise ValidationError(f"force={display_value(self.force)} must be True or False")
+        for flag in ("force", "deferrable"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValidationError(f"{flag}={display_value(getattr(self, flag))} must be True or False")
         interval = self.poll_interval
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
             raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
         settings = self.hook.settings
         return build_resources(
-            num_nodes=self.nodes,
+            num_nodes=self.num_nodes,
             gpus_per_node=self.gpus_per_node,
             cpus_per_task=self.gpus_per_node if self.cpus_per_task is None else self.cpus_per_task,
             time_hours=(self.timeout_seconds + WALL_GRACE_S) / 3600,
@@ -439,8 +452,8 @@ class NcclProbeOperator(SlurmBaseOperator):
         )
         return entry.env
 
-    def _submit(self, plan: _Plan, index: int, outcomes: list[str]) -> NoReturn:
-        """Stage and submit the probe of candidate ``index``, then defer until it ends."""
+    def _submit(self, context: Any, plan: _Plan, index: int, outcomes: list[str]) -> dict[str, str]:
+        """Stage and submit the probe of candidate ``index``, then wait until it ends (deferred or in the worker)."""
         attempt = plan.attempts[index]
         layout = attempt.layout
         lint_bash(attempt.script)
@@ -472,6 +485,12 @@ class NcclProbeOperator(SlurmBaseOperator):
             plan.resources.timeout_seconds,
             layout.job_log_dir(slurm_job_id),
         )
+        job_names = [a.job_name for a in plan.attempts]
+        if not self.deferrable:
+            event = JobLifecycle(self.hook, self.log).wait_until_ended(
+                slurm_job_id, attempt.job_name, submitted_at=submitted_at, poll_interval=float(self.poll_interval)
+            )
+            return self.execute_complete(context, event, job_names=job_names, outcomes=outcomes)
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -481,7 +500,7 @@ class NcclProbeOperator(SlurmBaseOperator):
                 submitted_at=submitted_at,
             ),
             method_name="execute_complete",
-            kwargs={"job_names": [a.job_name for a in plan.attempts], "outcomes": outcomes},
+            kwargs={"job_names": job_names, "outcomes": outcomes},
         )
 
     def _log_tail(self, attempt: _Attempt, slurm_job_id: str) -> str:

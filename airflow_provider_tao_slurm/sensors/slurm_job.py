@@ -36,7 +36,7 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     JobHandle,
 )
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle, record_dict
-from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin, resolve_secret
+from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin, default_deferrable, resolve_secret
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 #: What the sensor needs from the submit operator's job handle.
@@ -60,7 +60,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     :param job: the job handle returned by ``SbatchSubmitOperator`` (usually its XCom).
     :param slurm_conn_id: the ``tao_slurm`` connection.
     :param poke_interval: seconds between status polls (shared per cluster when deferred).
-    :param deferrable: wait in the triggerer (default) instead of holding a worker slot.
+    :param deferrable: wait in the triggerer instead of holding a worker slot; default: Airflow's
+        ``[operators] default_deferrable`` (set it, or pass ``True``, to watch long trainings deferred).
     :param max_infra_retries: how many times an infrastructure failure (NODE_FAIL, GPU Xid, NCCL
         transport, ...) is resubmitted, avoiding the failed nodes.
     :param require_status_json: fail a COMPLETED job whose ``status.json`` does not say SUCCESS (missing
@@ -81,7 +82,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         job: Mapping[str, Any] | str,
         slurm_conn_id: str = SlurmHook.default_conn_name,
         poke_interval: float = 30,
-        deferrable: bool = True,
+        deferrable: bool = default_deferrable(),
         max_infra_retries: int = 2,
         require_status_json: bool | None = None,
         not_found_grace: float = DEFAULT_NOT_FOUND_GRACE_S,

@@ -168,7 +168,7 @@ def probe_conn(slurm_connection_env: str, results_dir: str, monkeypatch: pytest.
 
 
 def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: Any) -> NcclProbeOperator:
-    kwargs.setdefault("nodes", 2)
+    kwargs.setdefault("num_nodes", 2)
     kwargs.setdefault("gpus_per_node", 1)
     return NcclProbeOperator(
         task_id="nccl_probe",
@@ -210,7 +210,7 @@ def test_single_node_probe_with_two_gpus_and_site_options(
         image,
         cluster_json,
         probe_conn,
-        nodes=1,
+        num_nodes=1,
         gpus_per_node=2,
         timeout_seconds=60,
         force=True,

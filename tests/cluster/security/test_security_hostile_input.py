@@ -276,10 +276,10 @@ CASES = [
     ),
     refused("import-containers-dir-space", f"{E}.containers_dir", "/srv/my images", StoragePathError, "containers_dir"),
     refused("import-partition-semicolon", f"{E}.partition", f"cpu_long;{TOUCH}", ValidationError, "partition"),
-    refused("import-cpus-text", f"{E}.cpus", "4", ResourceError, "cpus"),
+    refused("import-cpus-per-task-text", f"{E}.cpus_per_task", "4", ResourceError, "cpus_per_task"),
     refused("import-mem-negative", f"{E}.mem_mb", -1, ResourceError, "mem_mb"),
-    refused("import-time-zero", f"{E}.time_minutes", 0, ResourceError, "time_minutes"),
-    refused("import-poke-interval-nan", f"{E}.poke_interval", float("nan"), ValidationError, "poke_interval"),
+    refused("import-time-hours-zero", f"{E}.time_hours", 0, ResourceError, "time_hours"),
+    refused("import-poll-interval-nan", f"{E}.poll_interval", float("nan"), ValidationError, "poll_interval"),
     # StageDatasetCheckOperator.paths
     refused("paths-substitution", f"{D}.paths", [f"/srv/lustre/$({TOUCH})"], StoragePathError, "paths"),
     refused("paths-backticks", f"{D}.paths", [f"/srv/lustre/`{TOUCH}`"], StoragePathError, "paths"),
@@ -297,7 +297,7 @@ CASES = [
     refused("paths-very-long", f"{D}.paths", [f"/srv/{LONG}"], StoragePathError, "paths"),
     # NcclProbeOperator
     refused("probe-image-registry", f"{N}.image", "nvcr.io#x:1", ImageReferenceError, "image"),
-    refused("probe-nodes-zero", f"{N}.nodes", 0, ValidationError, "nodes"),
+    refused("probe-num-nodes-zero", f"{N}.num_nodes", 0, ValidationError, "num_nodes"),
     refused("probe-gpus-nine", f"{N}.gpus_per_node", 9, ResourceError, "gpus_per_node"),
     refused("probe-timeout-text", f"{N}.timeout_seconds", "120", ValidationError, "timeout_seconds"),
     refused(

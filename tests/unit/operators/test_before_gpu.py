@@ -193,7 +193,7 @@ REFUSED_BEFORE_SSH: list[tuple[str, Callable[[], Any], type[Exception]]] = [
         lambda: EnrootImportOperator(task_id="t", image="/c/x.sqsh", sqsh_path="/c/y.sqsh"),
         ValidationError,
     ),
-    ("poke-interval-zero", lambda: EnrootImportOperator(task_id="t", image="x:1", poke_interval=0), ValidationError),
+    ("poll-interval-zero", lambda: EnrootImportOperator(task_id="t", image="x:1", poll_interval=0), ValidationError),
     (
         "deferrable-text",
         lambda: EnrootImportOperator(task_id="t", image="x:1", deferrable="yes"),  # type: ignore[arg-type]
@@ -246,9 +246,9 @@ def test_file_uri_error_names_the_entry_and_the_fix(no_hook: None) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error"),
     [
-        ({"cpus": 0}, ResourceError),
+        ({"cpus_per_task": 0}, ResourceError),
         ({"mem_mb": "7200"}, ResourceError),
-        ({"time_minutes": 0}, ResourceError),
+        ({"time_hours": 0}, ResourceError),
         ({"partition": "cpu;long"}, ValidationError),
         ({"account": "$(id)"}, ValidationError),
         ({"sqsh_path": "/c/x.img"}, ValidationError),
@@ -576,7 +576,7 @@ def test_import_submits_a_conversion_and_defers(cluster: Cluster, existing: byte
     target = cached(cluster, image)
     if existing is not None:
         target.write_bytes(existing)
-    deferred = _deferred(importer(cluster, image, force_reconvert_latest=force, poke_interval=3))
+    deferred = _deferred(importer(cluster, image, force_reconvert_latest=force, poll_interval=3))
     path, kwargs = deferred.trigger.serialize()
     assert path == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
     assert kwargs["slurm_job_id"] == "4242"

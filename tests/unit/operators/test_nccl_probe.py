@@ -275,7 +275,7 @@ def test_probes_without_a_usable_cache(files: dict[str, str], force: bool) -> No
 
 def test_one_gpu_needs_no_probe() -> None:
     hook = FakeHook()
-    assert operator(hook, nodes=1, gpus_per_node=1).execute(context()) == {}
+    assert operator(hook, num_nodes=1, gpus_per_node=1).execute(context()) == {}
     assert (hook.reads, hook.submitted) == ([], [])
 
 
@@ -318,7 +318,7 @@ def test_first_job_is_staged_submitted_and_deferred() -> None:
 
 def test_single_node_with_several_gpus() -> None:
     hook = FakeHook()
-    op = operator(hook, nodes=1, gpus_per_node=4, python="/opt/venv/bin/python")
+    op = operator(hook, num_nodes=1, gpus_per_node=4, python="/opt/venv/bin/python")
     deferral = deferred(lambda: op.execute(context()))
     script = hook.script(0)
     assert "#SBATCH --gres=gpu:4" in script.splitlines()
@@ -361,7 +361,7 @@ def test_event_for_another_job_is_refused() -> None:
         pytest.param(
             {"timeout_seconds": 4 * 3600}, ResourceError, "partition polar allows at most 4 h", id="long-timeout"
         ),
-        pytest.param({"nodes": 0}, ValidationError, "nodes=0 must be a positive whole number", id="no-nodes"),
+        pytest.param({"num_nodes": 0}, ValidationError, "num_nodes=0 must be a positive whole number", id="no-nodes"),
         pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="nine-gpus"),
         pytest.param({"force": "yes"}, ValidationError, "force='yes' must be True or False", id="force-text"),
         pytest.param({"poll_interval": 0}, ValidationError, "poll_interval=0", id="poll"),
@@ -419,3 +419,29 @@ def test_multi_node_submit_without_probe_result_is_refused() -> None:
     with pytest.raises(ValidationError, match="put NcclProbeOperator upstream and pass its output as nccl_env"):
         submit.execute(context())
     assert (hook.staged, hook.submitted) == ([], [])
+
+
+class WaitingHook(FakeHook):
+    """Answers status queries with each probe job's ending in turn (the worker-side wait)."""
+
+    def __init__(self, endings: list[tuple[str, int, str]]) -> None:
+        super().__init__()
+        self.endings = list(endings)
+        self.queries: list[list[str]] = []
+
+    def get_states(self, job_ids: list[str]) -> dict[str, Any]:
+        self.queries.append(list(job_ids))
+        (slurm_id,) = job_ids
+        native, exit_code, log = self.endings.pop(0)
+        name = self.submitted[-1][1]
+        self.logs[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
+        return {slurm_id: state_from_native(slurm_id, native, source="sacct", exit_code=exit_code)}
+
+
+def test_non_deferrable_probe_waits_for_each_candidate_in_the_worker() -> None:
+    hook = WaitingHook([("FAILED", 124, HANG_LOG), ("COMPLETED", 0, OK_LOG)])
+
+    assert operator(hook, deferrable=False, poll_interval=0.01).execute(context()) == P2P
+
+    assert hook.queries == [["501"], ["502"]]
+    assert [job_ids for job_ids, _ in hook.cancelled] == [["501"]]
