@@ -70,7 +70,7 @@ def get_provider_info() -> dict[str, Any]:
                 "hook-class-name": "airflow_provider_tao_slurm.hooks.slurm.SlurmHook",
                 "hook-name": "TAO SLURM (over SSH)",
                 "ui-field-behaviour": {
-                    "hidden-fields": ["schema"],
+                    "hidden-fields": ["schema", "password"],
                     "relabeling": {"login": "SLURM user", "host": "Login host(s)"},
                     "placeholders": {
                         "host": "login1.example.org,login2.example.org (failover in order)",
@@ -83,8 +83,16 @@ def get_provider_info() -> dict[str, Any]:
                     "private_key": _conn_field(
                         "Private key (PEM)", "SSH private key text; use instead of a key file.", secret=True
                     ),
+                    "private_key_passphrase": _conn_field(
+                        "Private key passphrase", "Only for an encrypted private key (file or text).", secret=True
+                    ),
                     "host_key": _conn_field(
                         "Pinned host key", "e.g. 'ssh-ed25519 AAAA...'; otherwise ~/.ssh/known_hosts is used."
+                    ),
+                    "proxy_command": _conn_field(
+                        "Proxy command (jump host)",
+                        "For login hosts behind a bastion, as OpenSSH's ProxyCommand, e.g. "
+                        "'ssh -W %h:%p -i /keys/bastion jump@bastion.example.org' (%h, %p, %r expanded per host).",
                     ),
                     "no_host_key_check": _conn_field(
                         "Skip host key check",
@@ -111,6 +119,16 @@ def get_provider_info() -> dict[str, Any]:
                         kind="number",
                     ),
                     "cluster_name": _conn_field("Cluster name", "Name used for per-cluster caches."),
+                    "conn_timeout": _conn_field(
+                        "Connect timeout (s)",
+                        "Seconds to wait for each login host before trying the next (default 10).",
+                        kind="number",
+                    ),
+                    "cmd_timeout": _conn_field(
+                        "Command timeout (s)",
+                        "Seconds one remote command (sbatch, squeue, ...) may take (default 120).",
+                        kind="number",
+                    ),
                     "log_url_template": _conn_field(
                         "Log URL template",
                         "Extra links of submitted jobs, e.g. https://ondemand.example.org/files{path}; "

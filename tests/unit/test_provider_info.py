@@ -75,3 +75,43 @@ def test_airflow_cli_lists_provider_and_connection_fields(tmp_path: Path) -> Non
     assert widgets.returncode == 0, widgets.stderr
     for field in ("extra__tao_slurm__partition", "extra__tao_slurm__results_dir", "extra__tao_slurm__account"):
         assert field in widgets.stdout
+
+
+def test_the_form_has_exactly_the_extras_the_provider_reads() -> None:
+    """Every ``extra.get("<key>")`` in the connection parser (and the links' URL template) is a form field,
+    and the form offers nothing the provider ignores; the unused password field is hidden."""
+    import ast
+    import inspect
+
+    from airflow_provider_tao_slurm.core import config
+    from airflow_provider_tao_slurm.operators.links import URL_TEMPLATE_EXTRA
+
+    read = {URL_TEMPLATE_EXTRA}
+    tree = ast.parse(inspect.getsource(config))
+    looped: dict[str, set[str]] = {}  # `for key, default in (("name", ...), ...)`: the names each loop variable takes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and isinstance(node.target, ast.Tuple) and isinstance(node.iter, ast.Tuple):
+            first = node.target.elts[0]
+            if isinstance(first, ast.Name):
+                looped[first.id] = {
+                    item.elts[0].value
+                    for item in node.iter.elts
+                    if isinstance(item, ast.Tuple) and isinstance(item.elts[0], ast.Constant)
+                }
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "extra"
+        ):
+            argument = node.args[0]
+            if isinstance(argument, ast.Constant):
+                read.add(argument.value)
+            elif isinstance(argument, ast.Name):
+                read |= looped[argument.id]
+    (conn,) = get_provider_info()["connection-types"]
+    assert set(conn["conn-fields"]) == read
+    assert "password" in conn["ui-field-behaviour"]["hidden-fields"]
+    assert conn["conn-fields"]["private_key_passphrase"]["schema"]["format"] == "password"
