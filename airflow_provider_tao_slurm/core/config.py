@@ -7,6 +7,7 @@ validated, immutable :class:`ClusterSettings`.
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,31 @@ ENV_VARS = (
 _HOST_RE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?$|^\[[0-9A-Fa-f:.]+\]$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
+
+
+def _proxy_problem(command: str) -> str | None:
+    """What is wrong with a ``proxy_command`` extra, or None."""
+    if any(ch in command for ch in "\n\r\x00"):
+        return "proxy_command must be one line"
+    try:
+        argv = shlex.split(command)
+    except ValueError as exc:
+        return f"proxy_command is not a valid command line ({exc})"
+    if not argv:
+        return "proxy_command is empty"
+    if not any("%h" in arg for arg in argv):
+        return "proxy_command must contain %h (and usually %p), e.g. 'ssh -W %h:%p bastion.example.org'"
+    return None
+
+
+def proxy_argv(command: str, host: str, port: int, user: str) -> list[str]:
+    """The ``proxy_command`` extra for one login host, as argv: OpenSSH's ``%h``, ``%p``, ``%r`` and ``%%``
+    are expanded per argument (never through a shell), as OpenSSH's ``ProxyCommand`` does.
+
+    :param command: the extra, already checked (see :func:`settings_from_connection`).
+    """
+    tokens = {"h": host, "p": str(port), "r": user, "%": "%"}
+    return [re.sub(r"%([hpr%])", lambda m: tokens[m.group(1)], arg) for arg in shlex.split(command)]
 
 
 def _truthy(value: Any) -> bool:
@@ -67,6 +93,7 @@ class ClusterSettings:
     cluster_name: str = ""
     conn_timeout: float = DEFAULT_CONN_TIMEOUT
     cmd_timeout: float = DEFAULT_CMD_TIMEOUT
+    proxy_command: str | None = None
 
     @property
     def pool_key(self) -> str:
@@ -114,6 +141,11 @@ def settings_from_connection(
     no_check = _truthy(extra.get("no_host_key_check", False))
     if host_key and no_check:
         problems.append("host_key is pinned but no_host_key_check is true: remove no_host_key_check")
+    proxy_command = str(extra.get("proxy_command") or "").strip() or None
+    if proxy_command is not None:
+        problem = _proxy_problem(proxy_command)
+        if problem:
+            problems.append(problem)
     partitions = _split(extra.get("partition"))
     conversion = str(extra.get("conversion_partition") or "").strip() or None
     account = (str(extra["account"]).strip() or None) if extra.get("account") else None
@@ -170,6 +202,7 @@ def settings_from_connection(
         cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
         conn_timeout=numbers["conn_timeout"] or DEFAULT_CONN_TIMEOUT,
         cmd_timeout=numbers["cmd_timeout"] or DEFAULT_CMD_TIMEOUT,
+        proxy_command=proxy_command,
     )
 
 

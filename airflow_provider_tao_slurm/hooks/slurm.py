@@ -18,6 +18,7 @@ import logging
 import os
 import random
 import selectors
+import shlex
 import stat
 import tarfile
 import time
@@ -33,6 +34,7 @@ from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import (
     ClusterSettings,
+    proxy_argv,
     settings_from_connection,
     settings_from_env,
 )
@@ -282,6 +284,7 @@ class SlurmHook(BaseHook):
             cmd_timeout=s.cmd_timeout,
             conn_retry_attempts=1,
             no_host_key_check=s.no_host_key_check,
+            host_proxy_cmd=shlex.join(proxy_argv(s.proxy_command, host, s.port, s.user)) if s.proxy_command else None,
         )
         ssh.look_for_keys = False
         if s.private_key:
@@ -649,7 +652,8 @@ class SlurmHook(BaseHook):
             return False, redact_text(str(exc))
         if problems:
             return False, "; ".join(problems)
-        return True, f"connected to {self._host} as {self.settings.user}; SLURM tools and results dir OK"
+        where = f"; results_dir {results_dir} is writable" if results_dir else ""
+        return True, f"connected to {self._host} as {self.settings.user}; found {', '.join(tools)}{where}"
 
     # ------------------------------------------------------------------ async twins (triggers)
 
@@ -976,6 +980,8 @@ async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
     kinds: set[type[SlurmConnectionError]] = set()
     for host in s.hosts:
         options: dict[str, Any] = {"username": s.user, "port": s.port, "connect_timeout": s.conn_timeout}
+        if s.proxy_command:
+            options["proxy_command"] = proxy_argv(s.proxy_command, host, s.port, s.user)
         if s.key_file:
             options["client_keys"] = [s.key_file]
         elif s.private_key:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from airflow_provider_tao_slurm.core.config import (
     DEFAULT_CONN_TIMEOUT,
     ENV_VARS,
     ClusterSettings,
+    proxy_argv,
     settings_from_connection,
     settings_from_env,
 )
@@ -297,3 +299,43 @@ def test_connection_port_and_key_file_checks(port: int, key_file: str | None, me
 def test_env_errors_name_the_variables() -> None:
     with pytest.raises(ConnectionConfigError, match=r"set SLURM_HOSTNAME.*set SLURM_USER"):
         settings_from_env({})
+
+
+# ---------------------------------------------------------------------- jump host (proxy_command)
+
+
+@pytest.mark.parametrize(
+    ("command", "problem"),
+    [
+        ("ssh -W bastion", "proxy_command must contain %h (and usually %p)"),
+        ("ssh -W %h:%p 'bastion", "proxy_command is not a valid command line (No closing quotation)"),
+        ("ssh -W %h:%p bastion\nid", "proxy_command must be one line"),
+    ],
+    ids=["no-host-token", "bad-quoting", "two-lines"],
+)
+def test_a_bad_proxy_command_is_refused(command: str, problem: str) -> None:
+    with pytest.raises(ConnectionConfigError, match=re.escape(problem)):
+        from_connection(proxy_command=command)
+
+
+@pytest.mark.parametrize(
+    ("command", "host", "argv"),
+    [
+        (
+            "ssh -W %h:%p -p 2222 jump@bastion",
+            "login1",
+            ["ssh", "-W", "login1:22", "-p", "2222", "jump@bastion"],
+        ),
+        (
+            "nc -X connect -x 'proxy host:3128' %h %p",
+            "login2.example.org",
+            ["nc", "-X", "connect", "-x", "proxy host:3128", "login2.example.org", "22"],
+        ),
+        ("ssh -l %r -W %h:%p b --comment=100%%", "l", ["ssh", "-l", "alice", "-W", "l:22", "b", "--comment=100%"]),
+    ],
+    ids=["ssh-w", "quoted-argument", "user-and-percent"],
+)
+def test_proxy_command_expands_per_login_host_without_a_shell(command: str, host: str, argv: list[str]) -> None:
+    settings = from_connection(proxy_command=command)
+    assert settings.proxy_command == command
+    assert proxy_argv(command, host, settings.port, settings.user) == argv
