@@ -338,13 +338,18 @@ def test_the_conversion_job_carries_the_site_options(cluster: ClusterEnv, ssh_ru
     importer(cluster, image, deferrable=False, qos=cluster.qos, constraint=feature).execute({})
     (row,) = imports_of(cluster, image)
     job_id = row[2]
+    # slurmdbd first keeps a placeholder row (QOS Unknown, no partition); a busy suite makes it lag
     fields = wait_until(
         lambda: (
-            (out := ssh_run(f"sacct -j {job_id} -X -n -P -o QOS,Partition,NodeList,State")[1])
-            and out.strip().endswith("|COMPLETED")
-            and out.strip()
+            (out := ssh_run(f"sacct -j {job_id} -X -n -P -o QOS,Partition,NodeList,State")[1].strip())
+            and out.endswith("|COMPLETED")
+            and "" not in out.split("|")
+            and not out.startswith("Unknown|")
+            and out
         ),
         f"accounting row of job {job_id}",
+        timeout=120,
+        every=2,
     )
     assert fields == f"{cluster.qos}|{cluster.cpu_partition}|n1|COMPLETED"
 

@@ -42,9 +42,10 @@ __all__ = ["conn", "dag_id", "image", "secret_value"]
 
 
 def sacct_fields(ssh_run: SshRun, slurm_id: str, fields: str) -> list[str]:
-    """``sacct -X -n -P -o FIELDS`` of one job, split on ``|`` (waits up to 30 s for a complete row)."""
+    """``sacct -X -n -P -o FIELDS`` of one job, split on ``|``; waits (up to 2 minutes: slurmdbd lags behind a
+    busy suite) until the row is complete."""
     command = join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", fields, "--starttime=now-1days"])
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 120
     while True:  # right after a short job sacct may still show a placeholder row (no partition, QOS Unknown)
         _, out, _ = ssh_run(command)
         row = out.strip().splitlines()[0].split("|") if out.strip() else []
