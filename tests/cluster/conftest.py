@@ -37,6 +37,7 @@ class ClusterEnv:
     host: str
     port: int
     fault_port: int
+    bastion_port: int
     closed_port: int
     user: str
     uid: int

@@ -24,8 +24,10 @@ may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (anothe
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
-then cuts the connection before the reply. ``/usr/local/bin/enroot`` and the SPANK plugin
-``fakepyxis.so`` stand in for Enroot and Pyxis (see those files). Jobs get CPU PyTorch from the venv
+then cuts the connection before the reply; a third, "bastion" sshd on 127.0.0.1:22024 only forwards
+to the login sshd (no shell, ``PermitOpen`` the login port only), for jump-host tests.
+``/usr/local/bin/enroot`` and the SPANK plugin ``fakepyxis.so`` stand in for Enroot and Pyxis (see
+those files). Jobs get CPU PyTorch from the venv
 ``/opt/tao-slurm/venv`` (the Pyxis stand-in runs commands on the host). Fault switch, all on the
 cluster's side (the provider ships no test hook): while ``/srv/lustre/.harness/faults`` lists
 ``nccl_hang_unless_p2p_disable``, the TaskProlog exports ``SLURMTEST_FAULT=nccl_hang_unless_p2p_disable``
@@ -123,6 +125,8 @@ GPU_MAJOR = 195
 HOST = "127.0.0.1"
 SSH_PORT = 22022
 FAULT_PORT = 22023
+#: A bastion: forwards to the login sshd only (no shell, no other destination), for jump-host tests.
+BASTION_PORT = 22024
 FIRST_CLOSED_PORT = 22029
 DB_PORT = 3307
 CTLD_PORT = 6817
@@ -613,6 +617,21 @@ def write_configs() -> None:
             0o600,
             "root",
         ),
+        (
+            SSH_DIR / "sshd_bastion_config",
+            sshd_config(
+                BASTION_PORT,
+                RUN / "sshd-bastion.pid",
+                [
+                    "AllowTcpForwarding local",
+                    f"PermitOpen {HOST}:{SSH_PORT}",
+                    "ForceCommand /bin/false",
+                    "LogLevel VERBOSE",
+                ],
+            ),
+            0o600,
+            "root",
+        ),
         (ENROOT_BIN, (HERE / "enroot").read_text().replace("@STATE_DIR@", str(STATE)), 0o755, "root"),
         (
             FAULTBIN / "sbatch",
@@ -668,7 +687,7 @@ def ensure_ssh_keys(user: pwd.struct_passwd) -> None:
             created.append(str(key))
         key.chmod(0o600)
     host_key = public_key(HOST_KEY)
-    write_file(KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT)))
+    write_file(KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT, BASTION_PORT)))
     ssh_dir = Path(user.pw_dir) / ".ssh"
     ensure_dir(ssh_dir, USER, 0o700)
     write_file(ssh_dir / "authorized_keys", public_key(CLIENT_KEY) + " slurmtest-client\n", mode=0o600, owner=USER)
@@ -832,6 +851,7 @@ def daemons() -> dict[str, Daemon]:
     for key, port, config, pidfile in (
         ("sshd", SSH_PORT, SSH_DIR / "sshd_config", RUN / "sshd.pid"),
         ("sshd-fault", FAULT_PORT, SSH_DIR / "sshd_fault_config", RUN / "sshd-fault.pid"),
+        ("sshd-bastion", BASTION_PORT, SSH_DIR / "sshd_bastion_config", RUN / "sshd-bastion.pid"),
     ):
         listed.append(
             Daemon(
@@ -1141,6 +1161,7 @@ def cluster_env() -> dict[str, object]:
         "host": HOST,
         "port": SSH_PORT,
         "fault_port": FAULT_PORT,
+        "bastion_port": BASTION_PORT,
         "closed_port": closed_port(),
         "user": USER,
         "uid": pwd.getpwnam(USER).pw_uid,
@@ -1209,7 +1230,7 @@ def cmd_up() -> int:
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
     ensure_nodes_ready()
-    for key in ("sshd", "sshd-fault"):
+    for key in ("sshd", "sshd-fault", "sshd-bastion"):
         ensure_daemon(table[key])
     check_logins()
     step(f"up: cluster ready in {time.monotonic() - started:.1f} s")

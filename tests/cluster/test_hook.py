@@ -12,6 +12,7 @@ import asyncio
 import logging
 import re
 import secrets
+import shlex
 import socket
 import subprocess
 import sys
@@ -227,6 +228,59 @@ def test_all_hosts_down_lists_every_host_and_why(
     for host, reason in caught.value.failures:
         assert f"{host} port {cluster.closed_port} unreachable (Connection refused)" in reason
         assert reason in str(caught.value)
+
+
+def bastion_proxy(cluster: ClusterEnv, port: int) -> str:
+    """The ``proxy_command`` extra through the test cluster's bastion sshd (OpenSSH ``-W``, strict host keys)."""
+    return join(
+        [
+            "ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={cluster.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", "-i", cluster.key_file,
+            "-p", str(port), "-W", "%h:%p", f"{cluster.user}@{cluster.host}",
+        ]
+    )  # fmt: skip
+
+
+def bastion_logins(cluster: ClusterEnv) -> int:
+    """Logins the bastion sshd has accepted so far (its own log)."""
+    log = Path(cluster.state_dir) / "log" / "sshd-bastion.log"
+    return log.read_text().count(f"Accepted publickey for {cluster.user}") if log.exists() else 0
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_login_host_behind_a_bastion_is_reached_through_proxy_command(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, side: str
+) -> None:
+    """The bastion only forwards (no shell for anyone); the hook's connection goes through it, host keys checked."""
+    shell = subprocess.run(
+        [
+            "ssh",
+            *shlex.split(bastion_proxy(cluster, cluster.bastion_port))[1:-3],
+            f"{cluster.user}@{cluster.host}",
+            "id",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert shell.returncode != 0, "the bastion gives no shell"
+    assert "uid=" not in shell.stdout
+    before = bastion_logins(cluster)
+    hook = SlurmHook(settings=replace(slurm_settings, proxy_command=bastion_proxy(cluster, cluster.bastion_port)))
+    result = run_on(side, hook, "id -un")
+    assert (result.rc, result.stdout, result.host) == (0, f"{cluster.user}\n", cluster.host)
+    wait_until(lambda: bastion_logins(cluster) == before + 1 or None, "the bastion's log of the forwarded login", 10)
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_dead_bastion_fails_naming_the_login_host(
+    slurm_settings: ClusterSettings, cluster: ClusterEnv, side: str
+) -> None:
+    hook = SlurmHook(settings=replace(slurm_settings, proxy_command=bastion_proxy(cluster, cluster.closed_port)))
+    with pytest.raises(SlurmConnectionError) as caught:
+        run_on(side, hook, "true")
+    assert [host for host, _ in caught.value.failures] == [cluster.host]
 
 
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604], ids=["0644", "0640", "0604"])
