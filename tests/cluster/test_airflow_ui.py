@@ -40,7 +40,7 @@ from urllib.parse import quote as url_quote
 
 import httpx
 import pytest
-from demo import DAG_ID, REPO, TASKS, airflow_bin, prepare_airflow, stage_assets
+from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json, prepare_airflow, stage_assets
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv
@@ -68,6 +68,9 @@ CONNECTION_FIELDS = {
     "host_key",
     "no_host_key_check",
     "log_url_template",
+    "private_key_passphrase",
+    "conn_timeout",
+    "cmd_timeout",
 }
 
 
@@ -105,6 +108,12 @@ class Stack:
         response.raise_for_status()
         return response.json()
 
+    def post(self, path: str, body: Any) -> Any:
+        """POST JSON, return the JSON answer; fail on any HTTP error."""
+        response = self.client.post(path, json=body)
+        response.raise_for_status()
+        return response.json()
+
 
 @pytest.fixture(scope="module")
 def stack(cluster: ClusterEnv) -> Iterator[Stack]:
@@ -124,6 +133,7 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
                 "AIRFLOW__CORE__DEFAULT_TASK_RETRIES": "1",
                 "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "2",
+                "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
                 "AIRFLOW__API__HOST": "127.0.0.1",
                 "AIRFLOW__API__PORT": str(port),
                 "AIRFLOW__API__BASE_URL": url,
@@ -306,6 +316,28 @@ def test_connection_form_has_the_tao_slurm_fields(stack: Stack) -> None:
     standard = meta["standard_fields"]
     assert (standard["login"]["title"], standard["host"]["title"]) == ("SLURM user", "Login host(s)")
     assert standard["url_schema"]["hidden"] is True
+    assert standard["password"]["hidden"] is True, "the provider reads no password"
+
+
+def test_the_forms_test_button_checks_login_tools_and_storage(stack: Stack, cluster: ClusterEnv) -> None:
+    """The form's Test button (``POST /api/v2/connections/test``, an unsaved connection) runs the hook's
+    ``test_connection`` on the real login host; a wrong port is reported, not hidden."""
+    good = json.loads(connection_uri_json(dataclasses.asdict(cluster)))
+    body = {
+        "connection_id": "tao_form_test",
+        "conn_type": good["conn_type"],
+        "host": good["host"],
+        "port": good["port"],
+        "login": good["login"],
+        "extra": json.dumps(good["extra"]),
+    }
+    answer = stack.post("/api/v2/connections/test", body)
+    assert answer["status"] is True, answer
+    assert "sbatch" in answer["message"], answer
+    assert f"results_dir {cluster.results_dir} is writable" in answer["message"], answer
+    bad = stack.post("/api/v2/connections/test", {**body, "port": cluster.closed_port})
+    assert bad["status"] is False
+    assert str(cluster.closed_port) in bad["message"] or "refused" in bad["message"].lower(), bad
 
 
 @pytest.fixture(scope="module")
