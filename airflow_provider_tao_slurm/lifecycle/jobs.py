@@ -30,6 +30,7 @@ from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, 
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
+from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobFailedError,
@@ -37,6 +38,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobNotFoundError,
     RecordError,
     SubmissionError,
+    TaoSlurmError,
 )
 from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent, JobHandle
 from airflow_provider_tao_slurm.lifecycle.support import utc_now
@@ -455,6 +457,19 @@ class JobLifecycle:
                         message=f"is unknown to squeue and sacct; check `sacct -j {slurm_job_id}`",
                     ).to_dict()
             time.sleep(poll_interval)
+
+    def usage(self, slurm_job_id: str) -> JobUsage | None:
+        """What the job cost (queue and run time, GPU hours, nodes, exit code) from accounting; ``None``
+        when accounting cannot say (the figures are a report: their absence never fails the job)."""
+        try:
+            result = self.hook.run(usage_command(slurm_job_id), what="job usage query")
+        except TaoSlurmError as exc:
+            self.log.warning("Cannot read the usage of SLURM job %s: %s", slurm_job_id, exc)
+            return None
+        if result.rc != 0:
+            self.log.warning("Cannot read the usage of SLURM job %s: sacct exited %s", slurm_job_id, result.rc)
+            return None
+        return parse_usage(result.stdout, slurm_job_id)
 
     def log_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES, secrets: Iterable[str] = ()) -> str:
         """The last ``max_bytes`` of a remote log, redacted (empty when missing)."""

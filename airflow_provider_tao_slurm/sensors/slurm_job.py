@@ -9,17 +9,20 @@ recorded UNKNOWN and fails the task. The sensor itself submits nothing.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk.observability.stats import Stats
 
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.records import JobRecord, mark
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
 from airflow_provider_tao_slurm.core.status import status_verdict
+from airflow_provider_tao_slurm.core.usage import JobUsage
 from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
@@ -222,8 +225,13 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             raise UnknownStateError(event.message)
         state = event.state
         assert state is not None  # JobEvent.from_dict guarantees it for TERMINAL
+        usage = lifecycle.usage(handle.slurm_job_id)
+        if usage is not None:
+            record = dataclasses.replace(record, extra={**record.extra, "usage": usage.to_dict()})
+            self._report_usage(handle, usage, state)
         if state.tao_state is TaoState.COMPLETE:
-            return self._completed(lifecycle, handle, record, state)
+            result = self._completed(lifecycle, handle, record, state)
+            return {**result, **usage.to_dict()} if usage is not None else result
         if state.tao_state is TaoState.CANCELED:
             reason = f"SLURM job {state.job_id} ended {state.raw_state or state.native}"
             lifecycle.settle(handle, record, TaoState.CANCELED, message=reason)
@@ -298,6 +306,16 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         return record_dict(record)
 
     # ------------------------------------------------------------------ helpers
+
+    def _report_usage(self, handle: JobHandle, usage: JobUsage, state: JobState) -> None:
+        """The job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""
+        self.log.info("%s", usage.summary(handle.slurm_job_id, f"{state.tao_state} ({state.native})"))
+        tags = {"cluster": handle.cluster or "", "state": str(state.tao_state)}
+        if usage.queue_seconds is not None:
+            Stats.timing("tao_slurm.job.queue_time", timedelta(seconds=usage.queue_seconds), tags=tags)
+        Stats.timing("tao_slurm.job.run_time", timedelta(seconds=usage.elapsed_seconds), tags=tags)
+        Stats.gauge("tao_slurm.job.gpu_hours", usage.gpu_hours, tags=tags)
+        Stats.incr("tao_slurm.job.gpu_seconds", round(usage.gpu_hours * 3600), tags=tags)
 
     def _show_logs(self, lifecycle: JobLifecycle, handle: JobHandle, secrets: list[str]) -> str:
         """Put the end of main.out/main.err (bounded, redacted) into the task log; return it for classification."""

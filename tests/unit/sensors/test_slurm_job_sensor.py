@@ -14,6 +14,7 @@ from airflow.sdk.exceptions import TaskDeferred
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
+from airflow_provider_tao_slurm.core.usage import usage_command
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobFailedError,
@@ -87,6 +88,7 @@ class FakeHook:
         self.found: list[str] = []
         self.submit_error: Exception | None = None
         self.status: list[dict[str, Any]] | None = None
+        self.usage_stdout = ""
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         return self.files.get(path)
@@ -106,6 +108,8 @@ class FakeHook:
         self.commands.append(command)
         if "%N|%P|%t" in command:  # node states: n2 went down with the failure
             return CommandResult(0, "n1|polar*|idle\nn2|polar*|down*\n", "")
+        if command == usage_command(SLURM_ID):
+            return CommandResult(0, self.usage_stdout, "")
         return CommandResult(0, "n2\n" if command.startswith("sinfo") else "", "")
 
     def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
@@ -229,8 +233,49 @@ def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
         ("RUNNING", "trigger"),
         ("COMPLETE", "sensor"),
     ]
-    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
     assert hook.submits == []
+
+
+def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_log(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    hook = FakeHook()
+    hook.usage_stdout = (
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T07:02:10|3718|cpu=2,gres/gpu=2|n2|0:0\n"
+    )
+    metrics: list[tuple[str, str, Any]] = []
+    recorder = SimpleNamespace(
+        timing=lambda name, value, tags: metrics.append(("timing", name, value.total_seconds())),
+        gauge=lambda name, value, tags: metrics.append(("gauge", name, value)),
+        incr=lambda name, value, tags: metrics.append(("incr", name, value)),
+    )
+    monkeypatch.setattr(sensor_module, "Stats", recorder)
+    capfd.readouterr()
+
+    result = complete(sensor_with(hook), terminal("COMPLETED", node_list="n2"))
+
+    figures = {
+        "queue_seconds": 12,
+        "elapsed_seconds": 3718,
+        "gpus": 2,
+        "gpu_hours": 2.0656,
+        "node_list": "n2",
+        "exit_code": 0,
+    }
+    assert {key: result[key] for key in figures} == figures
+    assert hook.record()["extra"]["usage"] == figures
+    assert metrics == [
+        ("timing", "tao_slurm.job.queue_time", 12.0),
+        ("timing", "tao_slurm.job.run_time", 3718.0),
+        ("gauge", "tao_slurm.job.gpu_hours", 2.0656),
+        ("incr", "tao_slurm.job.gpu_seconds", 7436),
+    ]
+    out = capfd.readouterr()
+    assert (
+        f"SLURM job {SLURM_ID} COMPLETE (COMPLETED): queued 12 s, ran 1 h 1 min on n2, 2 GPU(s) = 2.0656 GPU hours, "
+        "exit code 0"
+    ) in out.out + out.err
 
 
 @pytest.mark.parametrize(
@@ -283,7 +328,7 @@ def test_program_failure_fails_without_resubmission() -> None:
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
     assert hook.submits == []
     assert hook.lookups == []
-    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
 
 
 def test_cancelled_job_is_canceled_not_unknown() -> None:
@@ -296,7 +341,7 @@ def test_cancelled_job_is_canceled_not_unknown() -> None:
     record = hook.record()
     assert record["terminal_state"] == "CANCELED"
     assert record["transitions"][-1]["message"] == "SLURM job 500 ended CANCELLED by 1001"
-    assert hook.commands == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
 
 
 @pytest.mark.parametrize("status", ["vanished", "error"], ids=["vanished", "older-provider-error"])
