@@ -61,8 +61,8 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": _modules("airflow_provider_tao_slurm.sensors.slurm_job"),
         "triggers": _modules("airflow_provider_tao_slurm.triggers.slurm_job"),
         "extra-links": [
-            "airflow_provider_tao_slurm.operators.links.SlurmJobLogsLink",
-            "airflow_provider_tao_slurm.operators.links.SlurmJobResultsLink",
+            "airflow_provider_tao_slurm.lifecycle.links.SlurmJobLogsLink",
+            "airflow_provider_tao_slurm.lifecycle.links.SlurmJobResultsLink",
         ],
         "connection-types": [
             {

@@ -37,6 +37,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
     lint_bash,
     partitions_for,
@@ -45,7 +46,6 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     utc_now,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.operators.links import SlurmJobLogsLink, SlurmJobResultsLink
 
 #: Stands for "the cluster's default partition" while the script is checked before asking the cluster.
 _DEFAULT_PARTITION_PLACEHOLDER = "cluster-default"

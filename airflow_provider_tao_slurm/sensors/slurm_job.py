@@ -39,6 +39,7 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     JobHandle,
 )
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle, record_dict
+from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin, default_deferrable, resolve_secret
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -78,6 +79,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     template_fields: Sequence[str] = ("job",)
     ui_color = "#76b900"
+    operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
 
     def __init__(
         self,
@@ -115,11 +117,17 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     def execute(self, context: Any) -> Any:
         """Validate the handle, then defer to :class:`SlurmJobTrigger` (or poke when not deferrable)."""
         handle = JobHandle.from_dict(self.job)
+        self._publish(context, handle)
         if not self.deferrable:
             self._current = handle
             return super().execute(context)
         self._defer(handle)
         return None
+
+    @staticmethod
+    def _publish(context: Any, handle: JobHandle) -> None:
+        """Tell the extra links (and anyone reading XCom) which job this sensor is watching now."""
+        context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=handle.to_dict())
 
     def _defer(self, handle: JobHandle) -> None:
         self.defer(
@@ -149,6 +157,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             )
         outcome = self._settle(context, handle, parsed)
         if isinstance(outcome, JobHandle):
+            self._publish(context, outcome)
             self._defer(outcome)
         return outcome
 
@@ -197,6 +206,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             return False
         outcome = self._settle(context, handle, event)
         if isinstance(outcome, JobHandle):
+            self._publish(context, outcome)
             self._current = outcome
             return False
         return PokeReturnValue(is_done=True, xcom_value=outcome)

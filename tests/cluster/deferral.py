@@ -60,8 +60,17 @@ async def first_event(trigger: SlurmJobTrigger, timeout: float = 120) -> Trigger
 
 
 def context(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> dict[str, Any]:
-    """The slice of an Airflow context the operators read."""
-    ti = SimpleNamespace(dag_id=dag_id, task_id=task_id, run_id=run_id, map_index=-1, try_number=try_number)
+    """The slice of an Airflow context the operators read (``ti.xcom`` keeps what they push)."""
+    xcom: dict[str, Any] = {}
+    ti = SimpleNamespace(
+        dag_id=dag_id,
+        task_id=task_id,
+        run_id=run_id,
+        map_index=-1,
+        try_number=try_number,
+        xcom=xcom,
+        xcom_push=lambda key, value: xcom.__setitem__(key, value),
+    )
     return {"ti": ti}
 
 

@@ -84,7 +84,7 @@ def test_the_form_has_exactly_the_extras_the_provider_reads() -> None:
     import inspect
 
     from airflow_provider_tao_slurm.core import config
-    from airflow_provider_tao_slurm.operators.links import URL_TEMPLATE_EXTRA
+    from airflow_provider_tao_slurm.lifecycle.links import URL_TEMPLATE_EXTRA
 
     read = {URL_TEMPLATE_EXTRA}
     tree = ast.parse(inspect.getsource(config))

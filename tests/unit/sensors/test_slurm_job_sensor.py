@@ -26,6 +26,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
+from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.sensors import slurm_job as sensor_module
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
@@ -33,7 +34,17 @@ from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 BASE = "/lustre/u"
 SLURM_ID = "500"
 NOW = "2026-01-02T03:04:05Z"
-CTX = {"ti": SimpleNamespace(dag_id="dag", task_id="wait", run_id="run1", map_index=-1, try_number=1)}
+XCOM: dict[str, Any] = {}
+CTX = {
+    "ti": SimpleNamespace(
+        dag_id="dag",
+        task_id="wait",
+        run_id="run1",
+        map_index=-1,
+        try_number=1,
+        xcom_push=lambda key, value: XCOM.__setitem__(key, value),
+    )
+}
 JOB_ID = mint_job_id("dag", "submit", "run1")
 LAYOUT = JobLayout(BASE, JOB_ID)
 RETRY_ID = mint_job_id("dag", "wait", "run1", retry_of=JOB_ID)
@@ -180,6 +191,8 @@ def test_execute_defers_to_the_trigger_with_the_handle() -> None:
     kept = deferred.value.kwargs["job"]
     assert {key: kept[key] for key in make_handle()} == make_handle()  # the public handle keys travel as they are
     assert (kept["infra_retries"], kept["retry_of"]) == (0, None)
+    assert XCOM[WATCHED_JOB_KEY] == kept, "the extra links know the watched job while it runs"
+    assert [type(link) for link in sensor.operator_extra_links] == [SlurmJobLogsLink, SlurmJobResultsLink]
     assert trigger.record_path == LAYOUT.record_path  # a user kill records CANCELED
     assert deferred.value.timeout is None
 
@@ -455,6 +468,7 @@ def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
     assert handle["infra_retries"] == 1
     assert handle["sidecar_path"] == LAYOUT.sidecar_path
     assert deferred.value.trigger.slurm_job_id == "501"
+    assert XCOM[WATCHED_JOB_KEY] == handle, "the extra links follow the resubmitted job"
     assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands
 
 

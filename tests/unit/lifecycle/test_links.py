@@ -13,14 +13,16 @@ from airflow.serialization.serialized_objects import OperatorSerialization
 
 from airflow_provider_tao_slurm import get_provider_info
 from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
-from airflow_provider_tao_slurm.operators import links
-from airflow_provider_tao_slurm.operators.links import (
+from airflow_provider_tao_slurm.lifecycle import links
+from airflow_provider_tao_slurm.lifecycle.links import (
+    WATCHED_JOB_KEY,
     SlurmJobLogsLink,
     SlurmJobResultsLink,
     check_url_template,
     job_url,
 )
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 
 HANDLE = {
     "job_id": "tao-dag-submit-1a2b3c",
@@ -164,3 +166,14 @@ def test_provider_info_lists_the_links() -> None:
     assert [import_string(path) for path in info["extra-links"]] == [SlurmJobLogsLink, SlurmJobResultsLink]
     (conn,) = info["connection-types"]
     assert conn["conn-fields"]["log_url_template"]["schema"] == {"type": ["string", "null"]}
+
+
+def test_a_sensors_links_follow_the_job_it_watches(xcom: dict[str, Any]) -> None:
+    """The sensor publishes the watched job's handle (``watched_job``); it wins over a return value, and it is
+    there also when the job failed (no return value)."""
+    resubmitted = {**HANDLE, "slurm_job_id": "4712", "log_dir": "/lustre/u/logs/tao-dag-submit-1a2b3c-r1-4712"}
+    xcom[WATCHED_JOB_KEY] = resubmitted
+    sensor = SlurmJobSensor(task_id="wait", job=HANDLE, slurm_conn_id="slurm_links_none")
+    assert SlurmJobLogsLink().get_link(sensor, ti_key=TI) == "file:///lustre/u/logs/tao-dag-submit-1a2b3c-r1-4712"
+    xcom["return_value"] = {**HANDLE, "log_dir": "/elsewhere"}
+    assert SlurmJobLogsLink().get_link(sensor, ti_key=TI) == "file:///lustre/u/logs/tao-dag-submit-1a2b3c-r1-4712"
