@@ -73,9 +73,7 @@ def usage_command(slurm_job_id: str) -> str:
     :raises ValidationError: for an id that is not a SLURM job id.
     """
     check_slurm_job_id(slurm_job_id)
-    return join(
-        ["sacct", "-X", "-n", "-P", "-j", slurm_job_id, "-o", USAGE_FIELDS, "--starttime=now-400days"]
-    )
+    return join(["sacct", "-X", "-n", "-P", "-j", slurm_job_id, "-o", USAGE_FIELDS, "--starttime=now-400days"])
 
 
 def _time(text: str) -> datetime | None:
