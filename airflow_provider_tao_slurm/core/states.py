@@ -413,3 +413,34 @@ def parse_jobs_by_name(stdout: str, user: str, stderr: str = "") -> NameLookup:
     mine = tuple(dict.fromkeys(job_id for job_id, owner in rows if owner == user))
     foreign = tuple(dict.fromkeys((job_id, owner) for job_id, owner in rows if owner != user))
     return NameLookup(mine, foreign)
+
+
+#: What a user can do about the common pending reasons (``squeue`` ``%r``), by reason prefix.
+PENDING_HINTS: Mapping[str, str] = MappingProxyType(
+    {
+        "Priority": "other jobs are ahead in the queue; it starts when its priority is highest (no action needed)",
+        "Resources": "waiting for enough free nodes/GPUs; fewer GPUs or another partition may start sooner",
+        "QOSGrpMemLimit": "the QOS's group memory limit is in use; ask for less memory or wait for your group's jobs",
+        "QOSGrp": "a QOS group limit (GPUs, CPUs, jobs) is reached; wait for your group's jobs or use another QOS",
+        "QOSMax": "the request exceeds a per-job limit of the QOS; lower it or use another QOS",
+        "AssocGrp": "your account's group limit is reached; wait for its jobs or ask the admins",
+        "ReqNodeNotAvail": "a node the job needs is down, drained or reserved; drop node constraints or wait",
+        "PartitionTimeLimit": "time_hours exceeds the partition's limit and the job can never start; cancel it and "
+        "lower time_hours or pick a longer partition",
+        "PartitionNodeLimit": "the job asks for more nodes than the partition allows; cancel it and ask for fewer",
+        "Reservation": "waiting for its reservation to start",
+        "BeginTime": "held until its begin time (a requeued job waits about two minutes)",
+        "JobHeldUser": "held by its owner; `scontrol release <id>` lets it start",
+        "JobHeldAdmin": "held by an administrator; ask them",
+        "Dependency": "waiting for the jobs it depends on",
+        "DependencyNeverSatisfied": "its dependency can never be satisfied; cancel it",
+    }
+)
+
+
+def pending_hint(reason: str | None) -> str | None:
+    """What to make of a pending reason (``None`` for a reason without a hint); the longest matching prefix wins."""
+    if not reason:
+        return None
+    matches = [key for key in PENDING_HINTS if reason.startswith(key)]
+    return PENDING_HINTS[max(matches, key=len)] if matches else None

@@ -15,7 +15,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.core.states import TaoState, pending_hint
 from airflow_provider_tao_slurm.lifecycle.events import (
     DEFAULT_NOT_FOUND_GRACE_S,
     DEFAULT_UNRECOGNISED_GRACE_S,
@@ -154,13 +154,15 @@ class SlurmJobTrigger(BaseTrigger):
                         continue  # sacct has not recorded the end yet: wait for its exit code
                 current = (str(state.tao_state), state.reason)
                 if current != last:
+                    hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
                     self.log.info(
-                        "SLURM job %s (%s): %s%s%s",
+                        "SLURM job %s (%s): %s%s%s%s",
                         self.slurm_job_id,
                         self.job_name,
                         state.native or state.raw_state,
                         f" reason={state.reason}" if state.reason else "",
                         f" nodes={state.node_list}" if state.node_list else "",
+                        f" ({hint})" if hint else "",
                     )
                     transitions.append(Observation(update.polled_at, state.tao_state, state.native, state.reason))
                     last = current

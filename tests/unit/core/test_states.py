@@ -16,6 +16,7 @@ from airflow_provider_tao_slurm.core.states import (
     parse_sacct,
     parse_sbatch_reply,
     parse_squeue,
+    pending_hint,
     state_from_native,
 )
 from airflow_provider_tao_slurm.exceptions import JobLookupError
@@ -539,3 +540,28 @@ def test_parse_jobs_by_name_more_answers(
 ) -> None:
     found = parse_jobs_by_name(text, "alice")
     assert (found.job_ids, found.foreign) == (mine, foreign)
+
+
+@pytest.mark.parametrize(
+    ("reason", "words"),
+    [
+        ("Priority", "other jobs are ahead"),
+        ("Resources", "enough free nodes/GPUs"),
+        ("QOSGrpMemLimit", "group memory limit"),
+        ("QOSGrpGRES", "QOS group limit"),
+        ("ReqNodeNotAvail, UnavailableNodes:n2", "down, drained or reserved"),
+        ("PartitionTimeLimit", "can never start"),
+        ("DependencyNeverSatisfied", "can never be satisfied"),
+        ("Dependency", "waiting for the jobs it depends on"),
+        ("JobHeldUser", "scontrol release"),
+    ],
+)
+def test_pending_reasons_get_a_hint(reason: str, words: str) -> None:
+    hint = pending_hint(reason)
+    assert hint is not None
+    assert words in hint
+
+
+@pytest.mark.parametrize("reason", [None, "", "None", "SomethingNew"])
+def test_other_reasons_get_no_hint(reason: str | None) -> None:
+    assert pending_hint(reason) is None
