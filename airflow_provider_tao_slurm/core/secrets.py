@@ -3,15 +3,25 @@
 What counts as literal credential material:
 
 - an assignment (``NAME=value``, ``export NAME=value``, ``name='value'`` in a command, ``?name=``
-  in a URL), a ``--name value`` / ``--name=value`` option or a ``name: value`` mapping (YAML, JSON)
-  whose name is credential-named (:func:`is_secret_name`) and whose value is a literal;
+  in a URL), a ``--name value`` / ``--name=value`` option (also as two items of a list,
+  ``["--token", "X"]``) or a ``name: value`` mapping (YAML, JSON) whose name is credential-named
+  (:func:`is_secret_name`) and whose value is a literal, also when only part of it is quoted
+  (``NGC_API_KEY=nvapi-"X"``) or a backslash-newline splices it;
+- a literal default in a parameter expansion of a credential-named variable (``${NGC_API_KEY:-X}``);
+- a name/value environment entry whose name is credential-named and whose value is a literal, in
+  block YAML (``- name: NGC_API_KEY`` then ``value: X``), flow YAML or JSON (``{"name": ..., "value": ...}``);
+  ``value: $(VAR)`` is a reference;
+- a registry password given on the command line: ``docker login -p X`` / ``-pX`` (also podman,
+  nerdctl, buildah, skopeo, helm registry, oras);
 - well-known token shapes anywhere: GitHub (``ghp_`` ..., ``github_pat_``), Hugging Face (``hf_``),
   AWS access key ids (``AKIA``/``ASIA``), Slack (``xox?-``), ``sk-`` API keys, NVIDIA ``nvapi-``
   keys, JWTs, ``Bearer``/``Basic`` credentials and PEM private keys;
 - a password in a URL (``https://user:pass@host``) and presigned URL signatures
   (``X-Amz-Signature=``, ``X-Goog-Signature=``, ``Signature=``, Azure SAS ``sig=``).
 
-Not secrets: references (``$HF_TOKEN``, ``${NGC_API_KEY}``, ``"$PASSWORD"``, ``$(cat file)``),
+Not secrets: references (``$HF_TOKEN``, ``${NGC_API_KEY}``, ``"$PASSWORD"``, ``$(cat file)``) and
+the redaction placeholder :data:`REDACTED` itself (it reads as a reference, so redacted text lints
+clean and redacting twice changes nothing),
 empty values, the words ``true false yes no on off none null 0 1`` and the HTTP auth schemes
 ``Bearer``/``Basic`` (the credential after them is a pattern of its own), and names that describe a
 secret rather than hold it: the last word of the name decides, so ``PASSWORD_FILE=/path``,
@@ -21,13 +31,17 @@ not credential-named. A single-quoted value is a literal even if it starts with 
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
+from urllib.parse import quote, quote_plus
 
 from airflow_provider_tao_slurm.exceptions import SecretLeakError
 
-REDACTED = "***"
+#: What a secret is replaced with: a reference to an unset variable, never a literal.
+REDACTED = "${REDACTED}"
 MIN_SECRET_LENGTH = 4
 
 # The last word of a name (split on '_', '-', '.' and camelCase) that makes it credential-named.
@@ -43,7 +57,8 @@ _NOT_SECRET_VALUES = frozenset(
     {"", "true", "false", "yes", "no", "on", "off", "none", "null", "0", "1", "bearer", "basic"}
 )
 
-_VALUE = r"""(?P<value>"[^"\n]*"|'[^'\n]*'|[^\s;&|()<>`"']+)"""
+# A value: one quoted string, or a shell word that starts unquoted and may go on with quoted parts.
+_VALUE = r"""(?P<value>"[^"\n]*"|'[^'\n]*'|[^\s;&|()<>`"']+(?:(?:"[^"\n]*"|'[^'\n]*')[^\s;&|()<>`"']*)*)"""
 _BOUNDARY = r"""(?<![^\s;&|(`{"',?])"""
 # NAME=value (shell, kwargs, URL query), --name value / --name=value, and name: value (YAML, JSON).
 _NAMED_VALUES: tuple[tuple[str, re.Pattern[str]], ...] = (
@@ -55,7 +70,35 @@ _NAMED_VALUES: tuple[tuple[str, re.Pattern[str]], ...] = (
             _BOUNDARY + r"""(?<!\$\{)["']?(?P<name>[A-Za-z_][A-Za-z0-9_-]*)["']?[ \t]*:(?![-?+=])[ \t]*""" + _VALUE
         ),
     ),
+    # ["--token", "X"] and [--token, X]: an option and its value as two items of a list.
+    ("option", re.compile(r"""(?P<q>["']?)(?P<name>--[A-Za-z][A-Za-z0-9_-]*)(?P=q)[ \t]*,[ \t]*""" + _VALUE)),
+    # ${NAME:-default} / ${NAME-default} / ${NAME:=default}: the default is a literal unless it is a reference.
+    ("default", re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*):?[-=](?P<value>[^}\s]+)\}")),
+    # {name: X, value: Y} (flow YAML, JSON) in an env list.
+    (
+        "env-list",
+        re.compile(
+            r"""\{[ \t]*["']?name["']?[ \t]*:[ \t]*["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?[ \t]*,[ \t]*"""
+            r"""["']?value["']?[ \t]*:[ \t]*""" + _VALUE
+        ),
+    ),
+    # docker login -u U -p X / -pX (and the other registry clients).
+    (
+        "option",
+        re.compile(
+            r"\b(?:docker|podman|nerdctl|buildah|skopeo|oras|helm[ \t]+registry)[ \t]+login\b[^\n;|&]*?[ \t]"
+            r"(?P<name>-p)(?:[ \t]+|=)?(?!-)" + _VALUE
+        ),
+    ),
 )
+# Rules whose name is a credential by where it stands (``-p`` of a registry login), not by its words.
+_CONTEXT_NAMES = frozenset({"-p"})
+# Block YAML env lists: "- name: NGC_API_KEY" and, on one of the next lines, "value: X".
+_ENV_NAME_LINE = re.compile(
+    r"""^(?P<indent>[ \t]*)-[ \t]+name[ \t]*:[ \t]*["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?[ \t]*$"""
+)
+_ENV_VALUE_LINE = re.compile(r"""^[ \t]+value[ \t]*:[ \t]*""" + _VALUE)
+_SPLICE = "\\\n"
 _PEM_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
 
 # (kind, name, pattern): the named group "s", when present, is the secret part of the match.
@@ -119,11 +162,9 @@ def lint_script(text: str) -> list[SecretFinding]:
     :returns: the findings in line order, each ``(line, name, kind)``; empty when clean.
     """
     findings = (
-        SecretFinding(number, name, kind)
-        for number, line in enumerate(text.splitlines(), start=1)
-        for name, kind, _start, _end in _secret_spans(line)
+        SecretFinding(text.count("\n", 0, start) + 1, name, kind) for name, kind, start, _end in _text_spans(text)
     )
-    return list(dict.fromkeys(findings))
+    return sorted(dict.fromkeys(findings), key=lambda finding: finding.line)
 
 
 def assert_no_secrets(text: str, where: str) -> None:
@@ -146,13 +187,36 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
 
     :param text: any text (log output, messages, command lines).
     :param secrets: known secret values; each one of at least ``MIN_SECRET_LENGTH`` characters is
-        replaced wherever it occurs, longest first (shorter values would mangle ordinary text).
-    :returns: the redacted text.
+        replaced wherever it occurs, also base64-, URL- and JSON-encoded, longest first (shorter
+        values would mangle ordinary text).
+    :returns: the redacted text; redacting it again changes nothing.
     """
-    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET_LENGTH}, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
+    forms = {form for secret in secrets if len(secret) >= MIN_SECRET_LENGTH for form in _encoded_forms(secret)}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, REDACTED)
     text = _PEM_BLOCK.sub(REDACTED, text)
-    return "".join(_redact_line(line) for line in text.splitlines(keepends=True))
+    pieces: list[str] = []
+    position = 0
+    for start, end in sorted((start, end) for _name, _kind, start, end in _text_spans(text)):
+        if start >= position:
+            pieces += [text[position:start], REDACTED]
+        position = max(position, end)
+    pieces.append(text[position:])
+    return "".join(pieces)
+
+
+def _encoded_forms(secret: str) -> set[str]:
+    """The secret and the forms it takes when a program encodes it (base64, URL, JSON string)."""
+    raw = secret.encode()
+    forms = {
+        secret,
+        quote(secret, safe=""),
+        quote_plus(secret, safe=""),
+        json.dumps(secret)[1:-1],
+        base64.b64encode(raw).decode().rstrip("="),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+    }
+    return {form for form in forms if len(form) >= MIN_SECRET_LENGTH}
 
 
 def redact_obj(obj: Any, secrets: Iterable[str] = ()) -> Any:
@@ -185,15 +249,40 @@ def _redact(obj: Any, secrets: tuple[str, ...]) -> Any:
     return obj
 
 
-def _redact_line(line: str) -> str:
-    pieces: list[str] = []
-    position = 0
-    for start, end in sorted((start, end) for _name, _kind, start, end in _secret_spans(line)):
-        if start >= position:
-            pieces += [line[position:start], REDACTED]
-        position = max(position, end)
-    pieces.append(line[position:])
-    return "".join(pieces)
+def _text_spans(text: str) -> Iterator[tuple[str, str, int, int]]:
+    """Yield ``(name, kind, start, end)`` for each piece of literal credential material in ``text``.
+
+    Lines joined by a backslash-newline are read as one; a span that crosses the splice covers it.
+    """
+    where = [index for index, char in enumerate(text) if not _spliced(text, index)]
+    logical = "".join(text[index] for index in where)
+    offset = 0
+    lines = logical.splitlines(keepends=True)
+    for number, line in enumerate(lines):
+        for name, kind, start, end in [*_secret_spans(line), *_env_block_spans(lines, number)]:
+            yield name, kind, where[offset + start], where[offset + end - 1] + 1
+        offset += len(line)
+
+
+def _spliced(text: str, index: int) -> bool:
+    """True for the two characters of a backslash-newline splice."""
+    return text.startswith(_SPLICE, index) or (index > 0 and text.startswith(_SPLICE, index - 1))
+
+
+def _env_block_spans(lines: list[str], number: int) -> Iterator[tuple[str, str, int, int]]:
+    """The literal ``value:`` of a block-YAML env entry whose ``- name:`` (credential-named) is above ``number``."""
+    match = _ENV_VALUE_LINE.match(lines[number])
+    if match is None:
+        return
+    for above in range(number - 1, max(number - 4, -1), -1):
+        named = _ENV_NAME_LINE.match(lines[above].rstrip("\n"))
+        if named is not None:
+            start, end = _literal_span(match)
+            if start < end and is_secret_name(named.group("name")):
+                yield named.group("name"), "env-list", start, end
+            return
+        if lines[above].lstrip().startswith("-"):
+            return
 
 
 def _secret_spans(line: str) -> Iterator[tuple[str, str, int, int]]:
@@ -201,8 +290,9 @@ def _secret_spans(line: str) -> Iterator[tuple[str, str, int, int]]:
     for kind, pattern in _NAMED_VALUES:
         for match in pattern.finditer(line):
             start, end = _literal_span(match)
-            if start < end and is_secret_name(match.group("name")):
-                yield match.group("name"), kind, start, end
+            name = match.group("name")
+            if start < end and (name in _CONTEXT_NAMES or is_secret_name(name)):
+                yield name, kind, start, end
     for kind, name, pattern in _PATTERNS:
         for match in pattern.finditer(line):
             group = "s" if "s" in pattern.groupindex else 0
@@ -214,9 +304,10 @@ def _literal_span(match: re.Match[str]) -> tuple[int, int]:
     """Return the span of the literal value inside any quotes; an empty span if it is no literal."""
     value = match.group("value")
     start, end = match.span("value")
-    if value[0] in "'\"":
+    whole = len(value) >= 2 and value[0] in "'\"" and value[-1] == value[0] and value[0] not in value[1:-1]
+    if whole:
         value, start, end = value[1:-1], start + 1, end - 1
     is_reference = match.group("value")[0] != "'" and value[:1] in ("$", "`")
-    if is_reference or value.lower() in _NOT_SECRET_VALUES:
+    if is_reference or value == REDACTED or value.lower() in _NOT_SECRET_VALUES:
         return start, start
     return start, end

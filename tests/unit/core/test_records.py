@@ -193,8 +193,12 @@ def test_open_record_redacts_secrets_in_every_field() -> None:
     assert "hunter2-secret" not in text
     assert "abcd1234" not in text
     assert "pw12345" not in text
-    assert record.image == "/lustre/images/***.sqsh"
-    assert record.extra == {"api_key": "***", "note": "uses ***", "nested": [{"password": "***"}]}
+    assert record.image == "/lustre/images/${REDACTED}.sqsh"
+    assert record.extra == {
+        "api_key": "${REDACTED}",
+        "note": "uses ${REDACTED}",
+        "nested": [{"password": "${REDACTED}"}],
+    }
 
 
 @pytest.mark.parametrize(
@@ -410,7 +414,7 @@ def test_mark_redacts_messages_and_dedupes_on_the_redacted_text() -> None:
         source="trigger",
         secrets=["s3cret-value"],
     )
-    assert first.transitions[-1].message == "env HF_TOKEN=*** and ***"
+    assert first.transitions[-1].message == "env HF_TOKEN=${REDACTED} and ${REDACTED}"
     again = records.mark(
         first,
         "RUNNING",
@@ -514,7 +518,11 @@ def test_to_json_redacts_every_write() -> None:
     assert "pw-12345" not in text
     assert "abcdefgh" not in text
     assert "tok-987654" not in text
-    assert json.loads(text)["extra"] == {"password": "***", "cmd": "x --api-key=***", "raw": "***"}
+    assert json.loads(text)["extra"] == {
+        "password": "${REDACTED}",
+        "cmd": "x --api-key=${REDACTED}",
+        "raw": "${REDACTED}",
+    }
 
 
 def test_to_json_rejects_unserialisable_values() -> None:

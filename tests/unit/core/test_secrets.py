@@ -6,6 +6,11 @@ secret scanner would take for a real credential.
 
 from __future__ import annotations
 
+import base64
+import json
+import urllib.parse
+from typing import Any
+
 import pytest
 
 from airflow_provider_tao_slurm.core.secrets import (
@@ -205,17 +210,18 @@ def test_is_secret_name(name: str, expected: bool) -> None:
 @pytest.mark.parametrize(
     ("text", "secrets", "expected"),
     [
-        pytest.param("user s3cr3t-v4lue here", ["s3cr3t-v4lue"], "user *** here", id="given-value"),
-        pytest.param("abcdef and abc", ["abc", "abcdef"], "*** and abc", id="short-value-kept"),
-        pytest.param("pre-abcdefgh-post", ["abcd", "abcdefgh"], "pre-***-post", id="longest-first"),
-        pytest.param("value: 'k3y!'", ["k3y!", ""], "value: '***'", id="empty-secret-ignored"),
-        pytest.param("multi\nline s3cr3t\n", ["s3cr3t"], "multi\nline ***\n", id="keeps-newlines"),
-        pytest.param("export HF_TOKEN=abc x=1", [], "export HF_TOKEN=*** x=1", id="assignment"),
-        pytest.param('HF_TOKEN="abc def" next', [], 'HF_TOKEN="***" next', id="quoted-assignment"),
-        pytest.param(f"HF_TOKEN={HF}", [], "HF_TOKEN=***", id="overlapping-spans"),
-        pytest.param("a\n" + PEM_BEGIN + "\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\nb\n", [], "a\n***\nb\n",
+        pytest.param("user s3cr3t-v4lue here", ["s3cr3t-v4lue"], "user ${REDACTED} here", id="given-value"),
+        pytest.param("abcdef and abc", ["abc", "abcdef"], "${REDACTED} and abc", id="short-value-kept"),
+        pytest.param("pre-abcdefgh-post", ["abcd", "abcdefgh"], "pre-${REDACTED}-post", id="longest-first"),
+        pytest.param("value: 'k3y!'", ["k3y!", ""], "value: '${REDACTED}'", id="empty-secret-ignored"),
+        pytest.param("multi\nline s3cr3t\n", ["s3cr3t"], "multi\nline ${REDACTED}\n", id="keeps-newlines"),
+        pytest.param("export HF_TOKEN=abc x=1", [], "export HF_TOKEN=${REDACTED} x=1", id="assignment"),
+        pytest.param('HF_TOKEN="abc def" next', [], 'HF_TOKEN="${REDACTED}" next', id="quoted-assignment"),
+        pytest.param(f"HF_TOKEN={HF}", [], "HF_TOKEN=${REDACTED}", id="overlapping-spans"),
+        pytest.param("a\n" + PEM_BEGIN + "\nMIIEow\nAAAA\n-----END RSA PRIVATE KEY-----\nb\n", [],
+                     "a\n${REDACTED}\nb\n",
                      id="pem-block"),
-        pytest.param(PEM_BEGIN + "\nMIIEow\n", [], "***", id="pem-truncated"),
+        pytest.param(PEM_BEGIN + "\nMIIEow\n", [], "${REDACTED}", id="pem-truncated"),
     ],
 )  # fmt: skip
 def test_redact_text(text: str, secrets: list[str], expected: str) -> None:
@@ -224,7 +230,7 @@ def test_redact_text(text: str, secrets: list[str], expected: str) -> None:
 
 def test_redact_text_accepts_a_generator_and_is_idempotent() -> None:
     once = redact_text(f"t=s3cr3t-xyz {HF}", (value for value in ["s3cr3t-xyz"]))
-    assert once == f"t=*** {REDACTED}"
+    assert once == f"t={REDACTED} {REDACTED}"
     assert redact_text(once, ["s3cr3t-xyz"]) == once
 
 
@@ -241,10 +247,99 @@ def test_redact_obj_walks_containers_and_keys() -> None:
     assert redact_obj(record, ["s3cr3t-value"]) == {
         "job_id": "tao-1",
         "secret_env": {"HF_TOKEN": REDACTED, "EMPTY_TOKEN": "", "NONE_PASSWORD": None},
-        "env": {"MSG": "uses *** inline", "TOKENIZERS_PARALLELISM": "false"},
-        "transitions": [("RUNNING", "login with ***"), {"message": "export PASSWORD=***"}],
+        "env": {"MSG": "uses ${REDACTED} inline", "TOKENIZERS_PARALLELISM": "false"},
+        "transitions": [("RUNNING", "login with ${REDACTED}"), {"message": "export PASSWORD=${REDACTED}"}],
         "apiKey": REDACTED,
         "count": 3,
         ("tuple", "key"): REDACTED,
     }
     assert record["secret_env"] == {"HF_TOKEN": "abc123def", "EMPTY_TOKEN": "", "NONE_PASSWORD": None}
+
+
+# --- as strict as the TAO workflow's own lint (issue 19) ---------------------------------------------
+
+STRICTER = [
+    ("docker login -u '$oauthtoken' -p nvk-12345678 nvcr.io", [("-p", "option")], "nvk-12345678"),
+    ("docker login -u x -pnvk-12345678 nvcr.io", [("-p", "option")], "nvk-12345678"),
+    ("podman login --username x -p=pw-98765432 registry.example.org", [("-p", "option")], "pw-98765432"),
+    ('args: ["--token", "tk-5566778899"]', [("--token", "option")], "tk-5566778899"),
+    ("args: [--epochs, 3, --token, tk-5566778899]", [("--token", "option")], "tk-5566778899"),
+    ('command: ["train", "--api-key", "k-1234567"]', [("--api-key", "option")], "k-1234567"),
+    ('echo "${NGC_API_KEY:-nvk-default-123}"', [("NGC_API_KEY", "default")], "nvk-default-123"),
+    ("export HF_TOKEN=${HF_TOKEN:=hf-fallback-99}", [("HF_TOKEN", "default")], "hf-fallback-99"),
+    ("env: [{name: NGC_KEY, value: nvk-flow-1234}]", [("NGC_KEY", "env-list")], "nvk-flow-1234"),
+    ('"env": [{"name": "NGC_API_KEY", "value": "nvk-json-1234"}]', [("NGC_API_KEY", "env-list")], "nvk-json-1234"),
+    ('NGC_API_KEY=nvapi-"Zz9Zz9Zz9"', [("NGC_API_KEY", "assignment")], "Zz9Zz9Zz9"),
+    ("PASSWORD=pre'mid dle'post", [("PASSWORD", "assignment")], "mid dle"),
+]
+STILL_CLEAN = [
+    "docker login -u x --password-stdin nvcr.io",
+    "docker login -u x -p $NGC_API_KEY nvcr.io",
+    "ssh -p 22 login1",
+    "docker run -p 8080:80 img",
+    'args: ["--epochs", "3", "--token", "$TOKEN"]',
+    'echo "${NGC_API_KEY:-}" "${NGC_API_KEY:?set it}" "${HF_TOKEN:-$FALLBACK}"',
+    "env: [{name: NGC_KEY, value: $(NGC_KEY)}]",
+    "env: [{name: EPOCHS, value: 3}]",
+    "max_new_tokens=128 TOKENIZERS_PARALLELISM=false",
+]
+
+
+@pytest.mark.parametrize(("line", "expected", "secret"), STRICTER, ids=[f"strict{i:02d}" for i in range(len(STRICTER))])
+def test_the_lint_catches_what_the_workflows_lint_catches(
+    line: str, expected: list[tuple[str, str]], secret: str
+) -> None:
+    assert [(finding.name, finding.kind) for finding in lint_script(line)] == expected
+    redacted = redact_text(line)
+    assert secret not in redacted
+    assert lint_script(redacted) == [], redacted
+
+
+@pytest.mark.parametrize("line", STILL_CLEAN, ids=[f"clean{i:02d}" for i in range(len(STILL_CLEAN))])
+def test_the_false_positive_guards_hold(line: str) -> None:
+    assert lint_script(line) == []
+    assert redact_text(line) == line
+
+
+def test_a_block_yaml_env_list_names_the_secret_on_the_line_above() -> None:
+    text = (
+        "env:\n  - name: EPOCHS\n    value: 3\n  - name: NGC_API_KEY\n    value: nvk-block-1234\n"
+        "  - name: REF_TOKEN\n    value: $(REF)\n"
+    )
+    assert lint_script(text) == [SecretFinding(5, "NGC_API_KEY", "env-list")]
+    redacted = redact_text(text)
+    assert "nvk-block-1234" not in redacted
+    assert "value: 3" in redacted
+    assert lint_script(redacted) == []
+
+
+def test_a_backslash_newline_splice_does_not_hide_the_value() -> None:
+    text = "export NGC_API_KEY=nvk-first-\\\nsecond-half && run\n"
+    assert lint_script(text) == [SecretFinding(1, "NGC_API_KEY", "assignment")]
+    redacted = redact_text(text)
+    assert "second-half" not in redacted
+    assert "nvk-first" not in redacted
+    assert redacted.endswith(" && run\n")
+
+
+@pytest.mark.parametrize("line", [p[0] for p in POSITIVE] + [s[0] for s in STRICTER])
+def test_redacted_text_lints_clean_and_redacting_twice_changes_nothing(line: str) -> None:
+    once = redact_text(line)
+    assert lint_script(once) == []
+    assert redact_text(once) == once
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        pytest.param(lambda s: s, id="plain"),
+        pytest.param(lambda s: base64.b64encode(s.encode()).decode(), id="base64"),
+        pytest.param(lambda s: base64.urlsafe_b64encode(s.encode()).decode().rstrip("="), id="base64url"),
+        pytest.param(lambda s: urllib.parse.quote(s, safe=""), id="url-encoded"),
+        pytest.param(lambda s: json.dumps(s)[1:-1], id="json-escaped"),
+    ],
+)
+def test_a_known_secret_is_redacted_in_its_encoded_forms(form: Any) -> None:
+    secret = 'p@ss"w0rd $(x) &;|'
+    shown = form(secret)
+    assert shown not in redact_text(f"log: {shown} end", [secret])
