@@ -5,6 +5,7 @@ the example DAGs run it inside a GPU job::
 
     python3 tao_like_train.py --spec SPEC --results RESULTS_DIR [--epoch-seconds S]
                               [--fail-at-epoch N] [--exit-code C]
+    python3 tao_like_train.py --action evaluate|export --checkpoint CHECKPOINTS_DIR --results RESULTS_DIR
 
 It behaves like a TAO ``train`` action, only tiny:
 
@@ -18,6 +19,11 @@ It behaves like a TAO ``train`` action, only tiny:
   ``message`` and ``epoch``) to ``<results>/status.json``: STARTED, RUNNING per epoch, then
   SUCCESS, or FAILURE with a non-zero exit code;
 - says which secret-looking environment variables are set and how long they are, never their values.
+
+``--action evaluate`` and ``--action export`` stand in for TAO's next actions in a pipeline: they
+read the newest checkpoint of an earlier training (``--checkpoint``, its ``checkpoints`` directory),
+then write ``<results>/evaluation.json`` (KPIs) or ``<results>/export/model.onnx`` (a text stand-in
+naming the checkpoint), with the same status lines.
 
 Failing on purpose (for tests): ``--fail-at-epoch N`` (or ``train.fail_at_epoch``) stops at epoch
 N with exit code ``--exit-code`` (or ``train.fail_exit_code``, default 1).
@@ -242,10 +248,52 @@ def train(args: argparse.Namespace, status: StatusWriter) -> int:
     return 0
 
 
+def newest_checkpoint(directory: Path | None) -> tuple[Path, dict[str, Any]]:
+    """The newest ``epoch_N.ckpt`` of an earlier training and its content.
+
+    :raises SpecError: when ``--checkpoint`` is missing or holds no checkpoint.
+    """
+    if directory is None:
+        raise SpecError("--checkpoint is required: the checkpoints directory of the training job")
+    epoch = last_checkpoint(directory) if directory.is_dir() else 0
+    if not epoch:
+        raise SpecError(f"no checkpoint in {directory}: run the training first")
+    path = directory / f"epoch_{epoch}.ckpt"
+    return path, json.loads(path.read_text())
+
+
+def evaluate(args: argparse.Namespace, status: StatusWriter) -> int:
+    """Evaluate the newest checkpoint: KPIs into ``evaluation.json``; return the exit code."""
+    report_environment()
+    path, checkpoint = newest_checkpoint(args.checkpoint)
+    status.write("STARTED", f"evaluating {path}")
+    kpis = {"checkpoint": str(path), "epoch": checkpoint["epoch"], "accuracy": round(1 - checkpoint["loss"] / 4, 6)}
+    (args.results / "evaluation.json").write_text(json.dumps(kpis) + "\n")
+    status.write("SUCCESS", f"evaluation finished: accuracy {kpis['accuracy']} at epoch {kpis['epoch']}")
+    return 0
+
+
+def export(args: argparse.Namespace, status: StatusWriter) -> int:
+    """Export the newest checkpoint to ``export/model.onnx`` (a stand-in); return the exit code."""
+    report_environment()
+    path, checkpoint = newest_checkpoint(args.checkpoint)
+    status.write("STARTED", f"exporting {path}")
+    target = args.results / "export" / "model.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"format": "onnx stand-in", "checkpoint": str(path), "epoch": checkpoint["epoch"]}))
+    status.write("SUCCESS", f"exported {path} to {target}")
+    return 0
+
+
+ACTIONS = {"train": train, "evaluate": evaluate, "export": export}
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse the command line, train, and return the exit code."""
+    """Parse the command line, run the action, and return the exit code."""
     parser = argparse.ArgumentParser(description="TAO-like training stand-in")
-    parser.add_argument("--spec", type=Path, required=True, help="spec file (JSON or simple YAML)")
+    parser.add_argument("--action", choices=sorted(ACTIONS), default="train", help="what to run (default train)")
+    parser.add_argument("--spec", type=Path, help="spec file (JSON or simple YAML); required by train")
+    parser.add_argument("--checkpoint", type=Path, help="checkpoints directory of the training (evaluate, export)")
     parser.add_argument("--results", type=Path, required=True, help="results directory")
     parser.add_argument("--epoch-seconds", type=float, default=1.0, help="seconds each epoch takes")
     parser.add_argument("--fail-at-epoch", type=int, default=None, help="fail on purpose at this epoch")
@@ -253,9 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.results.mkdir(parents=True, exist_ok=True)
     status = StatusWriter(args.results / "status.json")
-    print(f"tao_like_train: spec {args.spec}, results {args.results}", flush=True)
+    print(f"tao_like_train: {args.action}, spec {args.spec}, results {args.results}", flush=True)
     try:
-        return train(args, status)
+        if args.action == "train" and args.spec is None:
+            raise SpecError("--spec is required for train")
+        return ACTIONS[args.action](args, status)
     except (SpecError, OSError, ValueError) as exc:
         status.write("FAILURE", str(exc), verbosity="ERROR")
         print(f"Error: {exc}", file=sys.stderr, flush=True)
