@@ -99,7 +99,7 @@ def import_with(**kwargs: Any) -> Callable[[], Any]:
 
 def probe_with(**kwargs: Any) -> Callable[[], Any]:
     """Run ``NcclProbeOperator(...).execute`` for a two-node job."""
-    args: dict[str, Any] = {"image": SQSH, "nodes": 2, "gpus_per_node": 1}
+    args: dict[str, Any] = {"image": SQSH, "num_nodes": 2, "gpus_per_node": 1}
     args.update(kwargs)
     return lambda: NcclProbeOperator(task_id="probe", **args).execute(CTX)
 

@@ -17,7 +17,9 @@ Host keys and key files are covered by the hook's suite (see RELIABILITY.md for 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +55,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.cluster
 
-SECRET = f"rl-secret-{uuid.uuid4().hex}"
+#: Random, and full of shell-special characters: quoting mistakes anywhere would break or leak it.
+SECRET = f"rl-secret-{uuid.uuid4().hex}-$(id)'\"&;|`x`*?"
 RERUN_FAST = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; sleep 60'
 COMMANDS = {
     "success": f"{SHOW_SECRET}; sleep 3",
@@ -209,12 +212,27 @@ PRESENT = {
 
 @pytest.mark.parametrize("place", list(PRESENT), ids=[p.split(" (")[0].replace(" ", "-") for p in PRESENT])
 def test_secret_is_absent(evidence: Evidence, place: str, record_property: Any) -> None:
-    """After the four runs (success, failure, user cancel, requeue) the secret value was searched for in
-    this place. Expected: absent, while the place visibly holds what it should (so the scan saw it)."""
+    """After the four runs (success, failure, user cancel, requeue) the secret value (random, with shell-special
+    characters) was searched for in this place, as is and base64-, URL- and JSON-encoded. Expected: absent in
+    every form, while the place visibly holds what it should (so the scan saw it)."""
     text = evidence.places[place]
     for marker in PRESENT[place]:
         assert marker in text, f"{place}: {marker!r} not found, the scan would be vacuous"
-    assert SECRET not in text
+    for form, shown in encoded_forms(SECRET).items():
+        assert shown not in text, f"the secret is in {place}, {form}"
+
+
+def encoded_forms(secret: str) -> dict[str, str]:
+    """The secret as it is, and as programs re-encode it (base64, URL, JSON string)."""
+    raw = secret.encode()
+    return {
+        "as is": secret,
+        "base64-encoded": base64.b64encode(raw).decode().rstrip("="),
+        "base64url-encoded": base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        "URL-encoded": urllib.parse.quote(secret, safe=""),
+        "URL-encoded (form)": urllib.parse.quote_plus(secret, safe=""),
+        "JSON-escaped": json.dumps(secret)[1:-1],
+    }
 
 
 def test_every_run_ended_as_it_should(evidence: Evidence, ssh_run: SshRun) -> None:
