@@ -113,7 +113,15 @@ def test_the_wheels_metadata_declares_its_dependencies_and_entry_point(installed
         (entry_points,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
         entries = wheel.read(entry_points).decode()
     by_name = {requirement.split("<")[0].split(">")[0].split("=")[0].strip(): requirement for requirement in requires}
-    assert set(by_name) == {"apache-airflow", "apache-airflow-providers-ssh", "jinja2", "pyyaml"}
+    assert set(by_name) == {
+        "apache-airflow",
+        "apache-airflow-providers-ssh",
+        "jinja2",
+        "pyyaml",
+        "paramiko",
+        "asyncssh",
+    }
+    assert all("<" in requirement for requirement in requires), "every dependency has an upper bound"
     assert "<8" in by_name["apache-airflow-providers-ssh"], "pinned below the next major: private SSHHook internals"
     assert "[apache_airflow_provider]" in entries
     assert f"provider_info = {PACKAGE}:get_provider_info" in entries
