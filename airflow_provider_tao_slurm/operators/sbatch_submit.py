@@ -28,6 +28,7 @@ from airflow_provider_tao_slurm.core.records import open_record, to_json
 from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources, site_options
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
 from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.specs import load_spec
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
 from airflow_provider_tao_slurm.exceptions import (
     ConnectionConfigError,
@@ -266,14 +267,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
                 "(extra results_dir or SLURM_BASE_RESULTS_DIR)"
             )
-        spec = self.spec
-        if isinstance(spec, str):
-            try:
-                spec = yaml.safe_load(spec)
-            except yaml.YAMLError as exc:
-                raise ValidationError(f"spec is not valid YAML: {exc}") from None
-        if spec is not None and not isinstance(spec, Mapping):
-            raise ValidationError("spec must be a mapping (a dict or YAML text of a mapping)")
+        spec = load_spec(self.spec)
         return {
             "settings": settings,
             "command": command,
