@@ -130,16 +130,24 @@ def test_the_wheels_metadata_declares_its_dependencies_and_entry_point(installed
 def test_the_clean_venv_loads_the_wheels_provider_not_the_checkout(installed: Installed) -> None:
     probe = (
         "import json, importlib.resources as r, airflow_provider_tao_slurm as p\n"
-        "from airflow_provider_tao_slurm.core.templates import render_sbatch\n"
+        "from airflow_provider_tao_slurm.core.templates import template_dir\n"
         "t = r.files('airflow_provider_tao_slurm').joinpath('templates/slurm')\n"
+        "d = template_dir()\n"
         "print(json.dumps({'file': p.__file__, 'templates': sorted(x.name for x in t.iterdir()),"
+        " 'template_dir': str(d), 'texts': {x.name: x.read_text(encoding='utf-8') for x in d.iterdir()},"
         " 'conn': p.get_provider_info()['connection-types'][0]['connection-type']}))\n"
     )
     proc = _run(installed, str(installed.python), "-c", probe)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    env_dir = str(installed.bin_dir.parent)
     assert not seen["file"].startswith(str(REPO)), seen["file"]
-    assert seen["templates"] == sorted(p.name for p in (REPO / "templates" / "slurm").iterdir() if p.is_file())
+    assert seen["file"].startswith(env_dir), seen["file"]
+    shipped = {p.name: p.read_text(encoding="utf-8") for p in (REPO / "templates" / "slurm").iterdir() if p.is_file()}
+    assert seen["templates"] == sorted(shipped)
+    # The provider's own lookup finds the packaged copies inside the clean venv, with the checkout's content.
+    assert seen["template_dir"].startswith(env_dir), seen["template_dir"]
+    assert seen["texts"] == shipped
     assert seen["conn"] == "tao_slurm"
 
 
