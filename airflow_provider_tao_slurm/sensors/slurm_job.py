@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.sdk import BaseSensorOperator, PokeReturnValue
+from airflow.sdk import Asset, BaseSensorOperator, PokeReturnValue
 from airflow.sdk.observability.stats import Stats
 
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
@@ -75,6 +75,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         before it is recorded UNKNOWN and the task fails.
     :param unrecognised_grace: seconds SLURM may report a state this provider does not know
         before the task fails naming it.
+
+    Declare the results as an Airflow Asset (``outlets=[Asset("tao://team/classifier/train")]``) to
+    schedule downstream DAGs on a finished training: the Asset event's extra carries the job's
+    ``results_dir``, ``job_id``, ``slurm_job_id``, ``cluster``, ``gpu_hours`` and ``elapsed_seconds``.
     """
 
     template_fields: Sequence[str] = ("job",)
@@ -241,7 +245,9 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             self._report_usage(handle, usage, state)
         if state.tao_state is TaoState.COMPLETE:
             result = self._completed(lifecycle, handle, record, state)
-            return {**result, **usage.to_dict()} if usage is not None else result
+            result = {**result, **usage.to_dict()} if usage is not None else result
+            self._announce(context, handle, result)
+            return result
         if state.tao_state is TaoState.CANCELED:
             reason = f"SLURM job {state.job_id} ended {state.raw_state or state.native}"
             lifecycle.settle(handle, record, TaoState.CANCELED, message=reason)
@@ -316,6 +322,24 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         return record_dict(record)
 
     # ------------------------------------------------------------------ helpers
+
+    def _announce(self, context: Any, handle: JobHandle, result: Mapping[str, Any]) -> None:
+        """Give each Asset in ``outlets`` the finished job's results as its event's extra.
+
+        A downstream DAG scheduled on the Asset finds them in ``triggering_asset_events``.
+        """
+        assets = [outlet for outlet in self.outlets if isinstance(outlet, Asset)]
+        if not assets:
+            return
+        extra = {
+            "results_dir": handle.results_dir,
+            "job_id": handle.job_id,
+            "slurm_job_id": handle.slurm_job_id,
+            "cluster": handle.cluster,
+            **{key: result[key] for key in ("gpu_hours", "elapsed_seconds") if key in result},
+        }
+        for asset in assets:
+            context["outlet_events"][asset].extra.update(extra)
 
     def _report_usage(self, handle: JobHandle, usage: JobUsage, state: JobState) -> None:
         """The job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""

@@ -9,6 +9,7 @@ from types import MethodType, SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.sdk import Asset
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao_slurm.core.layout import JobLayout
@@ -710,3 +711,46 @@ def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
     sensor = sensor_with(NoHook())
 
     sensor.on_kill()  # the trigger's on_kill cancels a deferred job
+
+
+def test_a_finished_training_announces_its_results_on_the_sensors_assets() -> None:
+    hook = FakeHook()
+    hook.usage_stdout = (
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0\n"
+    )
+    results = Asset("tao://team/classifier/train")
+    other = Asset("tao://team/other")
+    events: dict[Asset, SimpleNamespace] = {}
+    sensor = sensor_with(hook, outlets=[results])
+    context = {**CTX, "outlet_events": _Events(events)}
+
+    sensor.execute_complete(context, event=terminal("COMPLETED"), job=make_handle())
+
+    assert events[results].extra == {
+        "results_dir": LAYOUT.results_dir,
+        "job_id": JOB_ID,
+        "slurm_job_id": SLURM_ID,
+        "cluster": "mini",
+        "gpu_hours": 0.1667,
+        "elapsed_seconds": 600,
+    }
+    assert other not in events
+
+
+def test_a_failed_training_announces_nothing() -> None:
+    hook = FakeHook()
+    events: dict[Asset, SimpleNamespace] = {}
+    sensor = sensor_with(hook, outlets=[Asset("tao://team/classifier/train")])
+    with pytest.raises(JobFailedError):
+        sensor.execute_complete({**CTX, "outlet_events": _Events(events)}, event=terminal("FAILED", exit_code=3))
+    assert events == {}
+
+
+class _Events:
+    """``context["outlet_events"]``: an accessor per Asset, created on first use, as Airflow's."""
+
+    def __init__(self, store: dict[Asset, SimpleNamespace]) -> None:
+        self.store = store
+
+    def __getitem__(self, asset: Asset) -> SimpleNamespace:
+        return self.store.setdefault(asset, SimpleNamespace(extra={}))
