@@ -31,7 +31,7 @@ lint: venv
 	$(BIN)/mypy
 
 docs: venv
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 unit: venv
 	$(BIN)/pytest tests/unit

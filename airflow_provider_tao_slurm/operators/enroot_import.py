@@ -103,6 +103,9 @@ class EnrootImportOperator(SlurmBaseOperator):
     there; a ``:latest`` image is reused too unless ``force_reconvert_latest``. An invalid or
     truncated file at the target is reported and replaced, never used.
 
+    ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
+    arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
+
     :param image: the image; templated.
     :param sqsh_path: where to write the converted image (absolute, ending in ``.sqsh``); templated.
     :param force_reconvert_latest: convert a ``:latest`` image again even if a valid file exists.
@@ -125,7 +128,6 @@ class EnrootImportOperator(SlurmBaseOperator):
         ``poke_interval``, still accepted with a deprecation warning for one release).
     :param registry_conn_id: an Airflow connection whose password is the registry key (login defaults
         to ``$oauthtoken``); when given, Enroot credentials are installed before converting.
-    :param slurm_conn_id: the ``tao_slurm`` connection.
     """
 
     template_fields = (

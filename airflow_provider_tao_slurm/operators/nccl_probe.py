@@ -113,6 +113,9 @@ class NcclProbeOperator(SlurmBaseOperator):
     The probe program is staged under ``results_dir``, which must be mounted in the container at
     the same path (as for the training job's spec), and runs with ``python -m torch.distributed.run``.
 
+    ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
+    arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
+
     :param image: ``.sqsh`` path of the training image (it needs PyTorch); templated.
     :param num_nodes: nodes of the real job (formerly ``nodes``, still accepted with a deprecation
         warning for one release).
@@ -136,6 +139,7 @@ class NcclProbeOperator(SlurmBaseOperator):
     :param constraint: node features (``--constraint``), as the real job asks.
     :param gpu_type: GPU type (``--gres=gpu:<type>:<n>``), as the real job asks.
     :param sbatch_options: more sbatch options ``{long-name: value}``, validated as for ``SbatchSubmitOperator``.
+    :rtype: dict[str, str]
     :returns: the working NCCL environment, e.g. ``{"NCCL_P2P_DISABLE": "1"}`` (``{}``: no settings needed).
     """
 

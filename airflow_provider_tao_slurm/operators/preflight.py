@@ -51,6 +51,9 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     (``sacctmgr``); Enroot credentials for ``image``'s registry when it needs them (installed first
     from ``registry_conn_id`` or ``registry_secret_env`` when given).
 
+    ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
+    arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
+
     :param partitions: GPU partitions to check (default: the connection's); templated.
     :param conversion_partition: the CPU partition for image conversion (default: the connection's); templated.
     :param account: the SLURM account (default: the connection's; none means the user's default); templated.
@@ -63,7 +66,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     :param pyxis_options: the ``srun`` options Pyxis must provide.
     :param check_enroot: run the ``enroot version`` step on the conversion partition.
     :param enroot_wait_seconds: how long that step may wait for a free node.
-    :param slurm_conn_id: the ``tao_slurm`` connection.
+    :rtype: dict[str, Any]
     :returns: a report: ``cluster``, ``login_host``, ``user`` and ``checks`` (check name to what was found).
     :raises PreflightError: listing every problem and its fix (``.problems``).
     """

@@ -78,6 +78,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     record is opened. Exactly once: the job id (also the SLURM job name) comes from the DAG, task,
     run and map index; a retry of this task adopts the job its earlier try submitted.
 
+    ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
+    arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
+
     :param image: ``.sqsh`` path on the cluster.
     :param command: the shell command run inside the container on every node.
     :param num_nodes: nodes (one task per node).

@@ -18,8 +18,11 @@ class StageDatasetCheckOperator(SlurmBaseOperator):
     ``file://`` URIs, other schemes and relative paths are refused (the data must already be on
     shared storage). Then every path is tested with ``test -e`` from the login host.
 
+    ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
+    arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
+
     :param paths: a list or a dict (names to paths) of dataset locations; templated.
-    :param slurm_conn_id: the ``tao_slurm`` connection.
+    :rtype: dict[str, str] | list[str]
     :returns: the resolved absolute cluster paths, in the same shape (dict in, dict out).
     :raises StoragePathError: listing every invalid entry, before any SSH command.
     :raises MissingPathsError: listing every path that does not exist.

@@ -61,6 +61,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     The sensor waits and settles; the job's life (record, resubmission, cancel, sidecar) is
     :class:`~airflow_provider_tao_slurm.lifecycle.jobs.JobLifecycle`'s.
 
+    Declare the results as an Airflow Asset (``outlets=[Asset("tao://team/classifier/train")]``) to
+    schedule downstream DAGs on a finished training: the Asset event's extra carries the job's
+    ``results_dir``, ``job_id``, ``slurm_job_id``, ``cluster``, ``gpu_hours`` and ``elapsed_seconds``.
+
     :param job: the job handle returned by ``SbatchSubmitOperator`` (usually its XCom).
     :param slurm_conn_id: the ``tao_slurm`` connection.
     :param poke_interval: seconds between status polls (shared per cluster when deferred).
@@ -75,10 +79,6 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         before it is recorded UNKNOWN and the task fails.
     :param unrecognised_grace: seconds SLURM may report a state this provider does not know
         before the task fails naming it.
-
-    Declare the results as an Airflow Asset (``outlets=[Asset("tao://team/classifier/train")]``) to
-    schedule downstream DAGs on a finished training: the Asset event's extra carries the job's
-    ``results_dir``, ``job_id``, ``slurm_job_id``, ``cluster``, ``gpu_hours`` and ``elapsed_seconds``.
     """
 
     template_fields: Sequence[str] = ("job",)
