@@ -20,7 +20,7 @@ evaluate.checkpoint=<train results_dir>/checkpoints/...``.
 
 from __future__ import annotations
 
-from airflow.sdk import DAG, Param
+from airflow.sdk import DAG, Asset, Param
 
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
@@ -31,6 +31,8 @@ DAG_ID = "example_tao_pipeline"
 PROGRAM = "python3 /srv/lustre/demo/tao_like_train.py"
 # The training job's results, read by the later actions from the train task's handle (XCom).
 TRAINED = "{{ ti.xcom_pull(task_ids='train')['results_dir'] }}/checkpoints"
+# Other DAGs can be scheduled on a finished training: its event's extra holds results_dir, job ids, GPU hours.
+TRAINED_MODEL = Asset("tao://example_tao_pipeline/train")
 
 # [START example_tao_pipeline]
 with DAG(
@@ -54,8 +56,10 @@ with DAG(
         task_id="import_image", image="{{ params.image }}", poll_interval=5, deferrable=True
     )
 
-    def action(name: str, command: str, **kwargs: object) -> tuple[SbatchSubmitOperator, SlurmJobSensor]:
-        """One TAO action: its GPU job and the sensor that watches it."""
+    def action(
+        name: str, command: str, outlets: list[Asset] | None = None, **kwargs: object
+    ) -> tuple[SbatchSubmitOperator, SlurmJobSensor]:
+        """One TAO action: its GPU job and the sensor that watches it (announcing ``outlets`` when done)."""
         submit = SbatchSubmitOperator(
             task_id=name,
             image=import_image.output,
@@ -68,13 +72,16 @@ with DAG(
             action=name,
             **kwargs,  # type: ignore[arg-type]
         )
-        wait = SlurmJobSensor(task_id=f"wait_{name}", job=submit.output, poke_interval=5, deferrable=True)
+        wait = SlurmJobSensor(
+            task_id=f"wait_{name}", job=submit.output, poke_interval=5, deferrable=True, outlets=outlets or []
+        )
         submit >> wait
         return submit, wait
 
     train, wait_train = action(
         "train",
         f"{PROGRAM} --spec {{config_path}} --results {{results_dir}}",
+        outlets=[TRAINED_MODEL],
         spec={"train": "{{ params.spec }}", "dataset": check_datasets.output},
     )
     evaluate, wait_evaluate = action(

@@ -241,6 +241,7 @@ def airflow_facts(env: Mapping[str, str], dag_id: str = DAG_ID) -> dict[str, Any
 
 def print_facts(dag_id: str) -> int:
     """Print the latest run of ``dag_id`` as one JSON line (run, task states, return values, rendered fields)."""
+    from airflow.models.asset import AssetEvent, AssetModel
     from airflow.models.dagrun import DagRun
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
     from airflow.models.taskinstance import TaskInstance
@@ -259,11 +260,17 @@ def print_facts(dag_id: str) -> int:
         rows: list[Any] = list(
             session.scalars(XComModel.get_many(run_id=run.run_id, dag_ids=dag_id, key="return_value"))
         )
+        events = session.execute(
+            select(AssetModel.uri, AssetEvent.source_task_id, AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == dag_id, AssetEvent.source_run_id == run.run_id)
+        ).all()
         facts = {
             "run_id": run.run_id,
             "state": str(run.state),
             "tasks": {ti.task_id: str(ti.state) for ti in tis},
             "xcom": {row.task_id: XComModel.deserialize_value(row) for row in rows},
+            "asset_events": [{"uri": uri, "task_id": task_id, "extra": extra} for uri, task_id, extra in events],
             "rendered": {
                 ti.task_id: RenderedTaskInstanceFields.get_templated_fields(ti, session=session) for ti in tis
             },

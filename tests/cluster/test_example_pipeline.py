@@ -71,3 +71,15 @@ def test_evaluate_and_export_read_the_training_jobs_checkpoint(pipeline: Pipelin
     rendered = pipeline.facts["rendered"]["evaluate"]["command"]
     assert f"--checkpoint {train['results_dir']}/checkpoints " in rendered
     assert len({train["results_dir"], evaluate["results_dir"], export["results_dir"]}) == 3
+
+
+def test_the_finished_training_is_announced_as_an_asset(pipeline: PipelineRun) -> None:
+    """``wait_train`` has the Asset ``tao://example_tao_pipeline/train`` as outlet: its event carries the
+    training job's results_dir and ids, so a DAG scheduled on the Asset finds the checkpoints."""
+    train = pipeline.facts["xcom"]["train"]
+    (event,) = [e for e in pipeline.facts["asset_events"] if e["uri"] == "tao://example_tao_pipeline/train"]
+    assert event["task_id"] == "wait_train"
+    assert {key: event["extra"][key] for key in ("results_dir", "job_id", "slurm_job_id")} == {
+        key: train[key] for key in ("results_dir", "job_id", "slurm_job_id")
+    }
+    assert event["extra"]["gpu_hours"] >= 0
