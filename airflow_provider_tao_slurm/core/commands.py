@@ -237,6 +237,35 @@ def jobs_by_name(name: str, user: str, starttime: str) -> str:
     return f'{squeue}; echo "#rc squeue $?"; {sacct}; echo "#rc sacct $?"'
 
 
+def show_job(job_id: str) -> str:
+    """``scontrol -o show job ID``: one line of ``Key=Value`` pairs (name, owner, log paths, state).
+
+    Read it with :func:`parse_show_job`. SLURM forgets a finished job after ``MinJobAge``; then the
+    command fails and only sacct knows the job (without its log paths).
+
+    :raises ValidationError: for an id that is not a SLURM job id.
+    """
+    return join(["scontrol", "-o", "show", "job", check_slurm_job_id(str(job_id))])
+
+
+#: The ``scontrol show job`` keys :func:`parse_show_job` keeps.
+SHOW_JOB_KEYS = ("JobId", "JobName", "UserId", "JobState", "StdOut", "StdErr", "WorkDir", "Partition", "NodeList")
+_SHOW_JOB_PAIR_RE = re.compile(r"(?:^|\s)(" + "|".join(SHOW_JOB_KEYS) + r")=(.*?)(?=\s[A-Za-z:/]+=|$)")
+
+
+def parse_show_job(stdout: str) -> dict[str, str]:
+    """The :data:`SHOW_JOB_KEYS` of :func:`show_job`'s line (empty when the job is not known).
+
+    ``UserId`` reads ``name(uid)``; only the name is kept. A value holding a space followed by
+    ``Word=`` is cut there (scontrol does not quote values).
+    """
+    line = next((row for row in stdout.splitlines() if row.startswith("JobId=")), "")
+    found = {key: value.strip() for key, value in _SHOW_JOB_PAIR_RE.findall(line)}
+    if "UserId" in found:
+        found["UserId"] = found["UserId"].split("(", 1)[0]
+    return found
+
+
 def scancel(job_ids: Sequence[str], *, name: str | None = None, user: str | None = None) -> str:
     """``scancel -Q [--name=NAME] [--user=USER] ID ...``: cancel jobs; already finished ones are not an error.
 

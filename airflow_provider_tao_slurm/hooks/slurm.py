@@ -38,6 +38,7 @@ from airflow_provider_tao_slurm.core.config import (
     settings_from_connection,
     settings_from_env,
 )
+from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
@@ -403,6 +404,17 @@ class SlurmHook(BaseHook):
         _rc, out, _err, _host = self._run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
         return _log_chunk(out, offset)
 
+    def tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+        """Read what every file appended since its offset, in one round trip (the script goes over stdin).
+
+        :raises RemoteCommandError: when the reading script failed or its answer is incomplete.
+        """
+        if not requests:
+            return []
+        script, nonce = tail_script(requests)
+        rc, out, err, host = self._run_bytes("sh -s", script.encode(), None)
+        return _tail_chunks(rc, out, err, host, len(requests), nonce)
+
     def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
         """Read TAO ``status.json`` (JSON lines, or one JSON document); None when missing."""
         text = self.read_file(path, max_bytes)
@@ -586,6 +598,11 @@ class SlurmHook(BaseHook):
         sacct = self.run(commands.sacct_states(rest, since), what="sacct") if rest else None
         return _combine_poll(ids, squeue, sacct)
 
+    def describe_job(self, slurm_job_id: str) -> dict[str, str]:
+        """What slurmctld knows of a job (name, owner, state, log paths); empty once it forgot the job."""
+        result = self.run(commands.show_job(slurm_job_id), what="scontrol show job")
+        return commands.parse_show_job(result.stdout) if result.rc == 0 else {}
+
     def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Cancel jobs; unknown or finished jobs are fine. With ``job_name`` only jobs of that name are hit.
 
@@ -713,6 +730,14 @@ class SlurmHook(BaseHook):
         _rc, out, _err, _host = await self._a_run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
         return _log_chunk(out, offset)
 
+    async def a_tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+        """Async twin of :meth:`tail_many` (the shared poller reads every watched job's logs with it)."""
+        if not requests:
+            return []
+        script, nonce = tail_script(requests)
+        rc, out, err, host = await self._a_run_bytes("sh -s", script.encode(), None)
+        return _tail_chunks(rc, out, err, host, len(requests), nonce)
+
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Async twin of :meth:`cancel`."""
         if job_ids:
@@ -764,6 +789,18 @@ def _log_chunk(stdout: bytes, offset: int) -> LogChunk:
         next_offset=next_offset,
         restarted=restarted,
     )
+
+
+def _tail_chunks(rc: int, out: bytes, err: bytes, host: str, count: int, nonce: str) -> list[TailChunk]:
+    """Parse a batched log read; a failed shell is an error, not "no new lines"."""
+    if rc != 0:
+        stderr = redact_text(err.decode("utf-8", "replace"))
+        raise RemoteCommandError(
+            f"log read on {host} exited {rc}: {stderr.strip()[-500:]}; it is read again next poll",
+            rc=rc,
+            stderr=stderr,
+        )
+    return parse_tail_output(out, count, nonce)
 
 
 def _check_scancel(result: CommandResult) -> None:

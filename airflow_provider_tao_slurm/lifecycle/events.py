@@ -186,10 +186,11 @@ class JobEvent:
 
     :param status: why it fired.
     :param slurm_job_id: the watched SLURM job.
-    :param job_name: its exact SLURM name.
+    :param job_name: its exact SLURM name (empty for a job submitted outside the provider).
     :param state: the last state seen (the terminal one for TERMINAL; None when never seen).
     :param transitions: state changes seen while waiting, oldest first.
     :param message: what happened, in words (for VANISHED and UNRECOGNISED).
+    :param log_offsets: per live stream (``main.out`` ...), the bytes already shown in the task log.
     """
 
     status: EventStatus
@@ -198,6 +199,7 @@ class JobEvent:
     state: JobState | None = None
     transitions: Sequence[Observation] = ()
     message: str = ""
+    log_offsets: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe dict the triggerer stores and hands to ``execute_complete``."""
@@ -208,6 +210,7 @@ class JobEvent:
             "state": state_to_payload(self.state) if self.state is not None else None,
             "transitions": [item.to_dict() for item in self.transitions],
             "message": self.message,
+            "log_offsets": dict(self.log_offsets),
         }
 
     @classmethod
@@ -222,14 +225,15 @@ class JobEvent:
         try:
             status = EventStatus(raw_status)
             slurm_job_id = check_slurm_job_id(str(value.get("slurm_job_id")))
-            job_name = check_job_id(str(value.get("job_name") or ""), "event's job_name")
+            job_name = check_job_id(str(value["job_name"]), "event's job_name") if value.get("job_name") else ""
             payload = value.get("state")
             state = state_from_payload(slurm_job_id, payload) if isinstance(payload, Mapping) and payload else None
             transitions = tuple(Observation.from_dict(item) for item in value.get("transitions") or ())
+            log_offsets = {str(label): int(offset) for label, offset in dict(value.get("log_offsets") or {}).items()}
         except (ValueError, KeyError, TypeError) as exc:
             raise ValidationError(
                 f"unexpected {what} {value!r} ({exc}); check the triggerer's log and clear the task"
             ) from None
         if status is EventStatus.TERMINAL and (state is None or not state.is_terminal):
             raise ValidationError(f"{what} says terminal but carries no terminal state: {value!r}")
-        return cls(status, slurm_job_id, job_name, state, transitions, str(value.get("message") or ""))
+        return cls(status, slurm_job_id, job_name, state, transitions, str(value.get("message") or ""), log_offsets)

@@ -5,11 +5,17 @@ the job's logs in the task log, checks ``status.json`` on success, classifies fa
 evidence and has infrastructure failures resubmitted by the job-lifecycle layer (new record,
 ``retry_of``, failed nodes excluded). A vanished job, or one stuck in a state nobody knows, is
 recorded UNKNOWN and fails the task. The sensor itself submits nothing.
+
+While it waits, the job's new ``main.out``/``main.err`` lines and ``status.json`` progress appear in
+the task log at every poll. Given only a SLURM job id (a job submitted outside the provider), it
+watches that job the same way, without a record, resubmission or cancel.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import posixpath
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +25,8 @@ from airflow.sdk.observability.stats import Stats
 
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
-from airflow_provider_tao_slurm.core.records import JobRecord, mark
+from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, PROGRESS, LineStream, clean_line
+from airflow_provider_tao_slurm.core.records import JobRecord, check_slurm_job_id, mark
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
 from airflow_provider_tao_slurm.core.status import status_verdict
 from airflow_provider_tao_slurm.core.usage import JobUsage
@@ -45,6 +52,15 @@ from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 #: What the sensor needs from the submit operator's job handle.
 HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path", "results_base")
+#: Bytes of each log shown when the job ends (what the live lines did not show yet, at most this).
+FINAL_LOG_BYTES = 16384
+
+
+def _watch_tag(context: Any) -> str:
+    """A short name for this task try: its live-log cursors are its own (a new try shows the logs afresh)."""
+    ti = context["ti"]
+    ident = f"{ti.dag_id}|{ti.task_id}|{ti.run_id}|{getattr(ti, 'map_index', -1)}|{getattr(ti, 'try_number', 0)}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:12]
 
 
 def _utc(ts: float) -> str:
@@ -66,6 +82,9 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     ``results_dir``, ``job_id``, ``slurm_job_id``, ``cluster``, ``gpu_hours`` and ``elapsed_seconds``.
 
     :param job: the job handle returned by ``SbatchSubmitOperator`` (usually its XCom).
+    :param slurm_job_id: instead of ``job``, the id of a job submitted outside this provider: it is
+        watched (state, live logs, cost) and its end decides the task, but it has no record, is never
+        resubmitted and a user kill leaves it running.
     :param slurm_conn_id: the ``tao_slurm`` connection.
     :param poke_interval: seconds between status polls (shared per cluster when deferred).
     :param deferrable: wait in the triggerer instead of holding a worker slot; default: Airflow's
@@ -79,16 +98,21 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         before it is recorded UNKNOWN and the task fails.
     :param unrecognised_grace: seconds SLURM may report a state this provider does not know
         before the task fails naming it.
+    :param stream_logs: show the job's new log lines and ``status.json`` progress in the task log
+        while it runs.
+    :param log_bytes_per_poll: bytes of each log read per poll at most: a job writing faster has the
+        excess skipped (the task log says so; the whole log stays on the cluster).
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", "slurm_job_id")
     ui_color = "#76b900"
     operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
 
     def __init__(
         self,
         *,
-        job: Mapping[str, Any] | str,
+        job: Mapping[str, Any] | str | None = None,
+        slurm_job_id: str | int | None = None,
         slurm_conn_id: str = SlurmHook.default_conn_name,
         poke_interval: float = 30,
         deferrable: bool = default_deferrable(),
@@ -96,18 +120,25 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         require_status_json: bool | None = None,
         not_found_grace: float = DEFAULT_NOT_FOUND_GRACE_S,
         unrecognised_grace: float = DEFAULT_UNRECOGNISED_GRACE_S,
+        stream_logs: bool = True,
+        log_bytes_per_poll: int = DEFAULT_BYTES_PER_POLL,
         **kwargs: Any,
     ) -> None:
         kwargs.setdefault("timeout", 60 * 60 * 24 * 365)
         super().__init__(poke_interval=poke_interval, **kwargs)
         self.job = job
+        self.slurm_job_id = slurm_job_id
         self.slurm_conn_id = slurm_conn_id
         self.deferrable = deferrable
         self.max_infra_retries = max_infra_retries
         self.require_status_json = require_status_json
         self.not_found_grace = not_found_grace
         self.unrecognised_grace = unrecognised_grace
+        self.stream_logs = stream_logs
+        self.log_bytes_per_poll = log_bytes_per_poll
         self._current: JobHandle | None = None
+        self._foreign: dict[str, Any] | None = None
+        self._streams: list[LineStream] = []
         self._first_missing: float | None = None
         self._strange_since: float | None = None
 
@@ -120,12 +151,21 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def execute(self, context: Any) -> Any:
         """Validate the handle, then defer to :class:`SlurmJobTrigger` (or poke when not deferrable)."""
+        if (self.job is None) == (self.slurm_job_id is None):
+            raise ValidationError(
+                "give SlurmJobSensor either job (SbatchSubmitOperator's output) or slurm_job_id (a job "
+                "submitted outside the provider), not both and not neither"
+            )
+        if self.slurm_job_id is not None:
+            return self._watch_foreign(context)
         handle = JobHandle.from_dict(self.job)
         self._publish(context, handle)
+        streams = self._live_streams(context, handle)
         if not self.deferrable:
             self._current = handle
+            self._streams = self._line_streams(streams, self._secret_values(handle))
             return super().execute(context)
-        self._defer(handle)
+        self._defer(handle, streams)
         return None
 
     @staticmethod
@@ -133,7 +173,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         """Tell the extra links (and anyone reading XCom) which job this sensor is watching now."""
         context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=handle.to_dict())
 
-    def _defer(self, handle: JobHandle) -> None:
+    def _defer(self, handle: JobHandle, streams: list[dict[str, str | None]]) -> None:
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -145,16 +185,27 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                 sidecar_path=handle.sidecar_path,
                 record_path=handle.record_path,
                 unrecognised_grace=self.unrecognised_grace,
+                log_streams=streams,
+                log_bytes_per_poll=self.log_bytes_per_poll,
+                secret_refs=dict(handle.secret_refs),
             ),
             method_name="execute_complete",
             kwargs={"job": handle.to_dict()},
             timeout=None,
         )
 
-    def execute_complete(self, context: Any, event: Mapping[str, Any] | None = None, job: Any = None) -> Any:
+    def execute_complete(
+        self,
+        context: Any,
+        event: Mapping[str, Any] | None = None,
+        job: Any = None,
+        foreign: Mapping[str, Any] | None = None,
+    ) -> Any:
         """Resume after the trigger fired: settle the record, maybe have the job resubmitted (and defer again)."""
-        handle = JobHandle.from_dict(self.job if job is None else job)
         parsed = JobEvent.from_dict(event)
+        if foreign is not None:
+            return self._settle_foreign(dict(foreign), parsed)
+        handle = JobHandle.from_dict(self.job if job is None else job)
         if parsed.slurm_job_id != handle.slurm_job_id:
             raise ValidationError(
                 f"trigger event is for job {parsed.slurm_job_id}, not {handle.slurm_job_id}; clear the task"
@@ -162,13 +213,163 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         outcome = self._settle(context, handle, parsed)
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)
-            self._defer(outcome)
+            self._defer(outcome, self._live_streams(context, outcome))
         return outcome
+
+    # ------------------------------------------------------------------ live logs
+
+    def _live_streams(self, context: Any, handle: JobHandle) -> list[dict[str, str | None]]:
+        """The files shown live (``main.out``, ``main.err``, ``status.json``), each with its cursor in the log dir."""
+        if not self.stream_logs or not handle.log_dir:
+            return []
+        tag = _watch_tag(context)
+        paths = {name: f"{handle.log_dir}/{name}" for name in ("main.out", "main.err")}
+        paths[PROGRESS] = f"{handle.results_dir}/status.json"
+        return [
+            {"label": label, "path": path, "cursor_path": f"{handle.log_dir}/.live-{tag}.{label}.offset"}
+            for label, path in paths.items()
+        ]
+
+    def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str]) -> list[LineStream]:
+        return [
+            LineStream(
+                str(item["label"]),
+                str(item["path"]),
+                item.get("cursor_path"),
+                max_bytes=self.log_bytes_per_poll,
+                secrets=tuple(secrets),
+            )
+            for item in streams
+        ]
+
+    def _follow(self) -> None:
+        """Poke path: show the new lines of the job's logs (one batched read)."""
+        if not self._streams:
+            return
+        try:
+            chunks = self.hook.tail_many([stream.request() for stream in self._streams])
+        except Exception as exc:  # the next poke reads the same bytes again
+            self.log.warning("Reading the job's logs failed (read again next poke): %s", exc)
+            return
+        for stream, chunk in zip(self._streams, chunks, strict=True):
+            for line in stream.feed(chunk):
+                self.log.info("%s", line)
+
+    def _shown_offsets(self) -> dict[str, int]:
+        shown = {stream.label: stream.shown_offset for stream in self._streams}
+        return {label: offset for label, offset in shown.items() if offset is not None}
+
+    # ------------------------------------------------------------------ a job submitted elsewhere
+
+    def _watch_foreign(self, context: Any) -> Any:
+        """Watch a job known only by its SLURM id: its log paths come from ``scontrol show job``."""
+        slurm_job_id = check_slurm_job_id(str(self.slurm_job_id).strip())
+        info = self.hook.describe_job(slurm_job_id)
+        if not info and slurm_job_id not in self.hook.get_states([slurm_job_id]):
+            cluster = self.hook.settings.cluster_name or self.hook.settings.hosts[0]
+            raise JobNotFoundError(
+                f"SLURM job {slurm_job_id} is unknown to scontrol, squeue and sacct on {cluster}; "
+                "check the id and that the connection points at the cluster that runs it"
+            )
+        paths = {"stdout": info.get("StdOut") or "", "stderr": info.get("StdErr") or ""}
+        if paths["stderr"] == paths["stdout"]:
+            del paths["stderr"]
+        logs = {label: path for label, path in paths.items() if path.startswith("/")}
+        tag = _watch_tag(context)
+        streams: list[dict[str, str | None]] = [
+            {
+                "label": label,
+                "path": path,
+                "cursor_path": f"{posixpath.dirname(path)}/.live-{tag}.{slurm_job_id}.{label}.offset",
+            }
+            for label, path in logs.items()
+        ]
+        foreign = {"slurm_job_id": slurm_job_id, "job_name": info.get("JobName", ""), "logs": logs}
+        self.log.info(
+            "Watching SLURM job %s (%s, owner %s), submitted outside this provider: no record, no resubmission, "
+            "a user kill leaves it running; logs: %s",
+            slurm_job_id,
+            foreign["job_name"] or "name unknown",
+            info.get("UserId") or "unknown",
+            ", ".join(logs.values()) or "unknown (slurmctld no longer knows the job)",
+        )
+        context["ti"].xcom_push(
+            key=WATCHED_JOB_KEY,
+            value={
+                "slurm_job_id": slurm_job_id,
+                "job_id": foreign["job_name"],
+                "cluster": self.hook.settings.cluster_name,
+                "log_dir": posixpath.dirname(logs["stdout"]) if "stdout" in logs else None,
+                "results_dir": info.get("WorkDir") or None,
+            },
+        )
+        if not self.stream_logs:
+            streams = []
+        if not self.deferrable:
+            self._foreign = foreign
+            self._streams = self._line_streams(streams, ())
+            return super().execute(context)
+        self.defer(
+            trigger=SlurmJobTrigger(
+                slurm_conn_id=self.slurm_conn_id,
+                slurm_job_id=slurm_job_id,
+                job_name="",
+                poll_interval=float(self.poke_interval),
+                not_found_grace=self.not_found_grace,
+                unrecognised_grace=self.unrecognised_grace,
+                log_streams=streams,
+                log_bytes_per_poll=self.log_bytes_per_poll,
+                cancel_on_kill=False,
+            ),
+            method_name="execute_complete",
+            kwargs={"foreign": foreign},
+            timeout=None,
+        )
+        return None
+
+    def _settle_foreign(self, foreign: dict[str, Any], event: JobEvent) -> dict[str, Any]:
+        """The end of a job submitted elsewhere: its outcome, logs and cost; nothing recorded or resubmitted."""
+        slurm_job_id = str(foreign["slurm_job_id"])
+        if event.slurm_job_id != slurm_job_id:
+            raise ValidationError(f"trigger event is for job {event.slurm_job_id}, not {slurm_job_id}; clear the task")
+        tails = [
+            self._show_log(label, str(path), (), event.log_offsets.get(label))
+            for label, path in dict(foreign.get("logs") or {}).items()
+        ]
+        if event.status is EventStatus.VANISHED:
+            raise JobNotFoundError(event.message)
+        if event.status is EventStatus.UNRECOGNISED:
+            raise UnknownStateError(event.message)
+        state = event.state
+        assert state is not None  # JobEvent.from_dict guarantees it for TERMINAL
+        usage = self.lifecycle.usage(slurm_job_id)
+        if usage is not None:
+            self.log.info("%s", usage.summary(slurm_job_id, f"{state.tao_state} ({state.native})"))
+        if state.tao_state is TaoState.CANCELED:
+            raise JobFailedError(f"SLURM job {slurm_job_id} ended {state.raw_state or state.native}")
+        if state.tao_state is not TaoState.COMPLETE:
+            verdict = classify(state, "\n".join(tails))
+            raise JobFailedError(
+                f"SLURM job {slurm_job_id} failed ({verdict.err_class}): {verdict.reason}; "
+                f"evidence: {verdict.evidence}",
+                err_class=str(verdict.err_class),
+            )
+        result = {
+            "slurm_job_id": slurm_job_id,
+            "job_name": foreign.get("job_name") or "",
+            "terminal_state": str(state.tao_state),
+            "native_state": state.native,
+            "exit_code": state.exit_code,
+            "node_list": state.node_list,
+        }
+        return {**result, **usage.to_dict()} if usage is not None else result
 
     # ------------------------------------------------------------------ poke path
 
     def poke(self, context: Any) -> bool | PokeReturnValue:
         """One status query; settles the job when it is terminal, vanished or stuck in an unknown state."""
+        if self._foreign is not None:
+            return self._poke_foreign(self._foreign)
         handle = self._current or JobHandle.from_dict(self.job)
         now = datetime.now(UTC).timestamp()
         try:
@@ -203,17 +404,37 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                     f"{handle.slurm_job_id}` and cancel it if it should not run",
                 )
             elif state.is_terminal:
-                event = JobEvent(EventStatus.TERMINAL, handle.slurm_job_id, handle.job_id, state)
+                self._follow()
+                event = JobEvent(
+                    EventStatus.TERMINAL, handle.slurm_job_id, handle.job_id, state, log_offsets=self._shown_offsets()
+                )
             else:
                 self.log.info("SLURM job %s: %s %s", handle.slurm_job_id, state.native, state.reason or "")
+                if state.tao_state is not TaoState.PENDING:
+                    self._follow()
         if event is None:
             return False
         outcome = self._settle(context, handle, event)
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)
             self._current = outcome
+            self._streams = self._line_streams(self._live_streams(context, outcome), self._secret_values(outcome))
             return False
         return PokeReturnValue(is_done=True, xcom_value=outcome)
+
+    def _poke_foreign(self, foreign: dict[str, Any]) -> bool | PokeReturnValue:
+        slurm_job_id = str(foreign["slurm_job_id"])
+        try:
+            state = self.hook.get_states([slurm_job_id]).get(slurm_job_id)
+        except JobLookupError as exc:
+            self.log.warning("SLURM status query failed, still waiting: %s", exc)
+            return False
+        if state is not None and state.tao_state is not TaoState.PENDING:
+            self._follow()
+        if state is None or not state.is_terminal:
+            return False
+        event = JobEvent(EventStatus.TERMINAL, slurm_job_id, "", state, log_offsets=self._shown_offsets())
+        return PokeReturnValue(is_done=True, xcom_value=self._settle_foreign(foreign, event))
 
     def on_kill(self) -> None:
         """A user killed the task waiting in a worker (``deferrable=False``): cancel, record CANCELED, drop the sidecar.
@@ -230,7 +451,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         lifecycle = self.lifecycle
         record = self._observed(handle, lifecycle.require_record(handle), event)
         secrets = self._secret_values(handle)
-        log_tail = self._show_logs(lifecycle, handle, secrets)
+        log_tail = self._show_logs(handle, secrets, event.log_offsets)
         if event.status is EventStatus.VANISHED:
             lifecycle.mark_unknown(handle, record, event.message, remove_sidecar=True)
             raise JobNotFoundError(event.message)
@@ -351,18 +572,34 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         Stats.gauge("tao_slurm.job.gpu_hours", usage.gpu_hours, tags=tags)
         Stats.incr("tao_slurm.job.gpu_seconds", round(usage.gpu_hours * 3600), tags=tags)
 
-    def _show_logs(self, lifecycle: JobLifecycle, handle: JobHandle, secrets: list[str]) -> str:
-        """Put the end of main.out/main.err (bounded, redacted) into the task log; return it for classification."""
+    def _show_logs(self, handle: JobHandle, secrets: list[str], shown: Mapping[str, int]) -> str:
+        """Show what the live lines did not of main.out/main.err; return their ends for classification."""
         if not handle.log_dir:
             return ""
-        tails: list[str] = []
-        for name in ("main.out", "main.err"):
-            path = f"{handle.log_dir}/{name}"
-            text = lifecycle.log_tail(path, secrets=secrets)
-            if text:
-                self.log.info("---- %s (last %d bytes) ----\n%s", path, len(text.encode()), text)
-            tails.append(text)
-        return "\n".join(tails)
+        return "\n".join(
+            self._show_log(name, f"{handle.log_dir}/{name}", secrets, shown.get(name))
+            for name in ("main.out", "main.err")
+        )
+
+    def _show_log(self, label: str, path: str, secrets: Sequence[str], shown: int | None) -> str:
+        """Log the part of ``path`` after ``shown`` (or its end), line by line as the live lines are; return its end.
+
+        Each line is cleaned like a live line (bounded, no escapes, redacted, prefixed with the label), so
+        a job's output cannot forge task-log lines.
+        """
+        tail = self.lifecycle.log_tail(path, FINAL_LOG_BYTES, secrets=secrets)
+        if shown is None:
+            rest = tail
+            heading = f"last {len(tail.encode())} bytes"
+        else:
+            chunk = self.hook.read_log(path, shown, FINAL_LOG_BYTES)
+            rest = chunk.data if not chunk.restarted else tail
+            heading = "after the live lines"
+        if rest.strip():
+            self.log.info("---- %s (%s) ----", path, heading)
+            for line in rest.splitlines():
+                self.log.info("%s | %s", label, clean_line(line, secrets))
+        return tail
 
     def _secret_values(self, handle: JobHandle) -> list[str]:
         """The job's secrets, resolved from the handle's references, so a job that prints one is redacted."""

@@ -7,6 +7,12 @@ SSH connection, and fans the answers out to the subscribers. A failed poll is re
 backoff; subscribers get an error notice but keep waiting. A poll that answered for some jobs
 only (controller or accounting down) gives the answered jobs their state and the others an
 error notice: a job a failed query could not speak for is never reported gone.
+
+Subscribers may bring :class:`~airflow_provider_tao_slurm.core.logstream.LineStream` s (the job's
+``main.out``, ``main.err``, ``status.json``): after the status query, ONE more command reads what
+every started job appended to its files since the last poll, and each subscriber gets its new lines
+with the job's state. A job that floods its log is cut at its per-poll byte budget (and the whole
+read at :data:`MAX_LOG_BYTES_PER_POLL`), so it cannot starve the others.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_provider_tao_slurm.core.states import JobState
+from airflow_provider_tao_slurm.core.logstream import LineStream, TailChunk, TailRequest
+from airflow_provider_tao_slurm.core.states import JobState, TaoState
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
 
 log = logging.getLogger(__name__)
@@ -29,17 +36,24 @@ log = logging.getLogger(__name__)
 #: Backoff after a failed poll: doubles up to this many seconds.
 MAX_BACKOFF_S = 60.0
 
+#: The most bytes one batched log read returns; each file's budget shrinks to fit when many jobs are read.
+MAX_LOG_BYTES_PER_POLL = 32 << 20
+#: ... but never below this many bytes per file.
+MIN_LOG_BYTES_PER_FILE = 1024
+
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
+LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
 
 
 @dataclass(frozen=True)
 class PollUpdate:
-    """What one poll said about one job: its state, or None when no command knows it (yet)."""
+    """What one poll said about one job: its state (None when no command knows it yet) and its new log lines."""
 
     job_id: str
     state: JobState | None
     polled_at: float
     error: str | None = None
+    lines: tuple[str, ...] = ()
 
 
 #: How many recent poll durations the stats keep (a triggerer runs for months).
@@ -50,6 +64,9 @@ STATS_WINDOW = 256
 class _Stats:
     polls: int = 0
     failures: int = 0
+    log_reads: int = 0
+    log_failures: int = 0
+    log_bytes: int = 0
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
 
@@ -60,14 +77,17 @@ class StatusPoller:
     :param fetch: coroutine returning the states of a list of job ids in one batched call.
     :param interval: seconds between polls while nobody is subscribed; subscribers bring their own
         interval and the smallest one among the current subscribers wins.
+    :param read_logs: coroutine reading many files from offsets in one batched call (log streaming).
     """
 
-    def __init__(self, key: str, fetch: StatesFetcher, interval: float) -> None:
+    def __init__(self, key: str, fetch: StatesFetcher, interval: float, read_logs: LogReader | None = None) -> None:
         self.key = key
         self._fetch = fetch
+        self._read_logs = read_logs
         self._default_interval = interval
         self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
         self._intervals: dict[asyncio.Queue[PollUpdate], float] = {}
+        self._streams: dict[asyncio.Queue[PollUpdate], tuple[str, tuple[LineStream, ...]]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
@@ -87,11 +107,16 @@ class StatusPoller:
         """Whether the poll loop is alive."""
         return self._task is not None and not self._task.done()
 
-    def subscribe(self, job_id: str, interval: float) -> asyncio.Queue[PollUpdate]:
-        """Watch ``job_id``; updates arrive on the returned queue. Starts the poll loop if needed."""
+    def subscribe(self, job_id: str, interval: float, streams: Sequence[LineStream] = ()) -> asyncio.Queue[PollUpdate]:
+        """Watch ``job_id`` (and follow ``streams`` once it started); updates arrive on the returned queue.
+
+        Starts the poll loop if needed. The poller advances the streams' offsets as it reads them.
+        """
         queue: asyncio.Queue[PollUpdate] = asyncio.Queue()
         self._subscribers.setdefault(job_id, set()).add(queue)
         self._intervals[queue] = interval
+        if streams:
+            self._streams[queue] = (job_id, tuple(streams))
         if not self.running:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"tao-slurm-poller-{self.key}")
         self._wake.set()
@@ -100,6 +125,7 @@ class StatusPoller:
     def unsubscribe(self, job_id: str, queue: asyncio.Queue[PollUpdate]) -> None:
         """Stop watching; the loop is cancelled when nobody is subscribed any more."""
         self._intervals.pop(queue, None)
+        self._streams.pop(queue, None)
         queues = self._subscribers.get(job_id)
         if queues is None:
             return
@@ -147,7 +173,8 @@ class StatusPoller:
             backoff = self.interval
             self.stats.polls += 1
             self.stats.durations.append(time.monotonic() - started)
-            self._publish([i for i in ids if i not in unanswered], states)
+            lines = await self._follow_logs(states)
+            self._publish([i for i in ids if i not in unanswered], states, lines=lines)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await self._sleep_until_new_subscriber(ids)
@@ -160,24 +187,63 @@ class StatusPoller:
                 return
             self._wake.clear()
 
-    def _publish(self, ids: list[str], states: dict[str, JobState], error: str | None = None) -> None:
+    async def _follow_logs(self, states: dict[str, JobState]) -> dict[asyncio.Queue[PollUpdate], list[str]]:
+        """Read the new bytes of every started job's streams in one command; the new lines per subscriber.
+
+        A job still pending has no logs yet and is not read. A failed read leaves the offsets where
+        they were (the next poll reads the same bytes) and gives no lines.
+        """
+        followed = [
+            (queue, stream)
+            for queue, (job_id, streams) in self._streams.items()
+            if (state := states.get(job_id)) is not None and state.tao_state is not TaoState.PENDING
+            for stream in streams
+        ]
+        if not followed or self._read_logs is None:
+            return {}
+        share = max(MIN_LOG_BYTES_PER_FILE, MAX_LOG_BYTES_PER_POLL // len(followed))
+        requests = [stream.request(share) for _queue, stream in followed]
+        try:
+            chunks = await self._read_logs(requests)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.log_failures += 1
+            log.warning("log read of %d file(s) on %s failed (read again next poll): %s", len(requests), self.key, exc)
+            return {}
+        self.stats.log_reads += 1
+        lines: dict[asyncio.Queue[PollUpdate], list[str]] = {}
+        for (queue, stream), chunk in zip(followed, chunks, strict=True):
+            self.stats.log_bytes += len(chunk.data)
+            lines.setdefault(queue, []).extend(stream.feed(chunk))
+        return lines
+
+    def _publish(
+        self,
+        ids: list[str],
+        states: dict[str, JobState],
+        error: str | None = None,
+        lines: Mapping[asyncio.Queue[PollUpdate], list[str]] | None = None,
+    ) -> None:
         now = time.time()
         for job_id in ids:
-            update = PollUpdate(job_id, states.get(job_id), now, error)
             for queue in list(self._subscribers.get(job_id, ())):
-                queue.put_nowait(update)
+                new = tuple(lines.get(queue, ())) if lines else ()
+                queue.put_nowait(PollUpdate(job_id, states.get(job_id), now, error, new))
 
 
 #: event loop -> cluster account key -> poller (a new loop never gets an old loop's poller).
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, StatusPoller]] = weakref.WeakKeyDictionary()
 
 
-def get_poller(key: str, fetch: StatesFetcher, interval: float) -> StatusPoller:
+def get_poller(key: str, fetch: StatesFetcher, interval: float, read_logs: LogReader | None = None) -> StatusPoller:
     """The poller of ``key`` in the running event loop (created on first use)."""
     pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
     poller = pollers.get(key)
     if poller is None:
-        poller = pollers[key] = StatusPoller(key, fetch, interval)
+        poller = pollers[key] = StatusPoller(key, fetch, interval, read_logs)
+    elif poller._read_logs is None:
+        poller._read_logs = read_logs
     return poller
 
 

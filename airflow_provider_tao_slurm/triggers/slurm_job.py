@@ -2,9 +2,11 @@
 
 It polls nothing itself: it subscribes its job to the cluster's shared
 :class:`~airflow_provider_tao_slurm.triggers.poller.StatusPoller`, so a thousand deferred jobs
-of one cluster cost one batched query per interval over one SSH connection. It yields exactly one
-event and returns. A user kill (Airflow 3.3 ``on_kill``) cancels the SLURM job; a triggerer
-restart (``cleanup`` only) does not.
+of one cluster cost one batched query per interval over one SSH connection. While the job runs,
+the new lines of its logs and its ``status.json`` progress appear in the task log at every poll
+(read for all jobs of the cluster by one more batched command, resumed after a triggerer restart
+from cursor files beside the logs). It yields exactly one event and returns. A user kill
+(Airflow 3.3 ``on_kill``) cancels the SLURM job; a triggerer restart (``cleanup`` only) does not.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream
 from airflow_provider_tao_slurm.core.states import TaoState, pending_hint
 from airflow_provider_tao_slurm.lifecycle.events import (
     DEFAULT_NOT_FOUND_GRACE_S,
@@ -45,6 +48,12 @@ class SlurmJobTrigger(BaseTrigger):
     :param record_path: the job record, marked CANCELED (source ``trigger on_kill``) on a user kill.
     :param unrecognised_grace: seconds a state this provider does not know may last before the
         trigger gives up (the task then fails naming the raw state).
+    :param log_streams: files to show live, each ``{"label": ..., "path": ..., "cursor_path": ...}``
+        (the cursor keeps the offset across triggerer restarts).
+    :param log_bytes_per_poll: bytes read per file per poll at most; more is skipped (and said).
+    :param secret_refs: the job's ``secret_env`` references (never values), resolved in the
+        triggerer to redact the live lines.
+    :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit).
     """
 
     def __init__(
@@ -60,6 +69,10 @@ class SlurmJobTrigger(BaseTrigger):
         sidecar_path: str | None = None,
         record_path: str | None = None,
         unrecognised_grace: float = DEFAULT_UNRECOGNISED_GRACE_S,
+        log_streams: list[dict[str, str | None]] | None = None,
+        log_bytes_per_poll: int = DEFAULT_BYTES_PER_POLL,
+        secret_refs: dict[str, str] | None = None,
+        cancel_on_kill: bool = True,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -73,6 +86,11 @@ class SlurmJobTrigger(BaseTrigger):
         self.sidecar_path = sidecar_path
         self.record_path = record_path
         self.unrecognised_grace = float(unrecognised_grace)
+        self.log_streams = [dict(item) for item in log_streams or ()]
+        self.log_bytes_per_poll = int(log_bytes_per_poll)
+        self.secret_refs = dict(secret_refs or {})
+        self.cancel_on_kill = cancel_on_kill
+        self._streams: list[LineStream] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and primitive kwargs; ``cls(**kwargs)`` rebuilds an equivalent trigger."""
@@ -90,6 +108,10 @@ class SlurmJobTrigger(BaseTrigger):
                 "sidecar_path": self.sidecar_path,
                 "record_path": self.record_path,
                 "unrecognised_grace": self.unrecognised_grace,
+                "log_streams": self.log_streams,
+                "log_bytes_per_poll": self.log_bytes_per_poll,
+                "secret_refs": self.secret_refs,
+                "cancel_on_kill": self.cancel_on_kill,
             },
         )
 
@@ -104,8 +126,9 @@ class SlurmJobTrigger(BaseTrigger):
 
         hook = self._hook()
         settings = await hook.a_settings()
-        poller = get_poller(settings.pool_key, hook.a_get_states, self.poll_interval)
-        queue = poller.subscribe(self.slurm_job_id, self.poll_interval)
+        poller = get_poller(settings.pool_key, hook.a_get_states, self.poll_interval, hook.a_tail_many)
+        self._streams = await self._line_streams()
+        queue = poller.subscribe(self.slurm_job_id, self.poll_interval, self._streams)
         transitions: list[Observation] = []
         last = (self.last_state, self.last_reason)
         last_seen = self.submitted_at
@@ -114,6 +137,8 @@ class SlurmJobTrigger(BaseTrigger):
         try:
             while True:
                 update = await queue.get()
+                for line in update.lines:
+                    self.log.info("%s", line)
                 if update.error is not None:
                     # A failed poll is no evidence that the job is gone: the not-found clock restarts.
                     last_seen = max(last_seen, update.polled_at)
@@ -172,11 +197,38 @@ class SlurmJobTrigger(BaseTrigger):
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
 
+    async def _line_streams(self) -> list[LineStream]:
+        """The job's live streams, with its secrets (resolved here, never stored) for redaction."""
+        if not self.log_streams:
+            return []
+        from asgiref.sync import sync_to_async
+
+        from airflow_provider_tao_slurm.lifecycle.support import resolve_secret
+
+        secrets: list[str] = []
+        for name, source in self.secret_refs.items():
+            try:
+                secrets.append(await sync_to_async(resolve_secret)(name, source))
+            except Exception as exc:  # pattern redaction still applies
+                self.log.warning("Cannot resolve secret_env[%s] for log redaction: %s", name, type(exc).__name__)
+        return [
+            LineStream(
+                str(item["label"]),
+                str(item["path"]),
+                str(item["cursor_path"]) if item.get("cursor_path") else None,
+                max_bytes=self.log_bytes_per_poll,
+                secrets=tuple(secrets),
+            )
+            for item in self.log_streams
+        ]
+
     def _event(
         self, status: EventStatus, message: str, transitions: list[Observation], state: Any = None
     ) -> TriggerEvent:
+        shown = {stream.label: stream.shown_offset for stream in self._streams}
+        offsets = {label: offset for label, offset in shown.items() if offset is not None}
         return TriggerEvent(
-            JobEvent(status, self.slurm_job_id, self.job_name, state, tuple(transitions), message).to_dict()
+            JobEvent(status, self.slurm_job_id, self.job_name, state, tuple(transitions), message, offsets).to_dict()
         )
 
     async def on_kill(self) -> None:
@@ -186,6 +238,9 @@ class SlurmJobTrigger(BaseTrigger):
         """
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
+        if not self.cancel_on_kill:
+            self.log.info("SLURM job %s was not submitted by this provider: it is left running", self.slurm_job_id)
+            return
         await JobLifecycle(self._hook(), self.log).a_cancel(
             self.slurm_job_id,
             self.job_name,

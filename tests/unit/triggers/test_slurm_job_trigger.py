@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import uuid
 from collections.abc import Coroutine
@@ -13,6 +14,7 @@ import pytest
 from airflow.sdk.module_loading import import_string
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
 from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
@@ -52,6 +54,7 @@ class FakeHook:
         self.polls: list[list[str]] = []
         self.cancels: list[tuple[list[str], str | None]] = []
         self.commands: list[str] = []
+        self.tail_calls = 0
         self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
 
     async def a_settings(self) -> ClusterSettings:
@@ -73,6 +76,13 @@ class FakeHook:
 
     async def a_read_file(self, path: str) -> str | None:
         return self.files.get(path)
+
+    async def a_tail_many(self, requests: list[TailRequest]) -> list[TailChunk]:
+        """The real batched log read, run by this machine's ``sh`` on local files."""
+        self.tail_calls += 1
+        script, nonce = tail_script(requests)
+        done = subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True, check=True)
+        return parse_tail_output(done.stdout, len(requests), nonce)
 
     async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
         self.files[path] = data.decode()
@@ -113,6 +123,10 @@ def test_serialize_round_trip() -> None:
         "sidecar_path": SIDECAR,
         "record_path": None,
         "unrecognised_grace": 600.0,
+        "log_streams": [],
+        "log_bytes_per_poll": 16384,
+        "secret_refs": {},
+        "cancel_on_kill": True,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)

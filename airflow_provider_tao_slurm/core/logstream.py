@@ -1,0 +1,283 @@
+"""Live job logs: read what many jobs appended to their logs in one command, and make task-log lines of it.
+
+Pure: :func:`tail_script` builds one POSIX shell script (sent over stdin, so a thousand paths never
+reach argv) that reads, for every watched file, the bytes appended since an offset;
+:func:`parse_tail_output` reads its framed answer; a :class:`LineStream` per file turns the bytes
+into bounded, redacted, unforgeable lines, and :func:`progress_line` turns a TAO ``status.json``
+entry into a readable one.
+
+Offsets survive a triggerer restart: the script writes each file's new offset to a small cursor
+file beside the logs, and a stream that starts without an offset reads it from there. A job that
+writes more than the per-poll budget has the excess skipped (the stream says how many bytes), so it
+cannot starve the other jobs of the same poll.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets as _random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
+
+#: Bytes read per file per poll unless the sensor says otherwise.
+DEFAULT_BYTES_PER_POLL = 16384
+#: Longest line shown, in characters; a longer one is cut and says how much was cut.
+MAX_LINE_CHARS = 2000
+#: A line still unfinished after this many bytes is shown (cut) rather than held back.
+MAX_PENDING_BYTES = 8 * MAX_LINE_CHARS
+#: Label of the TAO progress stream (``status.json``).
+PROGRESS = "status.json"
+
+_LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+_OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
+_ESCAPE = re.compile(r"\x1b[@-_]?")
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+#: The reader, defined once per script: ``_t INDEX FILE OFFSET|- MAX_BYTES CURSOR|-``.
+_READER = r"""_t() {
+  o=$3
+  if [ "$o" = - ]; then
+    o=0; if [ "$5" != - ]; then o=$(head -c 32 -- "$5" 2>/dev/null </dev/null); fi
+    case $o in ''|*[!0-9]*) o=0;; esac
+  fi
+  if [ ! -f "$2" ]; then printf '@@tail %s %s MISSING\n' "$N" "$1"; return 0; fi
+  s=$(wc -c < "$2") || s=0; s=$((s))
+  if [ "$s" -lt "$o" ]; then o=0; fi
+  n=$((s - o)); k=0
+  if [ "$n" -gt "$4" ]; then k=$((n - $4)); n=$4; fi
+  printf '@@tail %s %s OFFSET %s SKIP %s\n' "$N" "$1" "$o" "$k"
+  if [ "$n" -gt 0 ]; then tail -c +$((o + k + 1)) -- "$2" | head -c "$n"; fi
+  printf '\n@@end %s %s\n' "$N" "$1"
+  e=$((o + k + n))
+  if [ "$5" != - ] && [ "$e" != "$3" ]; then
+    (umask 077; printf '%s\n' "$e" > "$5.$$" && mv -f -- "$5.$$" "$5") 2>/dev/null
+  fi
+  return 0
+}
+"""
+
+
+@dataclass(frozen=True)
+class TailRequest:
+    """One file to read.
+
+    :param path: absolute path of the file.
+    :param offset: bytes already shown; ``None`` resumes from ``cursor_path`` (0 when there is none).
+    :param max_bytes: the most bytes to read this time; what is beyond is skipped.
+    :param cursor_path: absolute path of the file that keeps the offset between polls and restarts.
+    """
+
+    path: str
+    offset: int | None
+    max_bytes: int
+    cursor_path: str | None = None
+
+
+@dataclass(frozen=True)
+class TailChunk:
+    """What the script read of one file.
+
+    :param missing: the file does not exist (yet).
+    :param offset: where reading started (0 after the file was truncated or replaced).
+    :param skipped: bytes skipped beyond the per-poll budget.
+    :param data: the bytes read.
+    """
+
+    missing: bool
+    offset: int = 0
+    skipped: int = 0
+    data: bytes = b""
+
+    @property
+    def end(self) -> int:
+        """Where the next read starts."""
+        return self.offset + self.skipped + len(self.data)
+
+
+def _absolute(path: str, what: str) -> str:
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path or "\n" in path:
+        raise ValidationError(f"{what} must be an absolute path without newlines, not {path!r}")
+    return path
+
+
+def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tuple[str, str]:
+    """The script reading every request in order, and the nonce that frames its answer.
+
+    Send the script to ``sh -s`` on stdin. Each file's answer is a header
+    ``@@tail NONCE I OFFSET O SKIP K`` (or ``@@tail NONCE I MISSING``), the bytes, and a trailer
+    ``@@end NONCE I``; the random nonce keeps a job's own output from forging the framing.
+
+    :param requests: the files to read.
+    :param nonce: the framing token (random when not given; tests pass one).
+    :returns: ``(script, nonce)``.
+    :raises ValidationError: for a relative path, a negative offset or a byte budget below 1.
+    """
+    token = nonce or _random.token_hex(12)
+    lines = ["export LC_ALL=C", _READER.rstrip(), f"N={token}"]
+    for index, request in enumerate(requests):
+        offset = request.offset
+        if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
+            raise ValidationError(f"log offset must be a non-negative integer, not {offset!r}")
+        budget = request.max_bytes
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ValidationError(f"log bytes per poll must be a positive integer, not {budget!r}")
+        cursor = _absolute(request.cursor_path, "log cursor path") if request.cursor_path else "-"
+        lines.append(
+            f"_t {index} {quote(_absolute(request.path, 'log path'))} "
+            f"{'-' if offset is None else offset} {budget} {quote(cursor)}"
+        )
+    return "\n".join(lines) + "\n", token
+
+
+def parse_tail_output(stdout: bytes, count: int, nonce: str) -> list[TailChunk]:
+    """Read :func:`tail_script`'s answer for ``count`` requests.
+
+    :raises RemoteCommandError: when an answer is missing or malformed (the shell failed half-way).
+    """
+    token = re.escape(nonce.encode())
+    header = re.compile(rb"@@tail " + token + rb" (\d+) (?:MISSING|OFFSET (\d+) SKIP (\d+))\n")
+    chunks: list[TailChunk] = []
+    position = 0
+    for index in range(count):
+        match = header.match(stdout, position)
+        if match is None or int(match.group(1)) != index:
+            raise RemoteCommandError(
+                f"log read answered {len(chunks)} of {count} file(s); the rest of its output was "
+                f"{stdout[position : position + 200]!r}; it is read again next poll"
+            )
+        if match.group(2) is None:
+            chunks.append(TailChunk(missing=True))
+            position = match.end()
+            continue
+        trailer = b"\n@@end " + nonce.encode() + b" " + str(index).encode() + b"\n"
+        end = stdout.find(trailer, match.end())
+        if end < 0:
+            raise RemoteCommandError(f"log read of file {index} has no end marker; it is read again next poll")
+        chunks.append(TailChunk(False, int(match.group(2)), int(match.group(3)), stdout[match.end() : end]))
+        position = end + len(trailer)
+    return chunks
+
+
+def clean_line(raw: bytes | str, secrets: Iterable[str] = ()) -> str:
+    """One line of job output made safe for the task log.
+
+    Invalid UTF-8 is replaced; a carriage-return progress bar keeps what a terminal would show
+    last; ANSI escapes go; other control characters become ``\\ufffd`` (so no line can end a log
+    record or start a forged one); secrets are redacted; the line is cut at :data:`MAX_LINE_CHARS`.
+    """
+    text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    text = text.rstrip("\r")
+    if "\r" in text:
+        text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
+    text = _ESCAPE.sub("", _CSI.sub("", _OSC.sub("", text)))
+    text = redact_text(_CONTROL.sub("\ufffd", text), list(secrets))
+    if len(text) > MAX_LINE_CHARS:
+        text = f"{text[:MAX_LINE_CHARS]} … [{len(text) - MAX_LINE_CHARS} more characters]"
+    return text
+
+
+def progress_line(entry: Mapping[str, Any]) -> str:
+    """A TAO ``status.json`` entry as one readable line: status, epoch, iteration, loss, KPIs, message."""
+    parts: list[str] = []
+    if entry.get("status"):
+        parts.append(str(entry["status"]))
+    for key, limit in (("epoch", "max_epoch"), ("cur_iter", "max_iter")):
+        if entry.get(key) is not None:
+            name = "epoch" if key == "epoch" else "iteration"
+            parts.append(
+                f"{name} {entry[key]}/{entry[limit]}" if entry.get(limit) is not None else f"{name} {entry[key]}"
+            )
+    for key in ("loss", "learning_rate", "time_per_epoch", "eta"):
+        if entry.get(key) is not None and not isinstance(entry[key], Mapping | list):
+            parts.append(f"{key}={entry[key]}")
+    kpi = entry.get("kpi")
+    if isinstance(kpi, Mapping):
+        parts += [f"{name}={value}" for name, value in kpi.items() if not isinstance(value, Mapping | list)]
+    message = entry.get("message")
+    text = " ".join(parts)
+    if message:
+        text = f"{text}: {message}" if text else str(message)
+    return text or json.dumps(entry, sort_keys=True)
+
+
+@dataclass
+class LineStream:
+    """One watched file, turned into task-log lines poll after poll.
+
+    :param label: what each line starts with (``main.out``, ``main.err``, ``status.json``).
+    :param path: the file.
+    :param cursor_path: where the offset is kept between polls and triggerer restarts.
+    :param max_bytes: bytes read per poll at most; more is skipped and said.
+    :param offset: bytes already shown; ``None`` until the first read (resumed from the cursor).
+    :param secrets: values redacted from every line.
+    """
+
+    label: str
+    path: str
+    cursor_path: str | None = None
+    max_bytes: int = DEFAULT_BYTES_PER_POLL
+    offset: int | None = None
+    secrets: tuple[str, ...] = ()
+    _pending: bytes = field(default=b"", repr=False)
+    _asked: int = field(default=0, repr=False)
+
+    def __post_init__(self) -> None:
+        if not _LABEL_RE.fullmatch(self.label):
+            raise ValidationError(f"log stream label {self.label!r} must be a short name like 'main.out'")
+        _absolute(self.path, "log path")
+        if self.cursor_path is not None:
+            _absolute(self.cursor_path, "log cursor path")
+
+    def request(self, budget: int | None = None) -> TailRequest:
+        """What to read next: from the offset, at most ``max_bytes`` (or ``budget`` when smaller)."""
+        self._asked = self.max_bytes if budget is None else max(1, min(self.max_bytes, budget))
+        return TailRequest(self.path, self.offset, self._asked, self.cursor_path)
+
+    def feed(self, chunk: TailChunk) -> list[str]:
+        """Take one read; return the complete lines it finished, each starting with ``label | ``."""
+        if chunk.missing:
+            return []
+        notes: list[str] = []
+        data = chunk.data
+        if self.offset is not None and chunk.offset < self.offset:
+            notes.append(f"{self.path} was truncated or replaced (a requeued run?): showing it again from the start")
+            self._pending = b""
+        if chunk.skipped:
+            notes.append(
+                f"… {chunk.skipped} bytes of {self.path} skipped: the job wrote more than "
+                f"{self._asked or self.max_bytes} bytes since the last poll; the whole log is in that file"
+            )
+            self._pending = b""
+            data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # the first line is cut: drop it
+        self.offset = chunk.end
+        *complete, rest = (self._pending + data).split(b"\n")
+        if len(rest) > MAX_PENDING_BYTES:
+            complete.append(rest)
+            rest = b""
+        self._pending = rest
+        lines = [f"{self.label} | {note}" for note in notes]
+        for raw in complete:
+            lines.append(f"{self.label} | {self._format(raw)}")
+        return lines
+
+    @property
+    def shown_offset(self) -> int | None:
+        """Bytes of the file shown as lines (an unfinished last line is not shown yet)."""
+        return None if self.offset is None else self.offset - len(self._pending)
+
+    def _format(self, raw: bytes) -> str:
+        if self.label == PROGRESS:
+            try:
+                entry = json.loads(raw)
+            except (ValueError, RecursionError):
+                entry = None
+            if isinstance(entry, Mapping):
+                return clean_line(progress_line(entry), self.secrets)
+        return clean_line(raw, self.secrets)
