@@ -754,3 +754,120 @@ class _Events:
 
     def __getitem__(self, asset: Asset) -> SimpleNamespace:
         return self.store.setdefault(asset, SimpleNamespace(extra={}))
+
+
+# ---------------------------------------------------------------------- live logs
+
+
+def test_the_trigger_follows_main_out_main_err_and_status_json_with_cursors_per_try() -> None:
+    """Three live streams, cursors in the job's log dir named per task try; the secret references (not values) travel."""
+    handle = make_handle(secret_refs={"HF_TOKEN": "env:HF"})
+
+    def streams(ctx: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:
+        with pytest.raises(TaskDeferred) as deferred:
+            sensor_with(NoHook(), job=handle, **kwargs).execute(ctx)
+        trigger = deferred.value.trigger
+        assert trigger.secret_refs == {"HF_TOKEN": "env:HF"}
+        return list(trigger.log_streams)
+
+    first = streams(CTX)
+    log_dir = handle["log_dir"]
+    assert [(s["label"], s["path"]) for s in first] == [
+        ("main.out", f"{log_dir}/main.out"),
+        ("main.err", f"{log_dir}/main.err"),
+        ("status.json", f"{handle['results_dir']}/status.json"),
+    ]
+    assert all(s["cursor_path"].startswith(f"{log_dir}/.live-") for s in first)
+    assert len({s["cursor_path"] for s in first}) == 3
+    retry = {"ti": SimpleNamespace(**{**vars(CTX["ti"]), "try_number": 2})}
+    assert {s["cursor_path"] for s in streams(retry)}.isdisjoint({s["cursor_path"] for s in first})
+    assert streams(CTX, stream_logs=False) == []
+
+
+def test_the_end_shows_only_what_the_live_lines_did_not(capfd: pytest.CaptureFixture[str]) -> None:
+    """The trigger showed 'epoch 1' and 'epoch 2' live; at the end only 'epoch 3' is shown, cleaned and prefixed."""
+    hook = FakeHook()
+    handle = make_handle()
+    hook.files[f"{handle['log_dir']}/main.out"] = "epoch 1\nepoch 2\n\x1b[31mepoch 3\x1b[0m\n"
+    hook.files[f"{handle['log_dir']}/main.err"] = "warning: x\n"
+
+    complete(sensor_with(hook), terminal("COMPLETED", log_offsets={"main.out": 16}), handle)
+
+    out = "".join(capfd.readouterr())
+    assert "main.out | epoch 3" in out
+    assert "epoch 1" not in out
+    assert "main.err | warning: x" in out  # main.err was not streamed: its end is shown
+
+
+def test_job_or_slurm_job_id_but_not_both_nor_neither() -> None:
+    for kwargs in ({"job": None}, {"slurm_job_id": "42"}):
+        with pytest.raises(ValidationError, match="either job"):
+            sensor_with(NoHook(), **kwargs).execute(CTX)
+
+
+class ForeignHook(FakeHook):
+    """A cluster that knows job 777, submitted by someone else's script (stdout and stderr in one file)."""
+
+    settings = SimpleNamespace(cluster_name="polaris", hosts=("login",))
+
+    def __init__(self, info: dict[str, str] | None) -> None:
+        super().__init__()
+        self.info = info
+
+    def describe_job(self, slurm_job_id: str) -> dict[str, str]:
+        assert slurm_job_id == "777"
+        return dict(self.info or {})
+
+    def get_states(self, ids: list[str]) -> dict[str, Any]:
+        return {}
+
+
+FOREIGN_INFO = {
+    "JobId": "777",
+    "JobName": "train.sh",
+    "UserId": "alice",
+    "StdOut": "/home/alice/slurm-777.out",
+    "StdErr": "/home/alice/slurm-777.out",
+    "WorkDir": "/home/alice",
+}
+
+
+def foreign_event(native: str, exit_code: int = 0, **extra: Any) -> dict[str, Any]:
+    state = state_from_native("777", native, source="sacct", exit_code=exit_code, signal=0, node_list="n1")
+    return {"status": "terminal", "slurm_job_id": "777", "job_name": "", "state": state_to_payload(state), **extra}
+
+
+def test_a_job_submitted_elsewhere_is_watched_by_its_id_and_never_cancelled() -> None:
+    sensor = SlurmJobSensor(task_id="wait", job=None, slurm_job_id=" 777 ", poke_interval=5)
+    sensor.__dict__["hook"] = ForeignHook(FOREIGN_INFO)
+
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(CTX)
+
+    trigger = deferred.value.trigger
+    assert (trigger.slurm_job_id, trigger.job_name, trigger.cancel_on_kill) == ("777", "", False)
+    assert [(s["label"], s["path"]) for s in trigger.log_streams] == [("stdout", "/home/alice/slurm-777.out")]
+    assert trigger.log_streams[0]["cursor_path"].startswith("/home/alice/.live-")
+    assert (trigger.record_path, trigger.sidecar_path) == (None, None)
+    assert XCOM[WATCHED_JOB_KEY]["log_dir"] == "/home/alice"
+    foreign = deferred.value.kwargs["foreign"]
+
+    result = sensor.execute_complete(CTX, event=foreign_event("COMPLETED"), foreign=foreign)
+    assert (result["slurm_job_id"], result["job_name"], result["terminal_state"]) == ("777", "train.sh", "COMPLETE")
+
+    with pytest.raises(JobFailedError, match="SLURM job 777 failed"):
+        sensor.execute_complete(CTX, event=foreign_event("FAILED", exit_code=3), foreign=foreign)
+
+
+def test_an_unknown_job_id_fails_naming_it() -> None:
+    sensor = SlurmJobSensor(task_id="wait", slurm_job_id="777", poke_interval=5)
+    sensor.__dict__["hook"] = ForeignHook(None)
+    with pytest.raises(JobNotFoundError, match="SLURM job 777 is unknown to scontrol, squeue and sacct on polaris"):
+        sensor.execute(CTX)
+
+
+def test_a_bad_job_id_is_refused_before_any_ssh() -> None:
+    sensor = SlurmJobSensor(task_id="wait", slurm_job_id="7; scancel -u alice", poke_interval=5)
+    sensor.__dict__["hook"] = NoHook()
+    with pytest.raises(ValidationError):
+        sensor.execute(CTX)

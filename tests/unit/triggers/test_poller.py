@@ -1,16 +1,19 @@
-"""The shared status poller, driven by a fake async fetch function (no SSH, no SLURM)."""
+"""The shared status poller, driven by a fake async fetch function (no SSH, no SLURM); its log reads run real ``sh``."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from airflow_provider_tao_slurm.core.logstream import LineStream, TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.triggers import poller as poller_module
@@ -282,3 +285,112 @@ def test_a_partial_poll_delivers_answered_states_and_an_error_to_the_unanswered(
             assert "unanswered" in (update.error or "")
             assert "controller down" in (update.error or "")
     assert all(u.state == running(u.job_id) and u.error is None for u in second)  # the next poll answers everybody
+
+
+# ---------------------------------------------------------------------- live logs
+
+
+@dataclass
+class LocalLogs:
+    """The real batched log read, run by this machine's ``sh`` on local files; records each call's files."""
+
+    calls: list[list[str]] = field(default_factory=list)
+    fail: int = 0
+
+    async def __call__(self, requests: list[TailRequest]) -> list[TailChunk]:
+        self.calls.append([request.path for request in requests])
+        if self.fail:
+            self.fail -= 1
+            raise OSError("channel closed")
+        script, nonce = tail_script(requests)
+        done = subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True, check=True)
+        return parse_tail_output(done.stdout, len(requests), nonce)
+
+
+def test_one_log_read_per_poll_for_every_started_job_and_none_for_pending_ones(tmp_path: Path) -> None:
+    """Three running jobs and one pending: each poll is one state fetch plus ONE log read of the 3 running jobs' files."""
+    logs = LocalLogs()
+    for job_id in ("1", "2", "3"):
+        (tmp_path / f"{job_id}.out").write_bytes(f"job {job_id} line\n".encode())
+
+    async def fetch(ids: list[str]) -> dict[str, JobState]:
+        states = {job_id: running(job_id) for job_id in ids}
+        states["4"] = state_from_native("4", "PENDING", source="squeue", reason="Priority")
+        return states
+
+    async def scenario() -> dict[str, list[str]]:
+        poller = StatusPoller("u@c", fetch, 30, logs)
+        queues = {
+            job_id: poller.subscribe(job_id, INTERVAL, [LineStream("main.out", str(tmp_path / f"{job_id}.out"))])
+            for job_id in ("1", "2", "3", "4")
+        }
+        await asyncio.sleep(INTERVAL * 4.5)
+        for job_id, queue in queues.items():
+            poller.unsubscribe(job_id, queue)
+        return {
+            job_id: [line for _ in range(queue.qsize()) for line in queue.get_nowait().lines]
+            for job_id, queue in queues.items()
+        }
+
+    lines = run(scenario())
+
+    assert len(logs.calls) >= 3
+    assert all(sorted(paths) == [str(tmp_path / f"{i}.out") for i in ("1", "2", "3")] for paths in logs.calls)
+    assert lines == {
+        "1": ["main.out | job 1 line"],
+        "2": ["main.out | job 2 line"],
+        "3": ["main.out | job 3 line"],
+        "4": [],
+    }
+
+
+def test_a_failed_log_read_loses_nothing(tmp_path: Path) -> None:
+    """The first log read fails: the states still arrive, and the next read shows the lines (once)."""
+    logs = LocalLogs(fail=1)
+    log = tmp_path / "main.out"
+    log.write_bytes(b"a\nb\n")
+    fetch = FakeFetch()
+
+    async def scenario() -> list[PollUpdate]:
+        poller = StatusPoller("u@c", fetch, 30, logs)
+        queue = poller.subscribe("1", INTERVAL, [LineStream("main.out", str(log))])
+        await asyncio.sleep(INTERVAL * 3.5)
+        poller.unsubscribe("1", queue)
+        assert poller.stats.log_failures == 1
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+    updates = run(scenario())
+
+    assert updates[0].state == running("1")
+    assert updates[0].lines == ()
+    assert [line for update in updates for line in update.lines] == ["main.out | a", "main.out | b"]
+
+
+def test_the_batch_budget_shrinks_each_files_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With many files, no read asks for more than the batch budget in all: each file gets its share."""
+    monkeypatch.setattr(poller_module, "MAX_LOG_BYTES_PER_POLL", 4096)
+    logs = LocalLogs()
+    paths = []
+    for job_id in range(8):
+        path = tmp_path / f"{job_id}.out"
+        path.write_bytes(b"z" * 3000 + b"\nlast\n")
+        paths.append(path)
+    asked: list[int] = []
+
+    async def reader(requests: list[TailRequest]) -> list[TailChunk]:
+        asked.extend(request.max_bytes for request in requests)
+        return await logs(requests)
+
+    async def scenario() -> list[str]:
+        poller = StatusPoller("u@c", FakeFetch(), 30, reader)
+        queues = [poller.subscribe(str(i), INTERVAL, [LineStream("main.out", str(p))]) for i, p in enumerate(paths)]
+        await asyncio.sleep(INTERVAL * 1.5)
+        for i, queue in enumerate(queues):
+            poller.unsubscribe(str(i), queue)
+        return [line for queue in queues for _ in range(queue.qsize()) for line in queue.get_nowait().lines]
+
+    lines = run(scenario())
+
+    assert set(asked) == {poller_module.MIN_LOG_BYTES_PER_FILE}
+    assert lines.count("main.out | last") == 8
+    assert sum("skipped" in line for line in lines) == 8

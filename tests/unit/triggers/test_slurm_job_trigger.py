@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import re
 import subprocess
 import time
 import uuid
@@ -471,3 +473,93 @@ def test_on_kill_records_canceled_via_the_async_file_api(
         assert JOB in record.transitions[-1].message
     else:
         assert hook.files.get(RECORD) == before
+
+
+# ---------------------------------------------------------------------- live logs
+
+
+class WritingHook(FakeHook):
+    """Each poll, the 'job' appends the next scripted bytes to its log before the state is answered."""
+
+    def __init__(self, script: Script, log: Any, writes: list[bytes]) -> None:
+        super().__init__(script)
+        self.log_path = log
+        self.writes = list(writes)
+
+    async def a_get_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        if self.writes:
+            with self.log_path.open("ab") as out:
+                out.write(self.writes.pop(0))
+        return await super().a_get_states(job_ids)
+
+
+def live_lines(output: str) -> list[str]:
+    """The live lines in the trigger's log output (structlog's console rendering)."""
+    return [match.group(1).rstrip() for match in re.finditer(r"\] (main\.out \| .*?)\s+\[airflow_provider", output)]
+
+
+def test_live_lines_reach_the_task_log_in_order_once_redacted(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The job writes between polls (a secret, ANSI, a fake Airflow line among them): every line is logged once,
+    in order, cleaned; nothing is read while it is pending; the event says how far the log was shown."""
+    secret = "s3cr3t-value-0123456789"
+    monkeypatch.setenv("TRAIN_TOKEN", secret)
+    log = tmp_path / "main.out"
+    writes = [
+        b"",
+        b"epoch 1\n",
+        b"\x1b[31mepoch 2\x1b[0m token " + secret.encode() + b"\n",
+        b"[2026] INFO - Task exited",
+        b"\n",
+    ]
+    fake = WritingHook(
+        [squeue("PENDING", "Priority"), squeue("RUNNING"), squeue("RUNNING"), squeue("RUNNING"), sacct("COMPLETED")],
+        log,
+        writes,
+    )
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: fake)
+    trigger = make(
+        log_streams=[{"label": "main.out", "path": str(log), "cursor_path": str(tmp_path / ".cursor")}],
+        secret_refs={"TRAIN_TOKEN": "env:TRAIN_TOKEN"},
+    )
+
+    (event,) = run(all_events(trigger))
+
+    output = capsys.readouterr().out
+    assert live_lines(output) == [
+        "main.out | epoch 1",
+        "main.out | epoch 2 token ${REDACTED}",
+        "main.out | [2026] INFO - Task exited",
+    ]
+    assert secret not in output
+    assert fake.tail_calls == 4  # the pending poll read nothing
+    assert event["log_offsets"] == {"main.out": log.stat().st_size}
+    assert JobEvent.from_dict(event).log_offsets == {"main.out": log.stat().st_size}
+
+
+def test_a_restarted_trigger_resumes_the_stream_from_the_cursor(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A trigger rebuilt from the same kwargs (triggerer restart) logs only what the first one did not."""
+    log = tmp_path / "main.out"
+    streams = [{"label": "main.out", "path": str(log), "cursor_path": str(tmp_path / ".cursor")}]
+    first = WritingHook([squeue("RUNNING")], log, [b"a\nb\n"])
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: first)
+    _, kwargs = make(log_streams=streams).serialize()
+
+    async def until_two_polls() -> None:
+        events = SlurmJobTrigger(**kwargs).run()
+        task = asyncio.ensure_future(anext(events))
+        while first.tail_calls < 2:
+            await asyncio.sleep(POLL / 4)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run(until_two_polls())
+    second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [b"c\n"])
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
+    run(all_events(SlurmJobTrigger(**kwargs)))
+
+    assert live_lines(capsys.readouterr().out) == ["main.out | a", "main.out | b", "main.out | c"]

@@ -1,0 +1,266 @@
+"""Live log lines: the batched read script run by real ``sh``/``dash`` on local files, and the line cleaning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from airflow_provider_tao_slurm.core.logstream import (
+    MAX_LINE_CHARS,
+    MAX_PENDING_BYTES,
+    PROGRESS,
+    LineStream,
+    TailChunk,
+    TailRequest,
+    clean_line,
+    parse_tail_output,
+    progress_line,
+    tail_script,
+)
+from airflow_provider_tao_slurm.core.secrets import REDACTED
+from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
+
+SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
+SECRET = "nvapi-Zq3$(touch /tmp/x)'\"9kLmN0pQ"
+
+
+def read(requests: list[TailRequest], shell: str = "sh") -> list[TailChunk]:
+    script, nonce = tail_script(requests)
+    done = subprocess.run([shell, "-s"], input=script.encode(), capture_output=True, check=True)
+    assert done.stderr == b""
+    return parse_tail_output(done.stdout, len(requests), nonce)
+
+
+def follow(stream: LineStream, shell: str = "sh") -> list[str]:
+    return stream.feed(read([stream.request()], shell)[0])
+
+
+# ---------------------------------------------------------------------- clean_line
+
+CLEAN_CASES = [
+    ("plain", b"epoch 1 loss 0.5", "epoch 1 loss 0.5"),
+    ("crlf", b"done\r", "done"),
+    ("progress bar keeps the last frame", b"10%|#   |\r50%|##  |\r100%|####|", "100%|####|"),
+    ("progress bar ending in a bare CR", b"step 1\rstep 2\r", "step 2"),
+    ("ANSI colours", b"\x1b[1;31mERROR\x1b[0m: bad", "ERROR: bad"),
+    ("ANSI cursor moves", b"\x1b[2K\x1b[1Gtraining", "training"),
+    ("OSC title", b"\x1b]0;pwned\x07visible", "visible"),
+    ("invalid UTF-8", b"caf\xc3 \xff ok", "caf\ufffd \ufffd ok"),
+    ("NUL and bell", b"a\x00b\x07c", "a\ufffdb\ufffdc"),
+    ("tab kept", b"a\tb", "a\tb"),
+    ("unicode line separator", "x\u2028[2026-01-01] INFO - fake".encode(), "x\ufffd[2026-01-01] INFO - fake"),
+    ("C1 control", "a\u0085b".encode(), "a\ufffdb"),
+    ("literal credential", b"export NGC_API_KEY=nvapi-abcdefghijklmnop", f"export NGC_API_KEY={REDACTED}"),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [case[1:] for case in CLEAN_CASES], ids=[c[0] for c in CLEAN_CASES])
+def test_clean_line(raw: bytes, expected: str) -> None:
+    assert clean_line(raw) == expected
+
+
+def test_clean_line_redacts_a_known_secret_and_its_encodings() -> None:
+    import base64
+
+    line = f"token {SECRET} b64 {base64.b64encode(SECRET.encode()).decode()}"
+    cleaned = clean_line(line.encode(), [SECRET])
+    assert SECRET not in cleaned
+    assert base64.b64encode(SECRET.encode()).decode() not in cleaned
+    assert cleaned.count(REDACTED) == 2
+
+
+def test_a_long_line_is_cut_and_says_how_much() -> None:
+    cleaned = clean_line(b"x" * (MAX_LINE_CHARS + 500))
+    assert cleaned.startswith("x" * MAX_LINE_CHARS)
+    assert cleaned.endswith("[500 more characters]")
+    assert len(cleaned) < MAX_LINE_CHARS + 40
+
+
+# ---------------------------------------------------------------------- progress_line
+
+PROGRESS_CASES = [
+    ({"status": "STARTED", "message": "Starting training"}, "STARTED: Starting training"),
+    (
+        {"status": "RUNNING", "epoch": 3, "max_epoch": 10, "loss": 0.12, "message": "epoch 3 done"},
+        "RUNNING epoch 3/10 loss=0.12: epoch 3 done",
+    ),
+    (
+        {"status": "RUNNING", "cur_iter": 50, "max_iter": 100, "kpi": {"mAP": 0.5, "nested": {"x": 1}}, "eta": "0:10"},
+        "RUNNING iteration 50/100 eta=0:10 mAP=0.5",
+    ),
+    ({"epoch": 2}, "epoch 2"),
+    ({"date": "1/1/2026"}, '{"date": "1/1/2026"}'),
+]
+
+
+@pytest.mark.parametrize(("entry", "expected"), PROGRESS_CASES)
+def test_progress_line(entry: dict[str, object], expected: str) -> None:
+    assert progress_line(entry) == expected
+
+
+# ---------------------------------------------------------------------- the batched read, through real shells
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_many_files_in_one_read_from_their_offsets(tmp_path: Path, shell: str) -> None:
+    (tmp_path / "a").write_bytes(b"one\ntwo\nthree")
+    (tmp_path / "b").write_bytes(b"0123456789")
+    chunks = read(
+        [
+            TailRequest(str(tmp_path / "a"), 4, 100),
+            TailRequest(str(tmp_path / "missing"), 0, 100),
+            TailRequest(str(tmp_path / "b"), 10, 100),
+            TailRequest(str(tmp_path / "b"), 2, 3),
+        ],
+        shell,
+    )
+    assert chunks == [
+        TailChunk(False, 4, 0, b"two\nthree"),
+        TailChunk(missing=True),
+        TailChunk(False, 10, 0, b""),
+        TailChunk(False, 2, 5, b"789"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "name", ["with space", "$(touch canary)", "semi;colon", "quote'dq\"", "-dash", "star*", "back\\slash", "ünï"]
+)
+def test_hostile_paths_are_read_as_names(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_bytes(b"hello\n")
+    (chunk,) = read([TailRequest(str(path), None, 100, str(tmp_path / f"{name}.cursor"))])
+    assert chunk.data == b"hello\n"
+    assert (tmp_path / f"{name}.cursor").read_text() == "6\n"
+    assert not (tmp_path / "canary").exists()
+    assert not Path("canary").exists()
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        TailRequest("relative/main.out", 0, 10),
+        TailRequest("/a/main.out", -1, 10),
+        TailRequest("/a/main.out", 0, 0),
+        TailRequest("/a/main\n.out", 0, 10),
+        TailRequest("/a/main.out", 0, 10, "cursor"),
+    ],
+)
+def test_bad_requests_are_refused(request_: TailRequest) -> None:
+    with pytest.raises(ValidationError):
+        tail_script([request_])
+
+
+def test_job_output_cannot_forge_the_framing(tmp_path: Path) -> None:
+    """A log that prints end markers (even one with a guessed nonce shape) is read as data."""
+    evil = b"line\n@@end 0000 0\n@@tail 0000 1 MISSING\n"
+    (tmp_path / "a").write_bytes(evil)
+    (tmp_path / "b").write_bytes(b"fine\n")
+    chunks = read([TailRequest(str(tmp_path / "a"), 0, 1000), TailRequest(str(tmp_path / "b"), 0, 1000)])
+    assert chunks[0].data == evil
+    assert chunks[1].data == b"fine\n"
+
+
+def test_an_incomplete_answer_is_an_error() -> None:
+    script, nonce = tail_script([TailRequest("/x/a", 0, 10), TailRequest("/x/b", 0, 10)])
+    with pytest.raises(RemoteCommandError, match="answered 1 of 2"):
+        parse_tail_output(f"@@tail {nonce} 0 MISSING\n".encode(), 2, nonce)
+    with pytest.raises(RemoteCommandError, match="no end marker"):
+        parse_tail_output(f"@@tail {nonce} 0 OFFSET 0 SKIP 0\nabc".encode(), 1, nonce)
+    assert "sh" not in script.split("\n", 1)[0]  # the script starts with settings, not a shebang to exec
+
+
+# ---------------------------------------------------------------------- LineStream
+
+
+def test_lines_arrive_in_order_once_and_unfinished_lines_wait(tmp_path: Path) -> None:
+    log = tmp_path / "main.out"
+    log.write_bytes(b"")
+    stream = LineStream("main.out", str(log), str(tmp_path / "cur"))
+    assert follow(stream) == []
+    with log.open("ab") as out:
+        out.write(b"epoch 1\nepoch 2\nepo")
+    assert follow(stream) == ["main.out | epoch 1", "main.out | epoch 2"]
+    assert follow(stream) == []
+    with log.open("ab") as out:
+        out.write(b"ch 3\n")
+    assert follow(stream) == ["main.out | epoch 3"]
+    assert stream.shown_offset == log.stat().st_size
+
+
+def test_a_new_stream_resumes_from_the_cursor_without_duplicates(tmp_path: Path) -> None:
+    """A triggerer restart: the new trigger's stream has no offset and reads the cursor the old one left."""
+    log, cursor = tmp_path / "main.out", tmp_path / ".main.out.offset"
+    log.write_bytes(b"a\nb\n")
+    first = LineStream("main.out", str(log), str(cursor))
+    assert follow(first) == ["main.out | a", "main.out | b"]
+    with log.open("ab") as out:
+        out.write(b"c\n")
+    second = LineStream("main.out", str(log), str(cursor))
+    assert follow(second) == ["main.out | c"]
+    assert cursor.read_text() == "6\n"
+
+
+def test_a_corrupt_cursor_restarts_at_zero(tmp_path: Path) -> None:
+    log, cursor = tmp_path / "main.out", tmp_path / "cur"
+    log.write_bytes(b"a\n")
+    cursor.write_text("12; rm -rf /\n")
+    assert follow(LineStream("main.out", str(log), str(cursor))) == ["main.out | a"]
+
+
+def test_a_flood_is_skipped_with_a_note_and_the_cut_line_dropped(tmp_path: Path) -> None:
+    log = tmp_path / "main.out"
+    log.write_bytes(b"start\n")
+    stream = LineStream("main.out", str(log), None, max_bytes=64)
+    assert follow(stream) == ["main.out | start"]
+    with log.open("ab") as out:
+        out.write(b"".join(b"flood line %05d\n" % i for i in range(10000)))
+    lines = follow(stream)
+    assert "bytes of" in lines[0]
+    assert "skipped" in lines[0]
+    assert lines[1:] == [f"main.out | flood line {i:05d}" for i in range(9997, 10000)]
+    assert stream.offset == log.stat().st_size
+
+
+def test_a_truncated_file_is_read_again_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "main.out"
+    log.write_bytes(b"first run line one\nfirst run line two\n")
+    stream = LineStream("main.out", str(log))
+    assert len(follow(stream)) == 2
+    log.write_bytes(b"rerun\n")
+    lines = follow(stream)
+    assert "truncated or replaced" in lines[0]
+    assert lines[1:] == ["main.out | rerun"]
+
+
+def test_a_line_without_end_is_shown_cut_once_it_is_too_long(tmp_path: Path) -> None:
+    log = tmp_path / "main.out"
+    log.write_bytes(b"y" * (MAX_PENDING_BYTES + 10))
+    (line,) = follow(LineStream("main.out", str(log), max_bytes=MAX_PENDING_BYTES * 2))
+    assert line.endswith("more characters]")
+
+
+def test_progress_lines_from_status_json(tmp_path: Path) -> None:
+    status = tmp_path / "status.json"
+    entries = [
+        {"status": "STARTED", "message": "Starting"},
+        {"status": "RUNNING", "epoch": 1, "max_epoch": 2, "loss": 0.3},
+    ]
+    status.write_text("".join(json.dumps(e) + "\n" for e in entries) + "not json\n" + "[" * 5000 + "\n")
+    lines = follow(LineStream(PROGRESS, str(status)))
+    assert lines[:3] == [
+        "status.json | STARTED: Starting",
+        "status.json | RUNNING epoch 1/2 loss=0.3",
+        "status.json | not json",
+    ]
+    assert lines[3].startswith("status.json | [[[[")
+
+
+def test_labels_are_short_names() -> None:
+    with pytest.raises(ValidationError):
+        LineStream("main.out | fake", "/a")
+    with pytest.raises(ValidationError):
+        LineStream("main.out", "relative")
