@@ -760,7 +760,7 @@ class _Events:
 
 
 def test_the_trigger_follows_main_out_main_err_and_status_json_with_cursors_per_try() -> None:
-    """Three live streams, cursors in the job's log dir named per task try; the secret references (not values) travel."""
+    """Three live streams, cursors in the log dir named per task try; the secret references (not values) travel."""
     handle = make_handle(secret_refs={"HF_TOKEN": "env:HF"})
 
     def streams(ctx: dict[str, Any], **kwargs: Any) -> list[dict[str, Any]]:

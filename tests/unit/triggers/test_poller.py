@@ -308,7 +308,7 @@ class LocalLogs:
 
 
 def test_one_log_read_per_poll_for_every_started_job_and_none_for_pending_ones(tmp_path: Path) -> None:
-    """Three running jobs and one pending: each poll is one state fetch plus ONE log read of the 3 running jobs' files."""
+    """Three running jobs and one pending: each poll is one state fetch plus ONE log read of the running jobs' files."""
     logs = LocalLogs()
     for job_id in ("1", "2", "3"):
         (tmp_path / f"{job_id}.out").write_bytes(f"job {job_id} line\n".encode())
