@@ -149,7 +149,7 @@ class SlurmJobTrigger(BaseTrigger):
                     if update.polled_at - last_seen > self.not_found_grace:
                         yield self._event(
                             EventStatus.VANISHED,
-                            f"SLURM job {self.slurm_job_id} ({self.job_name}) is unknown to squeue and sacct for "
+                            f"SLURM job {self._job} is unknown to squeue and sacct for "
                             f"{update.polled_at - last_seen:.0f} s; check `sacct -j {self.slurm_job_id}` and the "
                             "cluster's accounting",
                             transitions,
@@ -162,7 +162,7 @@ class SlurmJobTrigger(BaseTrigger):
                     if update.polled_at - strange_since >= self.unrecognised_grace:
                         yield self._event(
                             EventStatus.UNRECOGNISED,
-                            f"SLURM reports job {self.slurm_job_id} ({self.job_name}) in state "
+                            f"SLURM reports job {self._job} in state "
                             f"{state.raw_state.strip()!r}, which this provider does not know, for "
                             f"{update.polled_at - strange_since:.0f} s; check `scontrol show job {self.slurm_job_id}`, "
                             "cancel it if it should not run, and report the state to the provider maintainers",
@@ -181,9 +181,8 @@ class SlurmJobTrigger(BaseTrigger):
                 if current != last:
                     hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
                     self.log.info(
-                        "SLURM job %s (%s): %s%s%s%s",
-                        self.slurm_job_id,
-                        self.job_name,
+                        "SLURM job %s: %s%s%s%s",
+                        self._job,
                         state.native or state.raw_state,
                         f" reason={state.reason}" if state.reason else "",
                         f" nodes={state.node_list}" if state.node_list else "",
@@ -196,6 +195,11 @@ class SlurmJobTrigger(BaseTrigger):
                     return
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
+
+    @property
+    def _job(self) -> str:
+        """The job as messages name it: its id, and its name when the provider submitted it."""
+        return f"{self.slurm_job_id} ({self.job_name})" if self.job_name else self.slurm_job_id
 
     async def _line_streams(self) -> list[LineStream]:
         """The job's live streams, with its secrets (resolved here, never stored) for redaction."""
