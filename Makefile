@@ -54,6 +54,7 @@ bench: venv cluster-up
 	$(BIN)/python benchmarks/submit.py
 	$(BIN)/python benchmarks/import_parse.py
 	$(BIN)/python benchmarks/detect.py
+	$(BIN)/python benchmarks/logs.py
 	$(BIN)/python benchmarks/report.py
 
 clean: cluster-down

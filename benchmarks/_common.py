@@ -256,6 +256,13 @@ def rss_bytes() -> int:
     raise RuntimeError("VmRSS missing from /proc/self/status")
 
 
+def machine_cpu_seconds() -> float:
+    """CPU seconds used by every process on the machine since boot (``/proc/stat``)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / 100.0
+
+
 def median(values: Sequence[float]) -> float:
     """The median (NaN for no values)."""
     return statistics.median(values) if values else float("nan")

@@ -183,13 +183,6 @@ async def _run_trigger(trigger: Any, events: dict[str, tuple[float, dict[str, An
         await trigger.cleanup()
 
 
-def _machine_cpu_s() -> float:
-    """CPU seconds used by every process on the machine since boot (``/proc/stat``)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / 100.0
-
-
 async def _wait_for(what: str, done: Any, timeout: float) -> None:
     """Wait until ``done()`` holds, re-checking it whenever the instrumentation reports progress.
 
@@ -290,7 +283,7 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
             target = polls() + 1
             await _wait_for("the next poll", lambda: polls() >= target, 4 * interval + 60)
         await asyncio.to_thread(_common.reset_rpc_counts)
-        commands0, machine0 = COUNTERS.commands, _machine_cpu_s()
+        commands0, machine0 = COUNTERS.commands, _common.machine_cpu_seconds()
         cpu0, wall0 = time.process_time(), time.monotonic()
         if mode == "shared":
             target = polls() + WINDOWS
@@ -298,7 +291,7 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
         else:
             await asyncio.sleep(WINDOWS * interval)
         cpu1, wall1 = time.process_time(), time.monotonic()
-        commands1, machine1 = COUNTERS.commands, _machine_cpu_s()
+        commands1, machine1 = COUNTERS.commands, _common.machine_cpu_seconds()
         rpcs = await asyncio.to_thread(_common.rpc_counts)
 
         # ---- shared: the scheduler queries of single polls, counters reset around each command

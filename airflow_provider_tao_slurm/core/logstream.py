@@ -40,24 +40,30 @@ _OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
 _ESCAPE = re.compile(r"\x1b[@-_]?")
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
-#: The reader, defined once per script: ``_t INDEX FILE OFFSET|- MAX_BYTES CURSOR|-``.
+#: Files per ``stat`` call (keeps each call's argv far below the kernel's limits).
+STAT_BATCH = 500
+
+#: The reader, defined once per script: ``_t INDEX FILE OFFSET|- MAX_BYTES CURSOR|-``. It runs in a
+#: block reading ``stat``'s ``SIZE NAME`` lines (in request order, missing files left out) from
+#: stdin, current line in ``$l``; an unchanged file costs no process at all.
 _READER = r"""_t() {
   o=$3
   if [ "$o" = - ]; then
-    o=0; if [ "$5" != - ]; then o=$(head -c 32 -- "$5" 2>/dev/null </dev/null); fi
+    o=0; if [ "$5" != - ]; then { read -r o < "$5"; } 2>/dev/null || :; fi
     case $o in ''|*[!0-9]*) o=0;; esac
   fi
-  if [ ! -f "$2" ]; then printf '@@tail %s %s MISSING\n' "$N" "$1"; return 0; fi
-  s=$(wc -c < "$2") || s=0; s=$((s))
+  s=
+  if [ "${l#* }" = "$2" ]; then s=${l%% *}; IFS= read -r l || l=; fi
+  if [ -z "$s" ] || [ ! -f "$2" ]; then printf '@@tail %s %s MISSING\n' "$N" "$1"; return 0; fi
   if [ "$s" -lt "$o" ]; then o=0; fi
   n=$((s - o)); k=0
   if [ "$n" -gt "$4" ]; then k=$((n - $4)); n=$4; fi
   printf '@@tail %s %s OFFSET %s SKIP %s\n' "$N" "$1" "$o" "$k"
-  if [ "$n" -gt 0 ]; then tail -c +$((o + k + 1)) -- "$2" | head -c "$n"; fi
+  if [ "$n" -gt 0 ]; then dd if="$2" iflag=skip_bytes,count_bytes skip=$((o + k)) count="$n" bs=65536 status=none; fi
   printf '\n@@end %s %s\n' "$N" "$1"
   e=$((o + k + n))
   if [ "$5" != - ] && [ "$e" != "$3" ]; then
-    (umask 077; printf '%s\n' "$e" > "$5.$$" && mv -f -- "$5.$$" "$5") 2>/dev/null
+    { printf '%s\n' "$e" > "$5.$N" && mv -f -- "$5.$N" "$5"; } 2>/dev/null
   fi
   return 0
 }
@@ -120,7 +126,8 @@ def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tu
     :raises ValidationError: for a relative path, a negative offset or a byte budget below 1.
     """
     token = nonce or _random.token_hex(12)
-    lines = ["export LC_ALL=C", _READER.rstrip(), f"N={token}"]
+    lines = ["export LC_ALL=C", "umask 077", _READER.rstrip(), f"N={token}"]
+    calls: list[tuple[str, str]] = []
     for index, request in enumerate(requests):
         offset = request.offset
         if offset is not None and (isinstance(offset, bool) or not isinstance(offset, int) or offset < 0):
@@ -129,10 +136,14 @@ def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tu
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
             raise ValidationError(f"log bytes per poll must be a positive integer, not {budget!r}")
         cursor = _absolute(request.cursor_path, "log cursor path") if request.cursor_path else "-"
-        lines.append(
-            f"_t {index} {quote(_absolute(request.path, 'log path'))} "
-            f"{'-' if offset is None else offset} {budget} {quote(cursor)}"
-        )
+        path = quote(_absolute(request.path, "log path"))
+        calls.append((path, f"_t {index} {path} {'-' if offset is None else offset} {budget} {quote(cursor)}"))
+    for first in range(0, len(calls), STAT_BATCH):
+        batch = calls[first : first + STAT_BATCH]
+        lines.append(f"stat -L --printf '%s %n\\n' -- {' '.join(path for path, _ in batch)} 2>/dev/null | {{")
+        lines.append("IFS= read -r l || l=")
+        lines += [call for _, call in batch]
+        lines.append("}")
     return "\n".join(lines) + "\n", token
 
 

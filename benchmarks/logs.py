@@ -1,0 +1,192 @@
+"""Benchmark 5: live log lines for N watched jobs, one batched read per interval vs one read per job.
+
+For N = 100 and 1000 running-job stand-ins (a log directory per job on the shared storage holding
+``main.out``, ``main.err`` and ``status.json``, created by one ssh command as the cluster user),
+every interval each job appends two lines to ``main.out`` and one TAO entry to ``status.json``
+(written by this process on the shared storage, as running jobs would). Then, per interval:
+
+- ``streamed`` (the provider): the shared poller's log read, :meth:`SlurmHook.a_tail_many` over the
+  pooled asyncssh connection, ALL 3N files in ONE command, each file through a
+  :class:`LineStream` (cursor files written beside the logs, lines cleaned and redacted);
+- ``baseline`` (per job, as the SSH provider's remote-job trigger reads output): one
+  tail-from-offset command per file per interval (3N commands, over the same pooled connection,
+  as many at once as the pool allows);
+- ``status`` (for scale): the status poll the streamed read rides along with
+  (:meth:`SlurmHook.a_get_states` of N held jobs), so the extra cost of live lines reads as a share
+  of what watching already costs.
+
+Figures per interval (median over :data:`INTERVALS`): commands sent, wall time, this process's CPU
+(the triggerer's side), the machine's CPU (every process: sshd, sh, tail, squeue, slurmctld ...),
+bytes and lines produced.
+
+Usage: ``python benchmarks/logs.py [--sizes 100,1000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import _common  # before Airflow: isolated Airflow home and the bench connections
+from _common import Figure
+
+from airflow_provider_tao_slurm.core.logstream import LineStream
+from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
+
+#: Measured intervals per mode (after one warm-up interval).
+INTERVALS = 5
+FILES = ("main.out", "main.err", "status.json")
+
+
+def make_job_dirs(base: str, n: int) -> list[str]:
+    """``n`` job log directories with empty logs, created by ONE ssh command as the cluster user."""
+    _common.ssh(
+        f'umask 022; for i in $(seq 1 {int(n)}); do d={quote(base)}/job-$i; mkdir -p "$d" && '
+        ': > "$d/main.out" && : > "$d/main.err" && : > "$d/status.json" || exit 1; done',
+        timeout=600,
+    )
+    return [f"{base}/job-{i}" for i in range(1, n + 1)]
+
+
+def write_interval(dirs: list[str], tick: int) -> int:
+    """What N running jobs write in one interval (two log lines and a status entry each); returns the bytes."""
+    written = 0
+    for number, job_dir in enumerate(dirs, 1):
+        lines = f"[job {number}] step {tick}: loss=0.{tick:04d} lr=0.001\n[job {number}] step {tick} done\n"
+        entry = json.dumps({"status": "RUNNING", "epoch": tick, "max_epoch": 100, "loss": 0.5}) + "\n"
+        with open(f"{job_dir}/main.out", "a") as out:
+            out.write(lines)
+        with open(f"{job_dir}/status.json", "a") as status:
+            status.write(entry)
+        written += len(lines) + len(entry)
+    return written
+
+
+async def measure(
+    label: str, dirs: list[str], once: Callable[[int], Awaitable[tuple[int, int, int]]]
+) -> dict[str, Any]:
+    """Run ``once(tick)`` for a warm-up and :data:`INTERVALS` intervals; per-interval figures."""
+    rounds: list[dict[str, float]] = []
+    for tick in range(INTERVALS + 1):
+        await asyncio.to_thread(write_interval, dirs, tick)
+        cpu, machine, wall = time.process_time(), _common.machine_cpu_seconds(), time.perf_counter()
+        commands, size, lines = await once(tick)
+        figures = {
+            "commands": commands,
+            "wall_s": time.perf_counter() - wall,
+            "process_cpu_s": time.process_time() - cpu,
+            "machine_cpu_s": _common.machine_cpu_seconds() - machine,
+            "bytes": size,
+            "lines": lines,
+        }
+        if tick:  # the first round is the warm-up (connection, cursor files)
+            rounds.append(figures)
+    summary = {key: _common.median([r[key] for r in rounds]) for key in rounds[0]}
+    print(f"  {label:<9} {json.dumps({k: round(v, 4) for k, v in summary.items()})}", flush=True)
+    return {"median": summary, "rounds": rounds}
+
+
+async def run_size(n: int) -> dict[str, Any]:
+    """The three modes for ``n`` jobs."""
+    hook = SlurmHook(_common.SLURM_CONN_ID)
+    base = f"{_common.CLUSTER['results_dir']}/bench-logs-{_common.TOKEN}-{n}"
+    dirs = await asyncio.to_thread(make_job_dirs, base, n)
+    held = await asyncio.to_thread(_common.create_held_jobs, f"bench-logs-{_common.TOKEN}-{n}", n)
+    streams = [
+        LineStream(name, f"{job_dir}/{name}", f"{job_dir}/.live-bench.{name}.offset")
+        for job_dir in dirs
+        for name in FILES
+    ]
+    offsets = dict.fromkeys((f"{job_dir}/{name}" for job_dir in dirs for name in FILES), 0)
+
+    async def streamed(_tick: int) -> tuple[int, int, int]:
+        chunks = await hook.a_tail_many([stream.request() for stream in streams])
+        lines = sum(len(stream.feed(chunk)) for stream, chunk in zip(streams, chunks, strict=True))
+        return 1, sum(len(chunk.data) for chunk in chunks), lines
+
+    async def per_job(_tick: int) -> tuple[int, int, int]:
+        async def one(path: str) -> tuple[int, int]:
+            chunk = await hook.a_read_log(path, offsets[path])
+            offsets[path] = chunk.next_offset
+            return len(chunk.data.encode()), chunk.data.count("\n")
+
+        answers = await asyncio.gather(*(one(path) for path in offsets))
+        return len(offsets), sum(size for size, _ in answers), sum(lines for _, lines in answers)
+
+    async def status(_tick: int) -> tuple[int, int, int]:
+        states = await hook.a_get_states(held)
+        return 1, 0, len(states)
+
+    try:
+        print(f"\n== N = {n} jobs ({3 * n} files streamed)", flush=True)
+        results = {
+            "status": await measure("status", dirs, status),
+            "streamed": await measure("streamed", dirs, streamed),
+            "baseline": await measure("baseline", dirs, per_job),
+        }
+    finally:
+        await async_pool().close_all()
+        _common.cancel_jobs(held)
+        await asyncio.to_thread(_common.remove_remote, [base])
+    return results
+
+
+def figures_for(n: int, result: dict[str, Any]) -> list[Figure]:
+    """The printed figures for one N; targets apply at N = 1000."""
+    s, b, q = (result[mode]["median"] for mode in ("streamed", "baseline", "status"))
+    at_target = n == 1000
+    return [
+        Figure(
+            f"N={n}: log-read commands per interval",
+            f"{s['commands']:.0f}",
+            f"{b['commands']:.0f}",
+            "1" if at_target else "",
+            s["commands"] == 1 if at_target else None,
+        ),
+        Figure(f"N={n}: log read wall time per interval", f"{s['wall_s']:.3f} s", f"{b['wall_s']:.3f} s"),
+        Figure(
+            f"N={n}: triggerer CPU per interval for the lines",
+            f"{s['process_cpu_s']:.3f} s",
+            f"{b['process_cpu_s']:.3f} s",
+        ),
+        Figure(
+            f"N={n}: machine CPU per interval (login side + triggerer)",
+            f"{s['machine_cpu_s']:.2f} s",
+            f"{b['machine_cpu_s']:.2f} s",
+        ),
+        Figure(
+            f"N={n}: extra wall time of live lines vs the status poll alone",
+            f"{s['wall_s'] / q['wall_s']:.2f}x of {q['wall_s']:.3f} s" if q["wall_s"] else "n/a",
+        ),
+        Figure(
+            f"N={n}: lines shown per interval (main.out + status.json)",
+            f"{s['lines']:.0f} ({s['bytes'] / 1024:.0f} KB)",
+            f"{b['lines']:.0f}",
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--sizes", default="100,1000", help="comma-separated job counts")
+    args = parser.parse_args()
+    sizes = [int(size) for size in args.sizes.split(",")]
+    details: dict[str, Any] = {}
+    figures: list[Figure] = []
+    for n in sizes:
+        result = asyncio.run(run_size(n))
+        details[str(n)] = result
+        figures += figures_for(n, result)
+    _common.print_figures("Live log lines: one batched read vs one read per job", figures)
+    path = _common.write_result("logs", "Live log lines at scale", figures, details)
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()
