@@ -29,7 +29,6 @@ import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
 
 import _common  # before Airflow: isolated Airflow home and the bench connections
