@@ -123,27 +123,44 @@ def sbatch_submit(script_path: str, *, parsable: bool = True, extra_args: Sequen
     return join(["sbatch", *(["--parsable"] if parsable else []), *extra_args, _absolute(script_path, "script")])
 
 
-def sbatch_submit_held(script_path: str, *, log_dir: str, job_name: str, extra_args: Sequence[str] = ()) -> str:
-    """Submit held, create the job's log directory, release: one round trip.
+def sbatch_submit_held(
+    script_path: str, *, log_dir: str, job_name: str, user: str, extra_args: Sequence[str] = ()
+) -> str:
+    """Submit held, make sure it is the only live job of its name, create its log directory, release: one round trip.
 
     ``--output=<log_dir>/%x-%j/main.out`` names a directory that only exists once the job id is known,
     and SLURM does not create it (the job would fail with exit 0:53). So the job is submitted with
-    ``--hold``, ``<log_dir>/<job_name>-<id>`` is created, and the job released. The last stdout line
-    is sbatch's own reply (read it with ``states.parse_sbatch_reply``); a non-zero exit after a
-    reply means the job exists but is still held (:func:`prepare_job_logs` finishes the work).
+    ``--hold``, ``<log_dir>/<job_name>-<id>`` is created, and the job released.
+
+    Two tries of one task running at once (a zombie try and its retry) submit under the same name.
+    While held, the job looks for ``user``'s live jobs of that name: when an older one exists, the
+    new one is cancelled before it ever runs, the older one gets its log directory and is released,
+    and the older id is the reply (after a ``#concurrent <cancelled> <kept>`` line). Whichever order
+    the two submissions interleave in, exactly one job survives: the oldest.
+
+    The last stdout line is the job id (read it with ``states.parse_sbatch_reply``); a non-zero exit
+    after a reply means the job exists but is still held (:func:`prepare_job_logs` finishes the work).
 
     :param script_path: absolute path of the staged batch script.
     :param log_dir: absolute base log directory (``%x-%j`` lives under it).
     :param job_name: the job's SLURM name (``%x``), also passed as ``--job-name``.
+    :param user: the SLURM user submitting (only that user's jobs of the name count).
     :param extra_args: more sbatch options (e.g. ``--exclude=n2``), each starting with ``-``.
     """
     name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
+    owner = _names([user], _SLURM_NAME_RE, "SLURM user name")[0]
     submit = sbatch_submit(script_path, extra_args=("--hold", f"--job-name={name}", *extra_args))
+    same_name = join(["squeue", "-h", f"--name={name}", f"--user={owner}", "-o", "%i"])
     logs = _absolute(log_dir, "log dir")
     return (
         f"reply=$({submit}) || exit $?; "
         "id=$(printf '%s\\n' \"$reply\" | tail -n 1); id=${id%%;*}; "
         "case $id in ''|*[!0-9]*) printf '%s\\n' \"$reply\"; exit 3;; esac; "
+        f"first=$({same_name} 2>/dev/null | sort -n | head -n 1); "
+        "case $first in ''|*[!0-9]*) first=$id;; esac; "
+        'if [ "$first" -lt "$id" ]; then scancel "$id"; echo "#concurrent $id $first"; '
+        f'mkdir -p -- {quote(logs)}/{quote(name)}-"$first" && {{ scontrol release "$first" 2>/dev/null || true; }}; '
+        "rc=$?; printf '%s\\n' \"$first\"; exit $rc; fi; "
         f'mkdir -p -- {quote(logs)}/{quote(name)}-"$id" && scontrol release "$id"; rc=$?; '
         "printf '%s\\n' \"$reply\"; exit $rc"
     )

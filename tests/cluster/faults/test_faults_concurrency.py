@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from clusterkit import Triggerer, jobs_named, record_of, sensor_for, submit_op
+from clusterkit import Triggerer, image, jobs_named, record_of, sensor_for, submit_op
 from deferral import context
 
 from airflow_provider_tao_slurm.core.images import parse_image
-from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
 
@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster
+
+__all__ = ["image"]
 
 
 def drive(op: BaseOperator, ctx: Any, triggerer: Triggerer) -> Any:
@@ -93,3 +95,49 @@ def test_three_concurrent_dag_runs_share_one_conversion(
         assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
         assert record_of(ssh_run, handle["record_path"])["terminal_state"] == "COMPLETE"
     assert [result["terminal_state"] for _, _, result in runs] == ["COMPLETE"] * 3
+
+
+#: DAG runs in which a zombie try and its retry submit at the same moment.
+RACES = 4
+
+
+def test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job(
+    conn: str, image: str, ssh_run: SshRun, dag_id: str, record_property: Any
+) -> None:
+    """In each of 4 DAG runs, try 1 (a zombie: its worker still runs it) and try 2 (its retry) of the same
+    submit task call ``execute`` at the same moment, in two threads with their own SSH connections, so their
+    record lookups, staging and held submissions interleave differently each time. Expected: both tries of a
+    run return the same SLURM job; of the jobs submitted under that name, exactly one was ever released (the
+    oldest); any other was cancelled while still held (it never ran); the job completes."""
+    from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+    outcomes: list[dict[str, Any]] = []
+    for race in range(RACES):
+        run_id = f"race{race}"
+
+        def one_try(try_number: int, run_id: str = run_id) -> dict[str, Any]:
+            op: SbatchSubmitOperator = submit_op(image, "sleep 2")
+            try:
+                return dict(op.execute(context(dag_id, "submit", run_id, try_number=try_number)))
+            finally:
+                op.hook.close()
+
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            zombie, retry = pool.map(one_try, (1, 2))
+        assert zombie["slurm_job_id"] == retry["slurm_job_id"], (zombie, retry)
+        assert zombie["job_id"] == retry["job_id"]
+        ids = jobs_named(ssh_run, zombie["job_id"])
+        _, listing, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={zombie['job_id']}", "-o", "%i|%T|%N|"]))
+        rows = {row[0]: row[1:] for row in (line.split("|") for line in listing.split())}
+        assert zombie["slurm_job_id"] in ids
+        others = [i for i in ids if i != zombie["slurm_job_id"]]
+        assert all(rows[i][0] == "CANCELLED" and not rows[i][1] for i in others), rows  # never given a node
+        assert rows[zombie["slurm_job_id"]][0] != "CANCELLED", rows
+        outcomes.append({"run": run_id, "job": zombie["slurm_job_id"], "submitted": ids})
+
+    sensor = sensor_for(retry)  # the last race's job
+    assert drive(sensor, context(dag_id, "wait", f"race{RACES - 1}"), Triggerer())["terminal_state"] == "COMPLETE"
+    record_property(
+        "races",
+        "; ".join(f"{o['run']}: kept {o['job']} of submitted {','.join(o['submitted'])}" for o in outcomes),
+    )

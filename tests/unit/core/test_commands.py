@@ -781,9 +781,10 @@ def test_sbatch_submit_held_creates_log_dir_then_releases(
     calls = tmp_path / "calls"
     _tool(bin_dir, "sbatch", f"printf '%s\\n' \"$*\" >> {calls}; printf '{reply}\\n'")
     _tool(bin_dir, "scontrol", f"printf 'scontrol %s\\n' \"$*\" >> {calls}")
+    _tool(bin_dir, "squeue", f"printf '{expected_id}\\n'")
     logs = tmp_path / "logs with space"
     command = commands.sbatch_submit_held(
-        "/lustre/j.sbatch", log_dir=str(logs), job_name="tao-x", extra_args=["--exclude=n2"]
+        "/lustre/j.sbatch", log_dir=str(logs), job_name="tao-x", user="u", extra_args=["--exclude=n2"]
     )
     result = run_shell(shell, command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
     assert result.returncode == 0, result.stderr
@@ -801,11 +802,48 @@ def test_sbatch_submit_held_refusal_is_passed_through(shell: str, tmp_path: Path
     bin_dir.mkdir()
     _tool(bin_dir, "sbatch", "echo 'sbatch: error: invalid partition specified: x' >&2; exit 1")
     _tool(bin_dir, "scontrol", f"touch {tmp_path}/released")
-    command = commands.sbatch_submit_held("/l/j.sbatch", log_dir=str(tmp_path), job_name="tao-x")
+    command = commands.sbatch_submit_held("/l/j.sbatch", log_dir=str(tmp_path), job_name="tao-x", user="u")
     result = run_shell(shell, command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
     assert result.returncode == 1
     assert b"invalid partition" in result.stderr
     assert not (tmp_path / "released").exists()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize(
+    ("live", "kept", "calls_after_sbatch"),
+    [
+        pytest.param("42\n", "42", ["squeue -h --name=tao-x --user=u -o %i", "scontrol release 42"], id="alone"),
+        pytest.param(
+            "45\n42\n", "42", ["squeue -h --name=tao-x --user=u -o %i", "scontrol release 42"], id="we-are-older"
+        ),
+        pytest.param(
+            "42\n40\n",
+            "40",
+            ["squeue -h --name=tao-x --user=u -o %i", "scancel 42", "scontrol release 40"],
+            id="another-try-was-first",
+        ),
+        pytest.param("", "42", ["squeue -h --name=tao-x --user=u -o %i", "scontrol release 42"], id="squeue-silent"),
+    ],
+)
+def test_two_tries_submitting_at_once_keep_only_the_oldest_job(
+    shell: str, live: str, kept: str, calls_after_sbatch: list[str], tmp_path: Path
+) -> None:
+    """Our held job is 42; squeue lists the user's live jobs of the name. An older one wins: 42 is cancelled."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    _tool(bin_dir, "sbatch", "echo 42")
+    for tool, output in (("squeue", live), ("scancel", ""), ("scontrol", "")):
+        _tool(bin_dir, tool, f"printf '{tool} %s\\n' \"$*\" >> {calls}; printf '{output}'")
+    command = commands.sbatch_submit_held("/l/j.sbatch", log_dir=str(tmp_path / "logs"), job_name="tao-x", user="u")
+    result = run_shell(shell, command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode().splitlines()
+    assert lines[-1] == kept
+    assert ("#concurrent 42 40" in lines) == (kept == "40")
+    assert calls.read_text().splitlines() == calls_after_sbatch
+    assert (tmp_path / "logs" / f"tao-x-{kept}").is_dir()
 
 
 def test_extract_tar_keeps_modes(tmp_path: Path) -> None:
