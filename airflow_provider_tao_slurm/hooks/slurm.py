@@ -15,8 +15,10 @@ import asyncio
 import base64
 import io
 import logging
+import math
 import os
 import random
+import re
 import selectors
 import shlex
 import stat
@@ -71,6 +73,9 @@ if TYPE_CHECKING:
     import paramiko
 
 log = logging.getLogger(__name__)
+# paramiko logs every connection ("Connected (version 2.0 ...)", "Authentication ... successful!") at INFO:
+# the task log is for the job, so only its warnings and errors are kept (as for asyncssh, see _async_connect).
+logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
 
 #: sacct looks back this far when searching by name (without ``--starttime`` it starts at midnight).
 DEFAULT_SACCT_WINDOW = "now-7days"
@@ -154,16 +159,47 @@ def _error_text(exc: BaseException) -> str:
         return "; ".join(dict.fromkeys(_error_text(inner) for inner in exc.errors.values()))
     if isinstance(exc, OSError) and exc.errno:
         return os.strerror(exc.errno)
+    if isinstance(exc, TimeoutError) and not str(exc):  # asyncio's timeouts carry no text
+        return "timed out"
     return str(exc) or type(exc).__name__
 
 
-def _describe_connect_error(host: str, port: int, exc: BaseException) -> tuple[str, type[SlurmConnectionError]]:
-    """One login host's failure (paramiko or asyncssh) as a message with its fix, and the error class."""
+#: What paramiko says when a host ran out of time: the session never negotiated (``start_client`` gave up),
+#: no SSH banner within ``banner_timeout``, no answer to authentication within ``auth_timeout``.
+_PARAMIKO_TIMEOUTS = ("No existing session", "Error reading SSH protocol banner", "Authentication timeout.")
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether a connection attempt failed for lack of an answer (a hung sshd, dropped traffic), not a refusal."""
+    import paramiko
+
+    if isinstance(exc, TimeoutError):
+        return True
+    return isinstance(exc, paramiko.SSHException) and str(exc).startswith(_PARAMIKO_TIMEOUTS)
+
+
+def _describe_connect_error(
+    host: str, port: int, exc: BaseException, *, timeout: float | None = None, pinned: bool = False
+) -> tuple[str, type[SlurmConnectionError]]:
+    """One login host's failure (paramiko or asyncssh) as a message with its fix, and the error class.
+
+    :param timeout: the connection's ``conn_timeout``; when given, a host that did not answer in time is
+        reported as such (with the timeout) rather than as unreachable.
+    :param pinned: whether the connection pins the host key (``host_key``): a key that is not trusted then
+        is a key that CHANGED, never one to go and pin.
+    """
     import asyncssh
     import paramiko
 
     text = _error_text(exc)
-    if isinstance(exc, paramiko.BadHostKeyException):
+    if timeout is not None and _timed_out(exc):
+        return (
+            f"{host} port {port} did not answer within conn_timeout={timeout:g} s ({text}): no SSH handshake "
+            "(a hung or overloaded sshd, or a firewall dropping the traffic); check that sshd answers there "
+            "(ssh -v), or raise the connection's conn_timeout",
+            SlurmConnectionError,
+        )
+    if isinstance(exc, paramiko.BadHostKeyException) or (pinned and isinstance(exc, asyncssh.HostKeyNotVerifiable)):
         return (
             f"host key of {host} CHANGED ({text}); if the cluster's key really changed, confirm the new key "
             "with its admins and update the connection's host_key extra (or ~/.ssh/known_hosts); otherwise "
@@ -184,6 +220,28 @@ def _describe_connect_error(host: str, port: int, exc: BaseException) -> tuple[s
         f"{host} port {port} unreachable ({text}); check the host name and port, and that sshd runs there",
         SlurmConnectionError,
     )
+
+
+def _check_pinned_key(client: paramiko.SSHClient, host: str, host_key: str) -> None:
+    """Close ``client`` unless its server presented the pinned ``host_key``.
+
+    SSHHook pins the key next to ``~/.ssh/known_hosts``, and paramiko prefers the known_hosts entry: a
+    host listed there is checked against that entry only, so the pin alone cannot be trusted to hold.
+
+    :raises paramiko.BadHostKeyException: when the server's key is not the pinned one.
+    :raises paramiko.SSHException: when the connection closed before its key could be checked.
+    """
+    import paramiko
+
+    pinned = _pinned_host_key(host_key)
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        client.close()
+        raise paramiko.SSHException("the connection closed before its host key could be checked")
+    offered = transport.get_remote_server_key()
+    if offered != pinned:
+        client.close()
+        raise paramiko.BadHostKeyException(host, offered, pinned)
 
 
 def _no_host_answered(
@@ -281,8 +339,10 @@ class SlurmHook(BaseHook):
             username=s.user,
             key_file=s.key_file,
             port=s.port,
-            conn_timeout=int(s.conn_timeout),
+            conn_timeout=math.ceil(s.conn_timeout),  # int(0.5) would be 0: a non-blocking connect
             cmd_timeout=s.cmd_timeout,
+            banner_timeout=s.conn_timeout,  # the SSH provider waits 30 s for a silent host's banner
+            auth_timeout=math.ceil(s.conn_timeout),
             conn_retry_attempts=1,
             no_host_key_check=s.no_host_key_check,
             host_proxy_cmd=shlex.join(proxy_argv(s.proxy_command, host, s.port, s.user)) if s.proxy_command else None,
@@ -295,12 +355,21 @@ class SlurmHook(BaseHook):
         return ssh
 
     def _connect(self, host: str) -> paramiko.SSHClient:
+        """Connect to one login host; the TCP connect, the SSH banner and the authentication each get
+        ``conn_timeout``, and a pinned host key must be the one the server presents.
+
+        :raises SlurmConnectionError: (or a subclass) naming the host and why.
+        """
         import paramiko
 
+        s = self.settings
         try:
-            return self._ssh_hook(host).get_conn()
+            client = self._ssh_hook(host).get_conn()
+            if s.host_key:
+                _check_pinned_key(client, host, s.host_key)
+            return client
         except (OSError, paramiko.SSHException, EOFError) as exc:
-            message, kind = _describe_connect_error(host, self.settings.port, exc)
+            message, kind = _describe_connect_error(host, s.port, exc, timeout=s.conn_timeout, pinned=bool(s.host_key))
             raise kind(message, [(host, message)]) from None
 
     def get_conn(self) -> paramiko.SSHClient:
@@ -463,7 +532,9 @@ class SlurmHook(BaseHook):
         :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
         :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
         """
-        command = commands.sbatch_submit_held(script_path, log_dir=log_dir, job_name=job_name, extra_args=extra_args)
+        command = commands.sbatch_submit_held(
+            script_path, log_dir=log_dir, job_name=job_name, user=self.settings.user, extra_args=extra_args
+        )
         job_id = self._sbatch(command, script_path)
         if job_id is not None:
             return job_id
@@ -486,6 +557,15 @@ class SlurmHook(BaseHook):
         except ConnectionLostError:
             return None
         parsed = parse_sbatch_reply(result.stdout)
+        concurrent = re.search(r"^#concurrent (\d+) (\d+)$", result.stdout, re.M)
+        if concurrent:
+            self.log.warning(
+                "Another try of this task submitted job %s first: the job just submitted (%s) was cancelled "
+                "while held and %s is adopted",
+                concurrent.group(2),
+                concurrent.group(1),
+                concurrent.group(2),
+            )
         if result.rc != 0:
             held = f" (job {parsed[0]} exists but is held: scontrol release {parsed[0]})" if parsed else ""
             raise SubmissionError(
@@ -1032,7 +1112,7 @@ async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
         try:
             conn = await asyncssh.connect(host, keepalive_interval=30, **options)
         except (OSError, asyncssh.Error) as exc:
-            message, kind = _describe_connect_error(host, s.port, exc)
+            message, kind = _describe_connect_error(host, s.port, exc, timeout=s.conn_timeout, pinned=bool(s.host_key))
             failures.append((host, message))
             kinds.add(kind)
             log.warning("Login host failed, trying the next one: %s", message)
