@@ -21,7 +21,7 @@ from datetime import datetime
 
 from airflow_provider_tao_slurm.core.images import SQSH_HEADER_BYTES
 from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
-from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.core.shell import join, quote, storage_now
 from airflow_provider_tao_slurm.core.states import (
     SACCT_FIELDS,
     SACCT_ID_FIELDS,
@@ -312,8 +312,10 @@ def sinfo_partitions_cached(cache_path: str | None, max_age_s: int) -> str:
     """:func:`sinfo_partitions`, run at most once per ``max_age_s`` for every worker of a cluster.
 
     The answer is kept in ``cache_path`` on shared storage; a fresh enough copy is printed instead of
-    asking the controller again (one round trip either way). A failed sinfo exits with its status
-    and is never cached; a cache that cannot be written is simply not kept.
+    asking the controller again (one round trip either way). Its age is measured by the storage's
+    clock (:func:`~airflow_provider_tao_slurm.core.shell.storage_now`); a copy dated in the future is
+    stale. A failed sinfo exits with its status and is never cached; a cache that cannot be written
+    is simply not kept.
 
     :param cache_path: absolute path of the cache file, or None to always ask sinfo.
     :param max_age_s: how long a cached answer is used.
@@ -322,10 +324,12 @@ def sinfo_partitions_cached(cache_path: str | None, max_age_s: int) -> str:
         return sinfo_partitions()
     path = quote(_absolute(cache_path, "cache path"))
     age = _count(max_age_s, "max_age_s", 1)
+    directory = posixpath.dirname(cache_path)
     return (
-        f'f={path}; if [ -s "$f" ] && [ $(( $(date +%s) - $(stat -c %Y -- "$f") )) -lt {age} ]; then cat -- "$f"; '
+        f'f={path}; a=-1; if [ -s "$f" ]; then {storage_now(directory)}; a=$((now - $(stat -c %Y -- "$f"))); fi; '
+        f'if [ "$a" -ge 0 ] && [ "$a" -lt {age} ]; then cat -- "$f"; '
         f"else out=$({sinfo_partitions()}) || exit $?; printf '%s\\n' \"$out\"; "
-        f'{{ mkdir -p -- {quote(posixpath.dirname(cache_path))} && printf \'%s\\n\' "$out" > "$f.$$" && '
+        f'{{ mkdir -p -- {quote(directory)} && printf \'%s\\n\' "$out" > "$f.$$" && '
         'mv -f -- "$f.$$" "$f"; } 2>/dev/null || rm -f -- "$f.$$"; fi'
     )
 

@@ -21,7 +21,7 @@ from enum import StrEnum
 from airflow_provider_tao_slurm.core.commands import SQUASHFS_MAGIC_HEX
 from airflow_provider_tao_slurm.core.images import MIN_SQSH_BYTES, ImageRef
 from airflow_provider_tao_slurm.core.resources import hours_to_slurm_time
-from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.shell import quote, storage_now
 from airflow_provider_tao_slurm.core.states import JobState
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.core.templates import check_sbatch_option, render_template
@@ -222,8 +222,8 @@ def acquire_lock(lock: str, owner: str) -> str:
         f"elif [ -d {path} ]; then o=$(head -c 64 -- {path}/owner 2>/dev/null); "
         f"j=$(head -c 32 -- {path}/job 2>/dev/null); "
         "case $o in ''|*[!0-9a-f]*) o=-;; esac; case $j in ''|*[!0-9]*) j=-;; esac; "
-        f"m=$(stat -c %Y -- {path} 2>/dev/null || date +%s); "
-        'echo "LOCK HELD $(($(date +%s) - m)) $o $j"; '
+        f"{storage_now(lock.rsplit('/', 1)[0] or '/')}; m=$(stat -c %Y -- {path} 2>/dev/null || echo $now); "
+        'echo "LOCK HELD $((now - m)) $o $j"; '
         f"else echo 'cannot create the lock directory '{path} >&2; exit 1; fi"
     )
 

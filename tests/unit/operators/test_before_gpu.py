@@ -822,3 +822,65 @@ def test_preflight_fails_on_login_and_skips_the_rest(cluster: Cluster, monkeypat
     (problem,) = info.value.problems
     assert problem.startswith("login: login1 unreachable (timed out) (fix the connection 'slurm_default'")
     assert cluster.hook.commands == []
+
+
+def _skewed_date(tmp_path: Path, seconds: int) -> dict[str, str]:
+    """A PATH whose ``date`` is ``seconds`` off (the login host's clock skewed against the storage's)."""
+    bin_dir = tmp_path / "skewed-bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "date"
+    fake.write_text(f"#!/bin/sh\necho $(( $(/bin/date +%s) + {seconds} ))\n")
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+
+
+@pytest.mark.parametrize("skew", [600, -600])
+def test_lock_age_is_measured_by_the_storage_clock_not_the_login_hosts(tmp_path: Path, skew: int) -> None:
+    """A lock taken a moment ago reads as fresh even when the login host's clock is ten minutes off
+    (with the login host's clock it would read as 600 s old and be broken as abandoned)."""
+    lock = conversion.lock_dir(f"{tmp_path}/x.sqsh")
+    assert conversion.parse_lock(_sh(conversion.acquire_lock(lock, OWNER), tmp_path).stdout).acquired
+    done = subprocess.run(
+        ["sh", "-c", conversion.acquire_lock(lock, OTHER)],
+        cwd=tmp_path,
+        env=_skewed_date(tmp_path, skew),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert 0 <= conversion.parse_lock(done.stdout).age_seconds < 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["skewed-bin", "x.sqsh.lock"]  # no scratch file left
+
+
+@pytest.mark.parametrize(
+    ("mtime_offset", "skew", "fresh"),
+    [
+        pytest.param(-10, 600, True, id="fresh-while-login-clock-ahead"),
+        pytest.param(-10, -600, True, id="fresh-while-login-clock-behind"),
+        pytest.param(-700, 0, False, id="older-than-max-age"),
+        pytest.param(3600, 0, False, id="dated-in-the-future"),
+    ],
+)
+def test_the_partition_cache_age_uses_the_storage_clock(
+    tmp_path: Path, mtime_offset: int, skew: int, fresh: bool
+) -> None:
+    from airflow_provider_tao_slurm.core import commands
+
+    cache = tmp_path / "cache" / "partitions"
+    cache.parent.mkdir()
+    cache.write_text("cached|1:00:00\n")
+    os.utime(cache, (time.time() + mtime_offset, time.time() + mtime_offset))
+    env = _skewed_date(tmp_path, skew)
+    (tmp_path / "skewed-bin" / "sinfo").write_text("#!/bin/sh\necho 'asked|2:00:00'\n")
+    (tmp_path / "skewed-bin" / "sinfo").chmod(0o755)
+    done = subprocess.run(
+        ["sh", "-c", commands.sinfo_partitions_cached(str(cache), 600)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ("cached|1:00:00\n" if fresh else "asked|2:00:00\n")
+    assert sorted(p.name for p in cache.parent.iterdir()) == ["partitions"]
