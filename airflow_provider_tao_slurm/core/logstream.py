@@ -38,7 +38,8 @@ _LABEL_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 _CSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 _OSC = re.compile(r"\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?")
 _ESCAPE = re.compile(r"\x1b[@-_]?")
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+#: C0/C1 controls (tab kept), line/paragraph separators and bidi overrides (which can make text read backwards).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 #: Files per ``stat`` call (keeps each call's argv far below the kernel's limits).
 STAT_BATCH = 500

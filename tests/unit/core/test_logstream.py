@@ -54,6 +54,7 @@ CLEAN_CASES = [
     ("tab kept", b"a\tb", "a\tb"),
     ("unicode line separator", "x\u2028[2026-01-01] INFO - fake".encode(), "x\ufffd[2026-01-01] INFO - fake"),
     ("C1 control", "a\u0085b".encode(), "a\ufffdb"),
+    ("bidi override", "file\u202etxt.exe".encode(), "file\ufffdtxt.exe"),
     ("literal credential", b"export NGC_API_KEY=nvapi-abcdefghijklmnop", f"export NGC_API_KEY={REDACTED}"),
 ]
 
