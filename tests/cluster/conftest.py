@@ -38,6 +38,9 @@ class ClusterEnv:
     port: int
     fault_port: int
     bastion_port: int
+    rotating_port: int
+    black_hole_host: str
+    black_hole_port: int
     closed_port: int
     user: str
     uid: int

@@ -13,7 +13,8 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``env``: print (and write) the environment JSON.
 - fault injection: ``restart-sshd``, ``stop-slurmdbd``, ``start-slurmdbd``, ``restart-slurmctld``,
   ``stop-slurmctld``, ``start-slurmctld`` (waits until both nodes have registered again),
-  ``node-down NODE``, ``node-resume NODE``, ``drain NODE``.
+  ``node-down NODE``, ``node-resume NODE``, ``drain NODE``, ``rotate-host-key`` (gives the "rotating"
+  sshd a new host key and restarts it; its open sessions stay up, as with a real sshd restart).
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
 127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
@@ -25,7 +26,12 @@ the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests subm
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
 then cuts the connection before the reply; a third, "bastion" sshd on 127.0.0.1:22024 only forwards
-to the login sshd (no shell, ``PermitOpen`` the login port only), for jump-host tests.
+to the login sshd (no shell, ``PermitOpen`` the login port only), for jump-host tests; a fourth,
+"rotating" sshd on 127.0.0.1:22025 (same shell as the login one) has its own host key, which
+``rotate-host-key`` replaces (host-key rotation tests); and a "black hole" on 127.0.0.3:22022 (the
+login port on another loopback address, so it can stand first in a connection's host list) accepts
+TCP connections and never sends a byte (``black-hole.py`` in the state directory, see
+:data:`BLACK_HOLE_SOURCE`), as a login host whose sshd hangs or a middlebox that swallows traffic.
 ``/usr/local/bin/enroot`` and the SPANK plugin ``fakepyxis.so`` stand in for Enroot and Pyxis (see
 those files). Jobs get CPU PyTorch from the venv
 ``/opt/tao-slurm/venv`` (the Pyxis stand-in runs commands on the host). Fault switch, all on the
@@ -34,6 +40,15 @@ cluster's side (the provider ships no test hook): while ``/srv/lustre/.harness/f
 to every task, and the torch venv's ``slurmtest_faults`` start-up hook (see ``torch_faults.py``) then
 keeps global rank 0 out of every ``all_reduce`` unless ``NCCL_P2P_DISABLE=1``: the other ranks hang in
 it, as with a broken NCCL peer-to-peer path.
+
+A login host cut off from the head node while its sshd stays up: a "cut" sshd on 127.0.0.1:22026 (same
+shell as the login one) puts ``<state>/cutbin`` first on PATH, wrappers of the SLURM client tools
+(``srun`` is not wrapped). ``cut-login-ctld`` writes ``<state>/login-cut/slurm.conf``, a copy of
+slurm.conf whose ``SlurmctldPort`` is a port nothing listens on, and the wrappers use it as
+``SLURM_CONF`` while it exists (squeue, sbatch, scancel, sinfo fail with "Unable to contact slurm
+controller"; sacct still reaches slurmdbd); ``cut-login-head`` also points ``AccountingStoragePort``
+there (sacct fails too); ``restore-login`` (and ``up``) removes it. slurmd and slurmctld keep talking,
+so jobs keep running; only sessions of that sshd are affected.
 """
 
 from __future__ import annotations
@@ -76,6 +91,8 @@ MYSQL_SOCKET = RUN / "mysql" / "mysqld.sock"
 DB_PASSWORD_FILE = CONF / "db.password"
 PLUGIN_STAMP = CONF / "fakepyxis.src.sha256"
 HOST_KEY = SSH_DIR / "ssh_host_ed25519_key"
+ROTATING_HOST_KEY = SSH_DIR / "rotating_host_ed25519_key"
+BLACK_HOLE = STATE / "black-hole.py"
 CLIENT_KEY = CLIENT_DIR / "id_ed25519"
 KNOWN_HOSTS = CLIENT_DIR / "known_hosts"
 CLUSTER_JSON = STATE / "cluster.json"
@@ -127,6 +144,10 @@ SSH_PORT = 22022
 FAULT_PORT = 22023
 #: A bastion: forwards to the login sshd only (no shell, no other destination), for jump-host tests.
 BASTION_PORT = 22024
+#: An sshd whose host key ``rotate-host-key`` replaces (not in the harness's known_hosts).
+ROTATING_PORT = 22025
+#: A login host that accepts TCP on the login port and never speaks (see :data:`BLACK_HOLE_SOURCE`).
+BLACK_HOLE_HOST = "127.0.0.3"
 FIRST_CLOSED_PORT = 22029
 DB_PORT = 3307
 CTLD_PORT = 6817
@@ -153,6 +174,45 @@ NODE_READY = {"idle", "mixed", "allocated", "completing", "planned", "reserved"}
 NODE_RESUMABLE = {"down", "drained", "draining", "fail", "failing"}
 HOSTS_BEGIN = "# BEGIN slurmtest nodes (tests/cluster/harness.py)"
 HOSTS_END = "# END slurmtest nodes"
+#: The black-holed login host: ``black-hole.py HOST PORT PIDFILE``. It accepts every connection and never
+#: writes; it reads and drops what clients send and closes a connection once its client does, so nothing
+#: piles up. One line per accept and close goes to stdout (the daemon's start log).
+BLACK_HOLE_SOURCE = """\
+#!/usr/bin/python3
+\"\"\"A black-holed SSH login host, written by tests/cluster/harness.py (do not edit).\"\"\"
+import os, selectors, signal, socket, sys, time
+
+host, port, pidfile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+server = socket.create_server((host, port), backlog=128)
+server.setblocking(False)
+with open(pidfile + ".new", "w") as out:
+    out.write(f"{os.getpid()}\\n")
+os.replace(pidfile + ".new", pidfile)
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+selector = selectors.DefaultSelector()
+selector.register(server, selectors.EVENT_READ)
+print(f"black hole: listening on {host}:{port}", flush=True)
+while True:
+    for key, _ in selector.select():
+        if key.fileobj is server:
+            try:
+                conn, peer = server.accept()
+            except BlockingIOError:
+                continue
+            conn.setblocking(False)
+            selector.register(conn, selectors.EVENT_READ, (peer, time.monotonic()))
+            print(f"accepted {peer[0]}:{peer[1]}", flush=True)
+            continue
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            (peer_host, peer_port), since = key.data
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
+            print(f"closed {peer_host}:{peer_port} by the client after {time.monotonic() - since:.1f} s", flush=True)
+"""
 
 
 def step(message: str) -> None:
@@ -556,14 +616,14 @@ def mariadb_cnf() -> str:
     )
 
 
-def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = ()) -> str:
+def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = (), host_key: Path = HOST_KEY) -> str:
     """Return the config of a key-only loopback sshd for the cluster user."""
     return (
         "\n".join(
             [
                 f"Port {port}",
                 f"ListenAddress {HOST}",
-                f"HostKey {HOST_KEY}",
+                f"HostKey {host_key}",
                 f"PidFile {pidfile}",
                 f"AllowUsers {USER}",
                 "PermitRootLogin no",
@@ -632,6 +692,13 @@ def write_configs() -> None:
             0o600,
             "root",
         ),
+        (
+            SSH_DIR / "sshd_rotating_config",
+            sshd_config(ROTATING_PORT, RUN / "sshd-rotating.pid", host_key=ROTATING_HOST_KEY),
+            0o600,
+            "root",
+        ),
+        (BLACK_HOLE, BLACK_HOLE_SOURCE, 0o755, "root"),
         (ENROOT_BIN, (HERE / "enroot").read_text().replace("@STATE_DIR@", str(STATE)), 0o755, "root"),
         (
             FAULTBIN / "sbatch",
@@ -679,15 +746,22 @@ def public_key(private_key: Path) -> str:
 
 
 def ensure_ssh_keys(user: pwd.struct_passwd) -> None:
-    """Create the stable host key and the client key once; write known_hosts and authorized_keys."""
+    """Create the stable host key, the rotating sshd's first host key and the client key once; write
+    known_hosts (the stable key only) and authorized_keys."""
     created = []
-    for key, comment in ((HOST_KEY, "slurmtest-host"), (CLIENT_KEY, "slurmtest-client")):
+    for key, comment in (
+        (HOST_KEY, "slurmtest-host"),
+        (ROTATING_HOST_KEY, "slurmtest-rotating-host"),
+        (CLIENT_KEY, "slurmtest-client"),
+    ):
         if not key.exists():
             run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)])
             created.append(str(key))
         key.chmod(0o600)
     host_key = public_key(HOST_KEY)
-    write_file(KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT, BASTION_PORT)))
+    write_file(
+        KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT, BASTION_PORT, CUT_PORT))
+    )
     ssh_dir = Path(user.pw_dir) / ".ssh"
     ensure_dir(ssh_dir, USER, 0o700)
     write_file(ssh_dir / "authorized_keys", public_key(CLIENT_KEY) + " slurmtest-client\n", mode=0o600, owner=USER)
@@ -848,10 +922,17 @@ def daemons() -> dict[str, Daemon]:
                 marker=f"-N {node}",
             )
         )
-    for key, port, config, pidfile in (
-        ("sshd", SSH_PORT, SSH_DIR / "sshd_config", RUN / "sshd.pid"),
-        ("sshd-fault", FAULT_PORT, SSH_DIR / "sshd_fault_config", RUN / "sshd-fault.pid"),
-        ("sshd-bastion", BASTION_PORT, SSH_DIR / "sshd_bastion_config", RUN / "sshd-bastion.pid"),
+    for key, port, config, pidfile, host_key in (
+        ("sshd", SSH_PORT, SSH_DIR / "sshd_config", RUN / "sshd.pid", HOST_KEY),
+        ("sshd-fault", FAULT_PORT, SSH_DIR / "sshd_fault_config", RUN / "sshd-fault.pid", HOST_KEY),
+        ("sshd-bastion", BASTION_PORT, SSH_DIR / "sshd_bastion_config", RUN / "sshd-bastion.pid", HOST_KEY),
+        (
+            "sshd-rotating",
+            ROTATING_PORT,
+            SSH_DIR / "sshd_rotating_config",
+            RUN / "sshd-rotating.pid",
+            ROTATING_HOST_KEY,
+        ),
     ):
         listed.append(
             Daemon(
@@ -859,7 +940,7 @@ def daemons() -> dict[str, Daemon]:
                 comm="sshd",
                 pidfile=pidfile,
                 argv=("/usr/sbin/sshd", "-f", str(config), "-E", str(LOG / f"{key}.log")),
-                configs=(config, HOST_KEY),
+                configs=(config, host_key),
                 logs=(LOG / f"{key}.log",),
                 ready=lambda port=port: port_open(port),
                 ports=(port,),
@@ -867,6 +948,20 @@ def daemons() -> dict[str, Daemon]:
                 prepare=check_sshd_config(config),
             )
         )
+    listed.append(
+        Daemon(
+            key="black-hole",
+            comm="python3",
+            pidfile=RUN / "black-hole.pid",
+            argv=("/usr/bin/python3", str(BLACK_HOLE), BLACK_HOLE_HOST, str(SSH_PORT), str(RUN / "black-hole.pid")),
+            configs=(BLACK_HOLE,),
+            logs=(LOG / "black-hole.start.log",),
+            ready=lambda: port_open(SSH_PORT, BLACK_HOLE_HOST),
+            marker=str(BLACK_HOLE),
+            foreground=True,
+        )
+    )
+    listed.append(login_cut_daemon())
     return {daemon.key: daemon for daemon in listed}
 
 
@@ -1115,30 +1210,144 @@ def update_node(node: str, state: str) -> None:
     step(f"node {node}: state={state}")
 
 
-def ssh_argv(port: int) -> list[str]:
+def ssh_argv(port: int, known_hosts: Path = KNOWN_HOSTS) -> list[str]:
     """Return the OpenSSH client command logging in as the cluster user with strict host-key checks."""
     return [
         "ssh", "-F", "none", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-        "-o", f"UserKnownHostsFile={KNOWN_HOSTS}", "-o", "GlobalKnownHostsFile=/dev/null",
+        "-o", f"UserKnownHostsFile={known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
         "-o", "IdentitiesOnly=yes", "-o", "ConnectTimeout=10", "-i", str(CLIENT_KEY),
         "-p", str(port), f"{USER}@{HOST}",
     ]  # fmt: skip
 
 
 def check_logins() -> None:
-    """Log in on both sshds and check which ``sbatch`` each one's PATH finds."""
-    for key, port, expected in (
-        ("sshd", SSH_PORT, "/usr/bin/sbatch"),
-        ("sshd-fault", FAULT_PORT, str(FAULTBIN / "sbatch")),
-    ):
-        proc = run([*ssh_argv(port), "command -v sbatch"], check=False, timeout=30)
-        found = proc.stdout.strip()
-        if proc.returncode != 0 or found != expected:
-            fail(
-                f"ssh login as {USER} on port {port}: rc {proc.returncode}, sbatch={found!r} (expected {expected}): "
-                f"{proc.stderr.strip()}" + tail(LOG / f"{key}.log")
-            )
-    step(f"ssh: key login as {USER} works on {SSH_PORT} (/usr/bin/sbatch) and {FAULT_PORT} ({FAULTBIN}/sbatch)")
+    """Log in on the three shell sshds and check which ``sbatch`` each one's PATH finds (the rotating
+    sshd is checked against its current host key, which the harness's known_hosts does not list)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        rotating_known_hosts = Path(tmp) / "known_hosts"
+        rotating_known_hosts.write_text(f"[{HOST}]:{ROTATING_PORT} {public_key(ROTATING_HOST_KEY)}\n")
+        for key, port, expected, known_hosts in (
+            ("sshd", SSH_PORT, "/usr/bin/sbatch", KNOWN_HOSTS),
+            ("sshd-fault", FAULT_PORT, str(FAULTBIN / "sbatch"), KNOWN_HOSTS),
+            ("sshd-rotating", ROTATING_PORT, "/usr/bin/sbatch", rotating_known_hosts),
+        ):
+            proc = run([*ssh_argv(port, known_hosts), "command -v sbatch"], check=False, timeout=30)
+            found = proc.stdout.strip()
+            if proc.returncode != 0 or found != expected:
+                fail(
+                    f"ssh login as {USER} on port {port}: rc {proc.returncode}, sbatch={found!r} "
+                    f"(expected {expected}): {proc.stderr.strip()}" + tail(LOG / f"{key}.log")
+                )
+    step(
+        f"ssh: key login as {USER} works on {SSH_PORT} and {ROTATING_PORT} (/usr/bin/sbatch) and {FAULT_PORT} "
+        f"({FAULTBIN}/sbatch)"
+    )
+
+
+def rotate_host_key(daemon: Daemon) -> None:
+    """Give the rotating sshd a new host key and restart its listener (open sessions stay up)."""
+    old = public_key(ROTATING_HOST_KEY)
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / "key"
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "slurmtest-rotating-host", "-f", str(staged)])
+        staged.chmod(0o600)
+        shutil.copyfile(staged.with_suffix(".pub"), ROTATING_HOST_KEY.with_suffix(".pub"))
+        shutil.copy2(staged, ROTATING_HOST_KEY.with_name(f".{ROTATING_HOST_KEY.name}.new"))
+        os.replace(ROTATING_HOST_KEY.with_name(f".{ROTATING_HOST_KEY.name}.new"), ROTATING_HOST_KEY)
+    restart_daemon(daemon)
+    new = public_key(ROTATING_HOST_KEY)
+    step(f"{daemon.key}: host key rotated from ...{old.split()[1][-12:]} to ...{new.split()[1][-12:]}")
+
+
+# --------------------------------------------------------------------------------------------------
+# a login host cut off from the head node (see the module docstring)
+
+#: The "cut" login sshd: its SLURM client tools go through :data:`CUT_BIN`.
+CUT_PORT = 22026
+CUT_BIN = STATE / "cutbin"
+#: While this file exists, the wrappers in :data:`CUT_BIN` run the real tool with ``SLURM_CONF`` set to it.
+CUT_CONF = STATE / "login-cut" / "slurm.conf"
+CUT_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "sinfo", "sacctmgr", "sstat", "sprio", "sshare")
+
+
+def cut_wrapper() -> str:
+    """Return the wrapper installed as every tool of :data:`CUT_TOOLS` in :data:`CUT_BIN`."""
+    return (
+        "#!/bin/sh\n"
+        '# Written by tests/cluster/harness.py: a SLURM client tool of the "cut" login sshd. While\n'
+        f"# {CUT_CONF} exists (harness cut-login-ctld / cut-login-head), the tool reads it as slurm.conf:\n"
+        "# it names a port nothing listens on for slurmctld (and slurmdbd).\n"
+        f"if [ -r {CUT_CONF} ]; then SLURM_CONF={CUT_CONF}; export SLURM_CONF; fi\n"
+        'exec "/usr/bin/${0##*/}" "$@"\n'
+    )
+
+
+def ensure_login_cut() -> None:
+    """Write the cut sshd's config and wrappers, and lift any cut (``up`` leaves a healthy login host)."""
+    changed = [
+        str(path)
+        for path, content, mode in (
+            (
+                SSH_DIR / "sshd_cut_config",
+                sshd_config(CUT_PORT, RUN / "sshd-cut.pid", [f"SetEnv PATH={CUT_BIN}:/usr/local/bin:/usr/bin:/bin"]),
+                0o600,
+            ),
+            *((CUT_BIN / tool, cut_wrapper(), 0o755) for tool in CUT_TOOLS),
+        )
+        if write_file(path, content, mode=mode)
+    ]
+    CUT_BIN.chmod(0o755)
+    restore_login()
+    step("cut login: " + (f"wrote {', '.join(changed)}" if changed else "config and wrappers unchanged"))
+
+
+def login_cut_daemon() -> Daemon:
+    """Return the cut login sshd (:data:`CUT_PORT`)."""
+    config = SSH_DIR / "sshd_cut_config"
+    return Daemon(
+        key="sshd-cut",
+        comm="sshd",
+        pidfile=RUN / "sshd-cut.pid",
+        argv=("/usr/sbin/sshd", "-f", str(config), "-E", str(LOG / "sshd-cut.log")),
+        configs=(config, HOST_KEY),
+        logs=(LOG / "sshd-cut.log",),
+        ready=lambda: port_open(CUT_PORT),
+        ports=(CUT_PORT,),
+        marker=str(config),
+        prepare=check_sshd_config(config),
+    )
+
+
+def check_cut_login() -> None:
+    """Log in on the cut sshd and check that its PATH finds the wrappers."""
+    proc = run([*ssh_argv(CUT_PORT), "command -v squeue"], check=False, timeout=30)
+    if proc.returncode != 0 or proc.stdout.strip() != str(CUT_BIN / "squeue"):
+        fail(
+            f"ssh login as {USER} on port {CUT_PORT}: rc {proc.returncode}, squeue={proc.stdout.strip()!r} "
+            f"(expected {CUT_BIN / 'squeue'}): {proc.stderr.strip()}" + tail(LOG / "sshd-cut.log")
+        )
+    step(f"ssh: key login as {USER} works on {CUT_PORT} ({CUT_BIN}/squeue)")
+
+
+def cut_login(*, head: bool) -> None:
+    """Cut the cut sshd's SLURM tools off slurmctld (``head``: and slurmdbd) with a port nothing listens on."""
+    dead = closed_port()
+    content = slurm_conf().replace(f"SlurmctldPort={CTLD_PORT}\n", f"SlurmctldPort={dead}\n")
+    if head:
+        content = content.replace(f"AccountingStoragePort={DBD_PORT}\n", f"AccountingStoragePort={dead}\n")
+    if f"SlurmctldPort={dead}" not in content:
+        fail(f"cut-login: no SlurmctldPort={CTLD_PORT} line in slurm.conf to replace")
+    # Outside /etc/slurm the clients would not find the SPANK plugins: sbatch must fail on the controller only.
+    write_file(CUT_CONF, content + f"PlugStackConfig={ETC_SLURM / 'plugstack.conf'}\n")
+    CUT_CONF.parent.chmod(0o755)
+    step(f"login port {CUT_PORT}: slurmctld{' and slurmdbd' if head else ''} unreachable (port {dead})")
+
+
+def restore_login() -> None:
+    """Lift a cut: the cut sshd's SLURM tools use /etc/slurm/slurm.conf again."""
+    if CUT_CONF.exists():
+        CUT_CONF.unlink()
+        step(f"login port {CUT_PORT}: slurmctld and slurmdbd reachable again")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1162,6 +1371,9 @@ def cluster_env() -> dict[str, object]:
         "port": SSH_PORT,
         "fault_port": FAULT_PORT,
         "bastion_port": BASTION_PORT,
+        "rotating_port": ROTATING_PORT,
+        "black_hole_host": BLACK_HOLE_HOST,
+        "black_hole_port": SSH_PORT,
         "closed_port": closed_port(),
         "user": USER,
         "uid": pwd.getpwnam(USER).pw_uid,
@@ -1192,6 +1404,8 @@ def cluster_env() -> dict[str, object]:
         "torch_python": str(TORCH_VENV / "bin" / "python"),
         "torchrun": str(TORCH_VENV / "bin" / "torchrun"),
         "fault_switch": str(FAULT_SWITCH),
+        "cut_port": CUT_PORT,
+        "cut_conf": str(CUT_CONF),
     }
 
 
@@ -1219,6 +1433,7 @@ def cmd_up() -> int:
     ensure_gpu_devices()
     ensure_munge_key()
     write_configs()
+    ensure_login_cut()
     build_plugin()
     ensure_ssh_keys(user)
     table = daemons()
@@ -1230,9 +1445,11 @@ def cmd_up() -> int:
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
     ensure_nodes_ready()
-    for key in ("sshd", "sshd-fault", "sshd-bastion"):
+    for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "black-hole"):
         ensure_daemon(table[key])
     check_logins()
+    ensure_daemon(table["sshd-cut"])
+    check_cut_login()
     step(f"up: cluster ready in {time.monotonic() - started:.1f} s")
     write_env()
     return 0
@@ -1298,6 +1515,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restart-slurmctld",
         "stop-slurmctld",
         "start-slurmctld",
+        "rotate-host-key",
+        "cut-login-ctld",
+        "cut-login-head",
+        "restore-login",
     ):
         commands.add_parser(name)
     for name in ("node-down", "node-resume", "drain"):
@@ -1323,6 +1544,8 @@ def run_command(args: argparse.Namespace) -> int:
         write_env()
     elif args.command == "restart-sshd":
         restart_daemon(table["sshd"])
+    elif args.command == "rotate-host-key":
+        rotate_host_key(table["sshd-rotating"])
     elif args.command == "restart-slurmctld":
         restart_daemon(table["slurmctld"])
     elif args.command == "stop-slurmdbd":
@@ -1337,6 +1560,10 @@ def run_command(args: argparse.Namespace) -> int:
         ensure_daemon(table["slurmctld"])
         wait_until("nodes registered again", nodes_responding, [LOG / "slurm" / "slurmctld.log"])
         step("nodes: " + ", ".join(f"{node} {state}" for node, state in node_states().items()))
+    elif args.command in ("cut-login-ctld", "cut-login-head"):
+        cut_login(head=args.command == "cut-login-head")
+    elif args.command == "restore-login":
+        restore_login()
     else:
         update_node(args.node, {"node-down": "down", "node-resume": "resume", "drain": "drain"}[args.command])
     return 0

@@ -47,6 +47,9 @@ HOOK = "tests/cluster/test_hook.py"
 WATCH = "tests/cluster/test_submit_watch.py"
 BEFORE = "tests/cluster/test_cluster_before_gpu.py"
 DAGS = "tests/cluster/test_example_dags.py"
+NET = f"{FAULTS}/test_faults_network.py"
+OUTAGES = f"{FAULTS}/test_faults_outages.py"
+LIVE = "tests/cluster/test_watch_live.py"
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,71 @@ CATALOGUE: dict[str, list[Case]] = {
             f"{SECRETS}::test_user_kill_of_a_waiting_non_deferrable_sensor",
         ),
     ],
+    "Round two": [
+        case(
+            "a black-holed login host (accepts TCP, never speaks) first in the host list",
+            f"{NET}::test_black_holed_first_login_host_fails_over_within_conn_timeout",
+            f"{NET}::test_black_hole_alone_fails_within_conn_timeout_naming_host_and_timeout",
+        ),
+        case(
+            "the host key rotated while pooled connections are open",
+            f"{NET}::test_host_key_rotated_while_connections_are_open_refuses_new_connections",
+        ),
+        case(
+            "slurmdbd down for longer than the settle window (over 30 s, over 5 min) while jobs end",
+            f"{OUTAGES}::test_slurmdbd_down_past_the_settle_window",
+            f"{OUTAGES}::test_slurmdbd_down_past_min_job_age",
+        ),
+        case(
+            "slurmctld unreachable from the login host while SSH stays up",
+            f"{OUTAGES}::test_slurmctld_unreachable_from_the_login_host",
+        ),
+        case(
+            "two concurrent tries of the same task (a zombie try and its retry)",
+            f"{CONC}::test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job",
+            Ref(
+                "tests/unit/core/test_commands.py::test_two_tries_submitting_at_once_keep_only_the_oldest_job",
+                "Unit, real shells: the held job cancels itself when an older live job of its name exists, "
+                "and that one is released and returned.",
+            ),
+        ),
+        case(
+            "hostile job output: ANSI escapes, fake Airflow log lines, carriage returns, invalid UTF-8, NUL, "
+            "a 1 GB flood; a restarted triggerer",
+            f"{LIVE}::test_hostile_and_flooding_output_stays_bounded_readable_and_unforgeable",
+            f"{LIVE}::test_a_restarted_triggerer_resumes_the_stream_without_duplicates",
+            Ref(
+                "tests/unit/core/test_logstream.py::test_job_output_cannot_forge_the_framing",
+                "Unit, real sh: a log printing the read's own framing markers is read as data.",
+            ),
+        ),
+        case(
+            "hostile specs: YAML bombs, deep nesting, huge values",
+            Ref(
+                "tests/unit/core/test_specs.py::test_hostile_specs_are_refused_quickly_in_little_memory",
+                "Unit: billion-laughs aliases, nesting past 32, 50,000+ values, 1 MiB texts refused in "
+                "bounded time and memory.",
+            ),
+        ),
+        case(
+            "secrets in other forms (base64, URL-encoded, JSON-escaped, shell-special characters); the lint "
+            "as strict as the TAO workflow's",
+            f"{SECRETS}::test_secret_is_absent",
+            Ref(
+                "tests/unit/core/test_secrets.py::test_the_lint_catches_what_the_workflows_lint_catches",
+                "Unit: docker/podman login -p, list-item options, ${NAME:-X}, name/value env lists (block, "
+                "flow, JSON), partial quotes, backslash-newline splices are all flagged.",
+            ),
+            Ref(
+                "tests/unit/core/test_secrets.py::test_redacted_text_lints_clean_and_redacting_twice_changes_nothing",
+                "Unit: redacted text lints clean; redaction is idempotent.",
+            ),
+            Ref(
+                "tests/unit/core/test_secrets.py::test_a_known_secret_is_redacted_in_its_encoded_forms",
+                "Unit: base64, URL and JSON forms of a known secret are redacted.",
+            ),
+        ),
+    ],
     "Hostile and bad input": [
         case("refused before any remote command (one row per value below)", HOSTILE),
         case(
@@ -272,6 +340,25 @@ CATALOGUE: dict[str, list[Case]] = {
 
 #: Every problem found while building the suites: fixed (where, proven by) or open (why).
 FINDINGS: list[tuple[str, str, str]] = [
+    (
+        "Two tries of one submit task running at once (a zombie try and its retry) both submitted a job "
+        "under the same name: two trainings on the GPUs.",
+        "fixed: `commands.sbatch_submit_held` checks, while the new job is held, for an older live job of the "
+        "same name and user; the newer one cancels itself and the older one is released and adopted",
+        f"{CONC}::test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job",
+    ),
+    (
+        "The sync connection trusted a host key from `~/.ssh/known_hosts` over the pinned `host_key`: after "
+        "a rotation it connected silently when known_hosts listed the new key.",
+        "fixed: `SlurmHook._connect` compares the server's key with the pinned one after connecting",
+        f"{NET}::test_host_key_rotated_while_connections_are_open_refuses_new_connections",
+    ),
+    (
+        "A login host that accepts TCP and never speaks was reported as 'unreachable (No existing session)' "
+        "and left a socket open for up to 30 s after each failover.",
+        "fixed: banner and auth timeouts bounded by conn_timeout, the error names the host and the timeout",
+        f"{NET}::test_black_holed_first_login_host_fails_over_within_conn_timeout",
+    ),
     (
         "A retried submit task adopted its earlier try's job but never released it: when the first try died "
         "between `sbatch --hold` and the release (killed worker, cut session), the job stayed PENDING "

@@ -1,0 +1,430 @@
+"""Fault suite (issue 10): long outages of the head node's services while jobs end.
+
+Jobs run through the provider as Airflow runs them (see ``tests/cluster/deferral.py``); the faults are
+real: slurmdbd is stopped for longer than the trigger's accounting settle window (30 s) and for longer
+than slurmctld's ``MinJobAge`` (300 s, after which squeue forgets a finished job), and a login host
+loses slurmctld (and slurmdbd) while its sshd stays up (the harness's "cut" login sshd, whose SLURM
+tools read a slurm.conf naming a port nothing listens on; slurmd and slurmctld keep talking).
+
+What the provider promises through such outages: a failed query is "unanswered", never "gone"; squeue's
+terminal state decides the outcome, sacct only adds the exit code, so a task settles on squeue's state
+once :data:`ACCOUNTING_SETTLE_S` has passed without accounting, with the exit code left unknown (never
+invented); a job nobody can speak for is waited for; nothing is cancelled or submitted twice.
+Every check of the cluster's side goes over real OpenSSH to the normal login sshd, which is not cut.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from clusterkit import (
+    LogCapture,
+    connection_json,
+    harness,
+    job_names,
+    jobs_named,
+    record_of,
+    remote_text,
+    sensor_for,
+    sidecar_mode,
+    squeue_field,
+    submit,
+    submit_op,
+)
+from deferral import context, defer, resume, run_async, wait_until
+
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import mint_job_id
+from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.core.states import NATIVE_TO_TAO
+from airflow_provider_tao_slurm.exceptions import JobFailedError, RemoteCommandError
+from airflow_provider_tao_slurm.triggers.slurm_job import ACCOUNTING_SETTLE_S
+
+if TYPE_CHECKING:
+    from airflow.sdk.exceptions import TaskDeferred
+    from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+    from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+#: The poll warning of the trigger (the poller's own warning says "left N of M job(s) unanswered").
+POLL_FAILED = "SLURM status poll failed, still waiting"
+NO_CONTROLLER = "Unable to contact slurm controller"
+#: squeue's states of a job that has ended (for waiting on the cluster's side).
+ENDED = ("COMPLETED", "FAILED")
+#: The two jobs of the slurmdbd cases: their program's exit code, and what SLURM says at the end.
+EXPECTED = {"ok": (0, "COMPLETED"), "fails": (3, "FAILED")}
+#: The late sensors poll this long with slurmdbd still down before it is started again.
+LATE_POLLS_S = 6.0
+#: The long outage waits at most this long (from the stop) for squeue to forget the finished jobs: slurmctld
+#: purges jobs older than MinJobAge (300 s) once a minute, 300-360 s after their end.
+PURGE_WAIT_CAP_S = 345.0
+#: How long the cut login host stays cut after the job ended (several failed polls of the trigger).
+CUT_AFTER_END_S = 20.0
+
+
+@dataclass
+class Watched:
+    """One submitted job and its sensor (deferred once ``deferred`` is set)."""
+
+    ctx: dict[str, Any]
+    handle: dict[str, Any]
+    sensor: SlurmJobSensor
+    deferred: TaskDeferred | None = None
+
+    @property
+    def slurm_id(self) -> str:
+        return str(self.handle["slurm_job_id"])
+
+    @property
+    def trigger(self) -> BaseTrigger:
+        assert self.deferred is not None, "the sensor has not deferred yet"
+        return self.deferred.trigger
+
+
+def submit_pair(image: str, dag_id: str, seconds: int) -> dict[str, Watched]:
+    """Submit a job that succeeds and one that exits 3, each after ``seconds``; sensors made, not started."""
+    jobs = {}
+    for name, (code, _) in EXPECTED.items():
+        ending = "echo finished" if code == 0 else f"echo failing on purpose >&2; exit {code}"
+        ctx = context(dag_id, name, "r1")
+        handle = submit(submit_op(image, f"sleep {seconds}; {ending}", task_id=name), ctx)
+        jobs[name] = Watched(ctx, handle, sensor_for(handle))
+    return jobs
+
+
+async def all_events(trigger: BaseTrigger, timeout: float) -> list[tuple[float, TriggerEvent]]:
+    """Every event ``trigger`` yields until it returns by itself (``time.monotonic()`` of each)."""
+    seen: list[tuple[float, TriggerEvent]] = []
+    async with asyncio.timeout(timeout):
+        async for event in trigger.run():
+            seen.append((time.monotonic(), event))
+    return seen
+
+
+def running(ssh_run: SshRun, jobs: dict[str, Watched]) -> bool:
+    """Whether every job is RUNNING (squeue)."""
+    return all(squeue_field(ssh_run, job.slurm_id, "%T") == "RUNNING" for job in jobs.values())
+
+
+def sacct_row(ssh_run: SshRun, slurm_id: str) -> tuple[str, str, float | None]:
+    """sacct's State (first word), ExitCode and End (epoch) of a job; ``("", "", None)`` when it has none."""
+    command = join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", "State,ExitCode,End", "--starttime=now-1days"])
+    rc, out, _ = ssh_run(command)
+    fields = out.strip().split("|")
+    if rc != 0 or len(fields) != 3:
+        return "", "", None
+    try:
+        end = time.mktime(time.strptime(fields[2], "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        end = None
+    return fields[0].split()[0] if fields[0] else "", fields[1], end
+
+
+def accounting_answers(ssh_run: SshRun) -> bool:
+    """Whether sacct answers on the login host (slurmdbd is up and reachable)."""
+    rc, _, _ = ssh_run(join(["sacct", "-X", "-n", "-j", "1"]), timeout=90)
+    return rc == 0
+
+
+def settled_in_accounting(ssh_run: SshRun, jobs: dict[str, Watched]) -> bool:
+    """Whether sacct has every job's final state."""
+    return all(sacct_row(ssh_run, job.slurm_id)[0] == EXPECTED[name][1] for name, job in jobs.items())
+
+
+def check_agreement(ssh_run: SshRun, dag_id: str, jobs: dict[str, Watched], stopped_at: float) -> list[str]:
+    """Compare each record with sacct (slurmdbd back); return one figure per job.
+
+    The record's terminal state must be sacct's state mapped to TAO, any exit code it holds must be
+    sacct's, nothing UNKNOWN or CANCELED on the way; one SLURM job per submission (none resubmitted),
+    the job ended after slurmdbd was stopped, the secret sidecar is gone.
+    """
+    figures = []
+    for name, job in jobs.items():
+        native, exit_code, ended = sacct_row(ssh_run, job.slurm_id)
+        record = record_of(ssh_run, job.handle["record_path"])
+        states = [row["state"] for row in record["transitions"]]
+        assert native == EXPECTED[name][1], f"{name}: sacct says {native}"
+        assert exit_code == f"{EXPECTED[name][0]}:0", f"{name}: sacct exit code {exit_code}"
+        assert record["terminal_state"] == str(NATIVE_TO_TAO[native]), (name, record["terminal_state"], native)
+        assert record["exit_codes"].get("job", EXPECTED[name][0]) == EXPECTED[name][0], (name, record["exit_codes"])
+        assert not {"UNKNOWN", "CANCELED"} & set(states), (name, states)
+        assert ended is not None, f"{name}: sacct has no end time"
+        assert ended >= stopped_at - 1, f"{name} ended before slurmdbd was stopped"
+        assert jobs_named(ssh_run, job.handle["job_id"]) == [job.slurm_id]
+        assert sidecar_mode(ssh_run, job.handle["sidecar_path"]) == "gone"
+        figures.append(
+            f"{name}: record {record['terminal_state']} exit_codes={record['exit_codes']}, sacct {native} {exit_code}"
+        )
+    assert job_names(ssh_run, f"tao-{dag_id}") == {job.slurm_id: job.handle["job_id"] for job in jobs.values()}
+    return figures
+
+
+def settle(jobs: dict[str, Watched], events: dict[str, TriggerEvent]) -> tuple[dict[str, Any], JobFailedError]:
+    """``execute_complete`` of both sensors: the successful job's result, the failing job's error."""
+    ok = jobs["ok"]
+    fails = jobs["fails"]
+    assert ok.deferred is not None
+    assert fails.deferred is not None
+    result = resume(ok.sensor, ok.ctx, ok.deferred, events["ok"])
+    with pytest.raises(JobFailedError) as failed:
+        resume(fails.sensor, fails.ctx, fails.deferred, events["fails"])
+    return result, failed.value
+
+
+def only_event(name: str, seen: list[tuple[float, TriggerEvent]]) -> tuple[float, TriggerEvent]:
+    """The one event a trigger sent (it must be one, and terminal: never "vanished" or "unrecognised")."""
+    assert len(seen) == 1, f"{name}: {len(seen)} events: {[e.payload for _, e in seen]}"
+    at, event = seen[0]
+    assert event.payload["status"] == "terminal", f"{name}: {event.payload}"
+    return at, event
+
+
+def test_slurmdbd_down_past_the_settle_window(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any
+) -> None:
+    """Two jobs (one succeeds, one exits 3) ran with their sensors deferred on one triggerer loop; slurmdbd
+    was stopped while both ran, they ended with accounting down, and slurmdbd was started again only after
+    both triggers had fired and both sensors had settled (an outage longer than the 30 s settle window).
+    Expected (the provider's contract): squeue's terminal state decides, sacct only adds the exit code, so
+    each trigger waits the settle window for sacct, then sends one event with squeue's state and no exit
+    code (none is invented); the tasks end COMPLETE and ERROR/ERR_PROGRAM; nothing is reported gone or
+    UNKNOWN, cancelled or resubmitted. Once slurmdbd is back, sacct (COMPLETED 0:0, FAILED 3:0) agrees with
+    both records."""
+    jobs = submit_pair(image, dag_id, seconds=6)
+    for job in jobs.values():
+        job.deferred = defer(job.sensor, job.ctx)
+    marks: dict[str, float] = {}
+
+    async def scenario() -> dict[str, list[tuple[float, TriggerEvent]]]:
+        watches = {name: asyncio.ensure_future(all_events(job.trigger, 180)) for name, job in jobs.items()}
+        await asyncio.to_thread(wait_until, lambda: running(ssh_run, jobs), "both jobs RUNNING", 120)
+        await asyncio.to_thread(harness, "stop-slurmdbd")
+        marks["stopped"], marks["stopped_epoch"] = time.monotonic(), time.time()
+        return {name: await watch for name, watch in watches.items()}
+
+    try:
+        seen = run_async(scenario())
+        events = {name: only_event(name, seen[name]) for name in jobs}
+        result, failed = settle(jobs, {name: event for name, (_, event) in events.items()})
+        still_down = not accounting_answers(ssh_run)  # the sensors settled while accounting was still down
+    finally:
+        harness("start-slurmdbd")
+    outage = time.monotonic() - marks["stopped"]
+    started = time.monotonic()
+    wait_until(lambda: settled_in_accounting(ssh_run, jobs), "both jobs final in sacct", 120, every=1)
+    catch_up = time.monotonic() - started
+
+    figures = check_agreement(ssh_run, dag_id, jobs, marks["stopped_epoch"])
+    waited = {name: at - marks["stopped"] for name, (at, _) in events.items()}
+    record_property(
+        "detail",
+        f"slurmdbd down {outage:.0f} s; events {', '.join(f'{n} {w:.0f} s' for n, w in waited.items())} after the "
+        f"stop, from squeue; sacct had both {catch_up:.0f} s after the restart; " + "; ".join(figures),
+    )
+    assert still_down, "slurmdbd came back before the sensors settled: the outage was not what this case needs"
+    for name, (_, event) in events.items():
+        state = event.payload["state"]
+        assert (state["native"], state["source"], state["exit_code"]) == (EXPECTED[name][1], "squeue", None), name
+        assert waited[name] >= ACCOUNTING_SETTLE_S, f"{name} settled {waited[name]:.0f} s after the stop"
+    assert result["terminal_state"] == "COMPLETE"
+    assert result["exit_codes"] == {"job": 0}  # COMPLETED means every exit code was 0
+    assert failed.err_class == "ERR_PROGRAM"
+    record = record_of(ssh_run, jobs["fails"].handle["record_path"])
+    assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {})
+    assert "finished" in remote_text(ssh_run, f"{jobs['ok'].handle['log_dir']}/main.out")
+
+
+def test_slurmdbd_down_past_min_job_age(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any
+) -> None:
+    """Two jobs (one succeeds, one exits 3) ran; slurmdbd was stopped while both ran and stayed down for about
+    5.5 minutes: both ended with accounting down, and slurmctld forgot them (MinJobAge 300 s; it purges once
+    a minute, so the wait stops at 345 s and the detail says whether squeue had forgotten them), so squeue no
+    longer knew them and sacct could not answer. Only then did their sensors start and defer (a busy
+    scheduler, or a triggerer restarted during the outage); their triggers polled for 6 s with slurmdbd still
+    down, then it was started again. Expected: while nobody can speak for the jobs the triggers warn and
+    wait (never "gone", never UNKNOWN); once accounting is back each sends one event with sacct's state and
+    exit code (COMPLETED 0, FAILED 3); the tasks end COMPLETE and ERROR/ERR_PROGRAM with exit code 3; the
+    records agree with sacct; one SLURM job each, nothing cancelled or resubmitted."""
+    jobs = submit_pair(image, dag_id, seconds=6)
+    wait_until(lambda: running(ssh_run, jobs), "both jobs RUNNING", 120)
+    harness("stop-slurmdbd")
+    stopped, stopped_epoch = time.monotonic(), time.time()
+    marks: dict[str, float] = {}
+
+    def forgotten() -> bool:
+        return all(squeue_field(ssh_run, job.slurm_id, "%T") == "" for job in jobs.values())
+
+    async def late_watch() -> dict[str, list[tuple[float, TriggerEvent]]]:
+        watches = {name: asyncio.ensure_future(all_events(job.trigger, 180)) for name, job in jobs.items()}
+        await asyncio.sleep(LATE_POLLS_S)
+        marks["fired_while_down"] = float(sum(watch.done() for watch in watches.values()))
+        marks["still_down"] = float(not await asyncio.to_thread(accounting_answers, ssh_run))
+        await asyncio.to_thread(harness, "start-slurmdbd")
+        marks["restarted"] = time.monotonic()
+        return {name: await watch for name, watch in watches.items()}
+
+    try:
+        wait_until(lambda: all(squeue_field(ssh_run, j.slurm_id, "%T") in ENDED for j in jobs.values()), "ended", 60)
+        ended = time.monotonic()
+        while not forgotten() and time.monotonic() - stopped < PURGE_WAIT_CAP_S:
+            time.sleep(2)
+        purged = forgotten()
+        forgot = time.monotonic() - ended
+        for job in jobs.values():
+            job.deferred = defer(job.sensor, job.ctx)
+        with LogCapture() as logs:
+            seen = run_async(late_watch())
+    finally:
+        harness("start-slurmdbd")
+    outage = marks.get("restarted", time.monotonic()) - stopped
+    events = {name: only_event(name, seen[name]) for name in jobs}
+    result, failed = settle(jobs, {name: event for name, (_, event) in events.items()})
+    warnings = [line for line in logs.lines if POLL_FAILED in line]
+
+    figures = check_agreement(ssh_run, dag_id, jobs, stopped_epoch)
+    after = {name: at - marks["restarted"] for name, (at, _) in events.items()}
+    record_property(
+        "detail",
+        f"slurmdbd down {outage:.0f} s; squeue {'forgot the jobs' if purged else 'still knew the jobs'} "
+        f"{forgot:.0f} s after they ended; late triggers: {len(warnings)} poll warnings, events "
+        f"{', '.join(f'{n} {a:.1f} s' for n, a in after.items())} after the restart, from sacct; " + "; ".join(figures),
+    )
+    record_property("purged", purged)
+    assert marks["still_down"], "sacct answered before slurmdbd was started again: the outage was cut short"
+    assert outage > 300, f"the outage lasted only {outage:.0f} s"
+    assert marks["fired_while_down"] == 0, "a trigger fired while neither squeue nor sacct could answer"
+    if purged:
+        assert warnings, "no poll warning while squeue had forgotten the jobs and sacct could not answer"
+        assert all("sacct exited" in line for line in warnings), warnings[:3]
+    for name, (_, event) in events.items():
+        state = event.payload["state"]
+        expected = (EXPECTED[name][1], "sacct", EXPECTED[name][0])
+        assert (state["native"], state["source"], state["exit_code"]) == expected, (name, state)
+    assert result["terminal_state"] == "COMPLETE"
+    assert result["exit_codes"] == {"job": 0}
+    assert failed.err_class == "ERR_PROGRAM"
+    record = record_of(ssh_run, jobs["fails"].handle["record_path"])
+    assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
+
+
+def cut_port(cluster: ClusterEnv) -> int:
+    """The port of the harness's cut login sshd (``cut_port`` in cluster.json)."""
+    data = json.loads((Path(cluster.state_dir) / "cluster.json").read_text())
+    if "cut_port" not in data:
+        pytest.fail("cluster.json has no cut_port: run `python3 tests/cluster/harness.py up`", pytrace=False)
+    return int(data["cut_port"])
+
+
+def test_slurmctld_unreachable_from_the_login_host(
+    conn: str,
+    image: str,
+    dag_id: str,
+    ssh_run: SshRun,
+    cluster: ClusterEnv,
+    monkeypatch: pytest.MonkeyPatch,
+    record_property: Any,
+) -> None:
+    """Everything went through the harness's cut login sshd (its SSH stays up). A 30 s job was submitted and
+    its sensor deferred; while it ran, that login host lost slurmctld (its SLURM tools read a slurm.conf
+    naming a dead port; slurmd and slurmctld kept talking), and a second submit was tried there; then it
+    lost slurmdbd too, the job ended, and 20 s later both were reachable again; the second submit's next try
+    ran then. Expected: the submit fails at once with a typed error naming the controller, leaving no SLURM
+    job (not even a held one) and its record unbound, so the next try submits it exactly once under the same
+    name; the deferred trigger keeps waiting through both cuts (warnings naming the failure once sacct fails
+    too; no "gone", no UNKNOWN, no cancel) and reports the job's real end (COMPLETED, exit 0 from sacct)
+    exactly once, after the login host can reach the scheduler again."""
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, port=cut_port(cluster)))
+    ctx = context(dag_id, "train", "r1")
+    handle = submit(submit_op(image, "sleep 30; echo finished", task_id="train"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+    blocked = mint_job_id(dag_id, "blocked", "r1", -1)
+    blocked_record = JobLayout(cluster.results_dir, blocked).record_path
+    marks: dict[str, float] = {}
+    errors: list[Exception] = []
+
+    def failed_submit() -> None:
+        started = time.monotonic()
+        with pytest.raises(RemoteCommandError) as refused:
+            submit(submit_op(image, "echo first try", task_id="blocked"), context(dag_id, "blocked", "r1"))
+        marks["submit_s"] = time.monotonic() - started
+        errors.append(refused.value)
+
+    async def scenario(logs: LogCapture) -> list[tuple[float, TriggerEvent]]:
+        watch = asyncio.ensure_future(all_events(deferred.trigger, 240))
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "RUNNING", 120)
+        await asyncio.to_thread(harness, "cut-login-ctld")
+        marks["cut"] = time.monotonic()
+        await asyncio.to_thread(failed_submit)
+        marks["ctld_lines"] = len(logs.lines)
+        await asyncio.to_thread(harness, "cut-login-head")
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") in ENDED, "ended", 120)
+        marks["ended"] = time.monotonic()
+        await asyncio.sleep(CUT_AFTER_END_S)
+        marks["fired_while_cut"] = float(watch.done())
+        marks["head_lines"] = len(logs.lines)
+        await asyncio.to_thread(harness, "restore-login")
+        marks["restored"] = time.monotonic()
+        return await watch
+
+    try:
+        with LogCapture() as logs:
+            seen = run_async(scenario(logs))
+    finally:
+        harness("restore-login")
+    at, event = only_event("train", seen)
+    result = resume(sensor, ctx, deferred, event)
+    warned = [line for line in logs.lines[: int(marks["head_lines"])] if POLL_FAILED in line]
+    ctld_only = [line for line in logs.lines[: int(marks["ctld_lines"])] if POLL_FAILED in line]
+    left_jobs = jobs_named(ssh_run, blocked)
+    left_record = remote_text(ssh_run, blocked_record)  # staged before sbatch (none when sinfo failed first)
+    left_sidecar = sidecar_mode(ssh_run, JobLayout(cluster.results_dir, blocked).sidecar_path)
+    retry = submit(submit_op(image, "echo second try", task_id="blocked"), context(dag_id, "blocked", "r1", 2))
+    wait_until(lambda: squeue_field(ssh_run, retry["slurm_job_id"], "%T") in ("COMPLETED", ""), "retry done", 120)
+
+    error = errors[0]
+    record_property(
+        "detail",
+        f"submit failed in {marks['submit_s']:.0f} s with {type(error).__name__}; "
+        f"cut {marks['restored'] - marks['cut']:.0f} s "
+        f"({len(ctld_only)} poll warnings with slurmctld only cut, sacct answering; {len(warned) - len(ctld_only)} "
+        f"with both cut); event {at - marks['restored']:.1f} s after the restore, "
+        f"{event.payload['state']['native']} exit {event.payload['state']['exit_code']} "
+        f"from {event.payload['state']['source']}; the failed try left its record "
+        f"({'opened' if left_record else 'none'}) "
+        f"and secret sidecar ({left_sidecar}) for the next try, which submitted {retry['slurm_job_id']} once",
+    )
+    assert NO_CONTROLLER in str(error), str(error)
+    assert left_jobs == [], f"the failed submit left SLURM job(s) {left_jobs}"
+    if left_record:
+        opened = json.loads(left_record)
+        assert (opened["backend_ref"], opened["terminal_state"]) == (None, None), opened
+        assert [row["state"] for row in opened["transitions"]] == ["PENDING"], opened["transitions"]
+    assert retry["job_id"] == blocked
+    assert jobs_named(ssh_run, blocked) == [retry["slurm_job_id"]]
+    assert job_names(ssh_run, f"tao-{dag_id}") == {slurm_id: handle["job_id"], retry["slurm_job_id"]: blocked}
+
+    assert marks["fired_while_cut"] == 0, "the trigger fired while the login host could not reach the scheduler"
+    assert warned, "no poll warning while neither squeue nor sacct could answer"
+    assert any(NO_CONTROLLER in line for line in warned), warned[:3]
+    state = event.payload["state"]
+    assert (state["native"], state["source"], state["exit_code"]) == ("COMPLETED", "sacct", 0)
+    assert at > marks["restored"]
+    assert result["terminal_state"] == "COMPLETE"
+    assert result["exit_codes"] == {"job": 0}
+    record = record_of(ssh_run, handle["record_path"])
+    assert not {"UNKNOWN", "CANCELED"} & {row["state"] for row in record["transitions"]}
+    assert "finished" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+    assert sacct_row(ssh_run, slurm_id)[:2] == ("COMPLETED", "0:0")
+    assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
