@@ -39,6 +39,9 @@ class ClusterEnv:
     fault_port: int
     bastion_port: int
     rotating_port: int
+    limits_port: int
+    skewed_port: int
+    login_clock_skew: str
     black_hole_host: str
     black_hole_port: int
     closed_port: int

@@ -148,6 +148,12 @@ BASTION_PORT = 22024
 ROTATING_PORT = 22025
 #: A login host that accepts TCP on the login port and never speaks (see :data:`BLACK_HOLE_SOURCE`).
 BLACK_HOLE_HOST = "127.0.0.3"
+#: A login sshd with OpenSSH's default connection limits (``MaxStartups 10:30:100``, ``MaxSessions 10``).
+LIMITS_PORT = 22027
+DEFAULT_SSHD_LIMITS = ("10:30:100", "10")
+#: A login sshd whose sessions see a clock :data:`LOGIN_CLOCK_SKEW` ahead (libfaketime, ``faketime`` package).
+SKEWED_PORT = 22028
+LOGIN_CLOCK_SKEW = "+10m"
 FIRST_CLOSED_PORT = 22029
 DB_PORT = 3307
 CTLD_PORT = 6817
@@ -167,6 +173,7 @@ PACKAGES = (
     "gcc",
     "make",
     "libc6-dev",
+    "faketime",
 )
 READY_TIMEOUT = 30.0
 STOP_GRACE = 10.0
@@ -616,8 +623,18 @@ def mariadb_cnf() -> str:
     )
 
 
-def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = (), host_key: Path = HOST_KEY) -> str:
-    """Return the config of a key-only loopback sshd for the cluster user."""
+def sshd_config(
+    port: int,
+    pidfile: Path,
+    extra: Sequence[str] = (),
+    host_key: Path = HOST_KEY,
+    limits: tuple[str, str] = ("100:30:200", "100"),
+) -> str:
+    """Return the config of a key-only loopback sshd for the cluster user.
+
+    ``limits`` are ``MaxStartups`` and ``MaxSessions`` (sshd takes a keyword's first value, so they
+    cannot be overridden through ``extra``); the default is raised for the benchmarks.
+    """
     return (
         "\n".join(
             [
@@ -634,8 +651,8 @@ def sshd_config(port: int, pidfile: Path, extra: Sequence[str] = (), host_key: P
                 "UsePAM no",
                 "X11Forwarding no",
                 "PrintMotd no",
-                "MaxStartups 100:30:200",
-                "MaxSessions 100",
+                f"MaxStartups {limits[0]}",
+                f"MaxSessions {limits[1]}",
                 "AcceptEnv LANG LC_*",
                 "Subsystem sftp /usr/lib/openssh/sftp-server",
                 *extra,
@@ -661,6 +678,14 @@ def task_prolog() -> str:
         f"done < {FAULT_SWITCH}\n"
         "exit 0\n"
     )
+
+
+def libfaketime() -> str:
+    """The libfaketime library the skewed login sshd preloads (installed with the ``faketime`` package)."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        fail("libfaketime.so.1 not found under /usr/lib/*/faketime: install the faketime package")
+    return str(found[0])
 
 
 def write_configs() -> None:
@@ -695,6 +720,25 @@ def write_configs() -> None:
         (
             SSH_DIR / "sshd_rotating_config",
             sshd_config(ROTATING_PORT, RUN / "sshd-rotating.pid", host_key=ROTATING_HOST_KEY),
+            0o600,
+            "root",
+        ),
+        (
+            SSH_DIR / "sshd_limits_config",
+            sshd_config(LIMITS_PORT, RUN / "sshd-limits.pid", limits=DEFAULT_SSHD_LIMITS),
+            0o600,
+            "root",
+        ),
+        (
+            SSH_DIR / "sshd_skewed_config",
+            sshd_config(
+                SKEWED_PORT,
+                RUN / "sshd-skewed.pid",
+                [
+                    f"SetEnv LD_PRELOAD={libfaketime()} FAKETIME={LOGIN_CLOCK_SKEW} FAKETIME_DONT_FAKE_MONOTONIC=1 "
+                    "FAKETIME_NO_CACHE=1"
+                ],
+            ),
             0o600,
             "root",
         ),
@@ -760,7 +804,11 @@ def ensure_ssh_keys(user: pwd.struct_passwd) -> None:
         key.chmod(0o600)
     host_key = public_key(HOST_KEY)
     write_file(
-        KNOWN_HOSTS, "".join(f"[{HOST}]:{port} {host_key}\n" for port in (SSH_PORT, FAULT_PORT, BASTION_PORT, CUT_PORT))
+        KNOWN_HOSTS,
+        "".join(
+            f"[{HOST}]:{port} {host_key}\n"
+            for port in (SSH_PORT, FAULT_PORT, BASTION_PORT, CUT_PORT, LIMITS_PORT, SKEWED_PORT)
+        ),
     )
     ssh_dir = Path(user.pw_dir) / ".ssh"
     ensure_dir(ssh_dir, USER, 0o700)
@@ -933,6 +981,8 @@ def daemons() -> dict[str, Daemon]:
             RUN / "sshd-rotating.pid",
             ROTATING_HOST_KEY,
         ),
+        ("sshd-limits", LIMITS_PORT, SSH_DIR / "sshd_limits_config", RUN / "sshd-limits.pid", HOST_KEY),
+        ("sshd-skewed", SKEWED_PORT, SSH_DIR / "sshd_skewed_config", RUN / "sshd-skewed.pid", HOST_KEY),
     ):
         listed.append(
             Daemon(
@@ -1372,6 +1422,9 @@ def cluster_env() -> dict[str, object]:
         "fault_port": FAULT_PORT,
         "bastion_port": BASTION_PORT,
         "rotating_port": ROTATING_PORT,
+        "limits_port": LIMITS_PORT,
+        "skewed_port": SKEWED_PORT,
+        "login_clock_skew": LOGIN_CLOCK_SKEW,
         "black_hole_host": BLACK_HOLE_HOST,
         "black_hole_port": SSH_PORT,
         "closed_port": closed_port(),
@@ -1445,7 +1498,7 @@ def cmd_up() -> int:
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
     ensure_nodes_ready()
-    for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "black-hole"):
+    for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "sshd-limits", "sshd-skewed", "black-hole"):
         ensure_daemon(table[key])
     check_logins()
     ensure_daemon(table["sshd-cut"])

@@ -49,6 +49,7 @@ BEFORE = "tests/cluster/test_cluster_before_gpu.py"
 DAGS = "tests/cluster/test_example_dags.py"
 NET = f"{FAULTS}/test_faults_network.py"
 OUTAGES = f"{FAULTS}/test_faults_outages.py"
+SKEW = f"{FAULTS}/test_faults_clock_and_limits.py"
 LIVE = "tests/cluster/test_watch_live.py"
 
 
@@ -223,6 +224,20 @@ CATALOGUE: dict[str, list[Case]] = {
             f"{OUTAGES}::test_slurmctld_unreachable_from_the_login_host",
         ),
         case(
+            "default sshd limits (MaxStartups 10:30:100, MaxSessions 10) with 200 deferred sensors",
+            f"{SKEW}::test_two_hundred_deferred_sensors_behind_an_sshd_with_default_limits",
+        ),
+        case(
+            "clock skew: the login host's clock 10 minutes off the worker's and the storage's",
+            f"{SKEW}::test_a_fresh_conversion_lock_reads_fresh_on_a_login_host_ten_minutes_ahead",
+            f"{SKEW}::test_the_partition_cache_written_a_moment_ago_is_used_on_a_login_host_ten_minutes_ahead",
+            f"{SKEW}::test_a_job_watched_through_a_login_host_ten_minutes_ahead_has_right_windows_and_timestamps",
+            Ref(
+                "tests/unit/operators/test_before_gpu.py::test_lock_age_is_measured_by_the_storage_clock_not_the_login_hosts",
+                "Unit, real sh with a date 10 minutes off either way: the lock's age is the storage's.",
+            ),
+        ),
+        case(
             "two concurrent tries of the same task (a zombie try and its retry)",
             f"{CONC}::test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job",
             Ref(
@@ -346,6 +361,15 @@ FINDINGS: list[tuple[str, str, str]] = [
         "fixed: `commands.sbatch_submit_held` checks, while the new job is held, for an older live job of the "
         "same name and user; the newer one cancels itself and the older one is released and adopted",
         f"{CONC}::test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job",
+    ),
+    (
+        "Ages on shared storage (the conversion lock, the partition cache) were the login host's `date` minus "
+        "the file's mtime: with the login host's clock 10 minutes ahead of the storage's, a lock taken a moment "
+        "ago read as 600 s old (past the 300 s submit grace: broken, the image converted twice), and a cache "
+        "dated in the future read as fresh.",
+        "fixed: `core.shell.storage_now` takes 'now' from a scratch file's mtime on the same storage; a cache "
+        "dated in the future is stale",
+        f"{SKEW}::test_a_fresh_conversion_lock_reads_fresh_on_a_login_host_ten_minutes_ahead",
     ),
     (
         "The sync connection trusted a host key from `~/.ssh/known_hosts` over the pinned `host_key`: after "
