@@ -7,7 +7,9 @@ and exists also when the job failed), else the handle the submit operator return
 ``return_value`` XCom). A task with neither gets no link.
 
 By default a link is the ``file://`` URL of the cluster path, which names the path and the SLURM
-job id (log directories are ``<job_id>-<slurm_job_id>``). When the ``tao_slurm`` connection has the
+job id (log directories are ``<job_id>-<slurm_job_id>``); it is in the task's XCom and the REST
+API, but the Airflow 3 UI renders only http(s) links as buttons, so set the template below to get
+buttons. When the ``tao_slurm`` connection has the
 extra ``log_url_template`` (e.g. an Open OnDemand file browser,
 ``https://ondemand.example.org/pun/sys/dashboard/files/fs{path}``), the link is that template with
 ``{path}``, ``{slurm_job_id}``, ``{job_id}`` and ``{cluster}`` filled in (URL-quoted).

@@ -2,14 +2,30 @@
 
 One module fixture starts ``airflow standalone`` (api-server, scheduler with LocalExecutor,
 dag-processor, triggerer) in its own Airflow home, with the repo's ``dags/`` folder, the
-``slurm_default`` connection of ``tests/cluster/demo.py``, parallelism 4, no login
-(``SIMPLE_AUTH_MANAGER_ALL_ADMINS``) and its own free ports on 127.0.0.1. Another triggers
-``example_tao_singlenode`` through the REST API and polls the task states until the run ends.
-The tests check what a UI user sees: the sensor deferred, its log shows the SLURM job id, the
-state transitions and the job's log tail; the submit task's extra links point at the job's logs
-and results; the ``tao_slurm`` connection form has its fields. Headless Chromium takes two
-screenshots (the DAG run's grid and the sensor's log); with ``UPDATE_SCREENSHOTS=1`` they replace
-``docs/images/ui-grid.png`` and ``docs/images/ui-sensor-log.png`` (used by the README).
+``slurm_default`` connection of ``tests/cluster/demo.py`` plus a ``log_url_template`` (an Open
+OnDemand-style file browser URL: Airflow 3.3's UI shows only http(s), mailto and same-origin extra
+links, so the default ``file://`` links would not appear), parallelism 4, no login
+(``SIMPLE_AUTH_MANAGER_ALL_ADMINS``), wrapped log lines (``[api] default_wrap``) and its own free
+ports on 127.0.0.1. The runs are triggered through the REST API, their task states polled until
+they end:
+
+- ``run``: the DAG's defaults with 4 s epochs. The sensor deferred, its log shows the SLURM job id,
+  the state transitions and the job's live ``main.out |`` lines; the submit task's extra links
+  point at the job's logs and results; the ``tao_slurm`` connection form has its fields.
+- ``scenes``: first one blocker job per node of the GPU partition, asking for all of its GPUs, is
+  submitted over SSH as the cluster user, so that a run of 15 epochs of 2 s pends with reason
+  ``Resources`` (the sensor's log shows the PENDING line and its hint); the blockers are cancelled
+  (always, in a ``finally``), the job starts and its log shows live ``main.out |`` and
+  ``status.json |`` lines while the sensor is still deferred. Meanwhile a run whose command adds
+  ``--fail-at-epoch 2 --exit-code 3`` fails its sensor with ``JobFailedError`` and the evidence.
+
+Headless Chromium, driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``: it can
+click, which the connection dialog needs), takes the screenshots: the DAG run's grid, the sensor's
+log, a pending job, a running job's live log, a failed job, the submit task's extra links and the
+``tao_slurm`` connection form. Before each one the page's DOM (what ``--dump-dom`` prints) must
+show the texts that matter; the task-log pages must not show SSH connection chatter (paramiko's
+"Connected (version", "Authentication (publickey)", asyncssh's "[conn=0, chan="). With
+``UPDATE_SCREENSHOTS=1`` they replace ``docs/images/ui-*.png`` (used by the README and the docs).
 
 Every task gets one retry with a 2 s delay (``[core] default_task_retries``): upstream Airflow
 3.3 may mark a deferred task FAILED from a stale executor event when its trigger fires quickly
@@ -21,10 +37,13 @@ KeyboardInterrupt) and any process left in its session is killed by PID.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import json
 import os
+import select
+import shlex
 import shutil
 import signal
 import socket
@@ -32,7 +51,7 @@ import struct
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,19 +61,45 @@ import httpx
 import pytest
 from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json, prepare_airflow, stage_assets
 
+from airflow_provider_tao_slurm.core.states import pending_hint
+
 if TYPE_CHECKING:
-    from tests.cluster.conftest import ClusterEnv
+    from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster
 
-#: Seconds allowed for: the services to become healthy, the DAG to be parsed, the run to end.
+#: Seconds allowed for: the services to become healthy, the DAG to be parsed, a run to end, a line to
+#: reach a task log, a page to show what it should.
 START_TIMEOUT_S = 90.0
 PARSE_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 150.0
+LOG_TIMEOUT_S = 90.0
+PAGE_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
 SCREEN_SIZE = (1600, 1000)
+#: The window height while the connection dialog is captured: the form with every field is taller than a screen.
+FORM_HEIGHT = 2600
 IMAGES = REPO / "docs" / "images"
-SCREENSHOTS = {"grid": "ui-grid.png", "log": "ui-sensor-log.png"}
+SCREENSHOTS = {
+    "grid": "ui-grid.png",
+    "log": "ui-sensor-log.png",
+    "pending": "ui-pending.png",
+    "live": "ui-live-log.png",
+    "failure": "ui-failure.png",
+    "links": "ui-links.png",
+    "connection": "ui-connection.png",
+}
+#: SSH connection chatter that must never reach a task log.
+CHATTER = ("Connected (version", "Authentication (publickey)", "[conn=0, chan=")
+#: The extra links' URL template of the stack's connection (the README's example).
+LOG_URL_TEMPLATE = "https://ondemand.example.org/pun/sys/dashboard/files/fs{path}"
+TRAIN = "python3 /srv/lustre/demo/tao_like_train.py --spec {config_path} --results {results_dir}"
+#: Epochs of 4 s: the job runs long enough for the triggerer (which picks the trigger up a few seconds
+#: after the deferral) to see it RUNNING, as a user watching a real training would.
+DEFAULT_CONF = {"command": f"{TRAIN} --epoch-seconds 4"}
+#: 15 epochs of 2 s: long enough to be seen running, with some epochs logged, while the sensor is deferred.
+LONG_CONF = {"spec": {"epochs": 15, "batch_size": 4, "learning_rate": 0.001}, "command": f"{TRAIN} --epoch-seconds 2"}
+FAILING_CONF = {"command": f"{TRAIN} --fail-at-epoch 2 --exit-code 3"}
 CONNECTION_FIELDS = {
     "partition",
     "account",
@@ -122,12 +167,15 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
     stage_assets(info)
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    connection = json.loads(connection_uri_json(info))
+    connection["extra"]["log_url_template"] = LOG_URL_TEMPLATE
     with tempfile.TemporaryDirectory(prefix="tao-airflow-ui-") as tmp:
         home = Path(tmp)
         env = prepare_airflow(
             info,
             home,
             {
+                "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(connection),
                 "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
                 "AIRFLOW__CORE__PARALLELISM": "4",
                 "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
@@ -137,6 +185,7 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
                 "AIRFLOW__API__HOST": "127.0.0.1",
                 "AIRFLOW__API__PORT": str(port),
                 "AIRFLOW__API__BASE_URL": url,
+                "AIRFLOW__API__DEFAULT_WRAP": "True",
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
@@ -193,41 +242,39 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
+def _run_path(run_id: str) -> str:
+    """A run's API path (run ids contain ``+`` and ``:``)."""
+    return f"/api/v2/dags/{DAG_ID}/dagRuns/{url_quote(run_id, safe='')}"
+
+
 @dataclass(frozen=True)
 class Run:
-    """The DAG run triggered through the REST API, as the API reported it."""
+    """A DAG run triggered through the REST API, as the API reported it."""
 
     run_id: str
     state: str
     seen: dict[str, list[str]]
-    tries: dict[str, int]
 
     @property
     def path(self) -> str:
-        """The run's API path (run ids contain ``+`` and ``:``)."""
-        return f"/api/v2/dags/{DAG_ID}/dagRuns/{url_quote(self.run_id, safe='')}"
+        """The run's API path."""
+        return _run_path(self.run_id)
 
 
-@pytest.fixture(scope="module")
-def run(stack: Stack) -> Run:
-    """Wait for the DAG to be parsed, unpause it, trigger it; poll the task states until the run ends."""
+def _trigger(stack: Stack, conf: dict[str, Any]) -> str:
+    """Wait for the DAG to be parsed, unpause it, trigger a run with ``conf``; return its run id."""
     deadline = time.monotonic() + PARSE_TIMEOUT_S
     while stack.client.get(f"/api/v2/dags/{DAG_ID}").status_code != 200:
         if time.monotonic() > deadline:
             pytest.fail(f"{DAG_ID} was not parsed within {PARSE_TIMEOUT_S:.0f} s:\n{stack.log.read_text()[-4000:]}")
         time.sleep(0.5)
     stack.client.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
-    # Epochs of 4 s: the job runs long enough for the triggerer (which picks the trigger up a few seconds
-    # after the deferral) to see it RUNNING, as a user watching a real training would.
-    command = (
-        "python3 /srv/lustre/demo/tao_like_train.py --spec {config_path} --results {results_dir} --epoch-seconds 4"
-    )
-    posted = stack.client.post(
-        f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": {"command": command}}
-    )
-    posted.raise_for_status()
-    run_id = posted.json()["dag_run_id"]
-    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{url_quote(run_id, safe='')}"
+    return str(stack.post(f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"])
+
+
+def _follow(stack: Stack, run_id: str) -> Run:
+    """Poll the run's task states until it ends (or :data:`RUN_TIMEOUT_S` passed)."""
+    path = _run_path(run_id)
     seen: dict[str, list[str]] = {task: [] for task in TASKS}
     deadline = time.monotonic() + RUN_TIMEOUT_S
     state = ""
@@ -240,23 +287,356 @@ def run(stack: Stack) -> Run:
         if state in ("success", "failed"):
             break
         time.sleep(0.5)
-    tis = stack.get(f"{path}/taskInstances")["task_instances"]
-    return Run(run_id=run_id, state=state, seen=seen, tries={ti["task_id"]: ti["try_number"] for ti in tis})
+    return Run(run_id=run_id, state=state, seen=seen)
 
 
-def _handle(stack: Stack, run: Run) -> dict[str, Any]:
-    entry = stack.get(f"{run.path}/taskInstances/submit/xcomEntries/return_value", deserialize="true")
+@pytest.fixture(scope="module")
+def run(stack: Stack) -> Run:
+    """A run of the DAG's defaults (4 s epochs), followed until it ends."""
+    return _follow(stack, _trigger(stack, DEFAULT_CONF))
+
+
+def _handle(stack: Stack, run_id: str) -> dict[str, Any]:
+    entry = stack.get(f"{_run_path(run_id)}/taskInstances/submit/xcomEntries/return_value", deserialize="true")
     value = entry["value"]
     return dict(json.loads(value) if isinstance(value, str) else value)
 
 
-def _log_text(stack: Stack, run: Run, task_id: str) -> str:
-    """Every try's log of ``task_id`` (trigger lines included), one event per line."""
+def _wait_handle(stack: Stack, run_id: str) -> dict[str, Any]:
+    """The submit task's job handle, once it has one."""
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    path = f"{_run_path(run_id)}/taskInstances/submit/xcomEntries/return_value"
+    while stack.client.get(path).status_code != 200:
+        if time.monotonic() > deadline:
+            pytest.fail(f"the submit task of {run_id} returned no job handle within {RUN_TIMEOUT_S:.0f} s")
+        time.sleep(0.5)
+    return _handle(stack, run_id)
+
+
+def _log_text(stack: Stack, run_id: str, task_id: str) -> str:
+    """Every try's log of ``task_id`` so far (trigger lines included), one event per line, an exception
+    as ``type: message`` after its event."""
+    path = f"{_run_path(run_id)}/taskInstances/{task_id}"
     lines = []
-    for attempt in range(1, run.tries[task_id] + 1):
-        content = stack.get(f"{run.path}/taskInstances/{task_id}/logs/{attempt}")["content"]
-        lines += [str(item.get("event", "")) for item in content]
+    for attempt in range(1, int(stack.get(path)["try_number"]) + 1):
+        for item in stack.get(f"{path}/logs/{attempt}")["content"]:
+            lines.append(str(item.get("event", "")))
+            details = item.get("error_detail")
+            for detail in details if isinstance(details, list) else ():
+                if isinstance(detail, dict):
+                    lines.append(f"{detail.get('exc_type', '')}: {detail.get('exc_value', '')}")
     return "\n".join(lines)
+
+
+def _wait_log(stack: Stack, run_id: str, task_id: str, texts: Sequence[str], *, not_before: str = "") -> str:
+    """Wait until the task's log has every one of ``texts``; fail early when ``not_before`` comes first."""
+    deadline = time.monotonic() + LOG_TIMEOUT_S
+    text = ""
+    while time.monotonic() < deadline:
+        text = _log_text(stack, run_id, task_id)
+        if all(line in text for line in texts):
+            return text
+        if not_before and not_before in text:
+            pytest.fail(f"{not_before!r} came before {list(texts)} in the {task_id} log:\n{text[-4000:]}")
+        time.sleep(1)
+    pytest.fail(f"the {task_id} log of {run_id} lacks {[t for t in texts if t not in text]}:\n{text[-4000:]}")
+
+
+def _occupy_gpus(ssh_run: SshRun, cluster: ClusterEnv) -> list[str]:
+    """Submit one blocker job per node of the GPU partition asking for all its GPUs; return their SLURM ids.
+
+    They sleep for 10 minutes at most (their time limit), should the test die before it cancels them.
+    """
+    ids: list[str] = []
+    for node in cluster.nodes:
+        command = (
+            f"sbatch --parsable --job-name=tao-ui-blocker --partition={shlex.quote(cluster.gpu_partition)}"
+            f" --account={shlex.quote(cluster.account)} --nodelist={shlex.quote(node)} --nodes=1 --ntasks=1"
+            f" --cpus-per-task=1 --gres=gpu:{cluster.gpus_per_node} --time=10 --output=/dev/null --wrap='sleep 600'"
+        )
+        rc, out, err = ssh_run(command)
+        if rc != 0:
+            _release(ssh_run, ids)
+            pytest.fail(f"submitting a blocker on {node} failed (rc {rc}): {err or out}")
+        ids.append(out.strip().split(";")[0])
+    return ids
+
+
+def _release(ssh_run: SshRun, ids: Sequence[str]) -> None:
+    """Cancel the blocker jobs ``ids``."""
+    if ids:
+        rc, out, err = ssh_run(f"scancel {' '.join(shlex.quote(job_id) for job_id in ids)}")
+        assert rc == 0, f"scancel {ids} failed (rc {rc}): {err or out}"
+
+
+class DevToolsError(RuntimeError):
+    """Chromium answered a command with an error, or the page's script threw."""
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``).
+
+    Chromium reads commands on its fd 3 and writes answers and events on its fd 4, each a JSON text
+    ending in a NUL byte. One page (a target attached in flat mode) is driven through its session id.
+    """
+
+    def __init__(self, chromium: str, profile: Path) -> None:
+        commands_read, self._commands = os.pipe()
+        self._answers, answers_write = os.pipe()
+        width, height = SCREEN_SIZE
+        argv = [
+            # bash puts the two pipe ends on fds 3 and 4, where Chromium expects them, then becomes Chromium.
+            "bash",
+            "-c",
+            'exec 3<&"$0" 4>&"$1" "${@:2}"',
+            str(commands_read),
+            str(answers_write),
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            f"--window-size={width},{height}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        with (profile.parent / f"{profile.name}.log").open("wb") as log:
+            self._proc = subprocess.Popen(
+                argv, pass_fds=(commands_read, answers_write), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+            )
+        os.close(commands_read)
+        os.close(answers_write)
+        self._buffer = b""
+        self._last_id = 0
+        self._session = ""
+        target = self.call("Target.createTarget", page=False, url="about:blank")["targetId"]
+        self._session = self.call("Target.attachToTarget", page=False, targetId=target, flatten=True)["sessionId"]
+        self.resize(width, height)
+
+    def call(self, method: str, *, page: bool = True, timeout: float = 60, **params: Any) -> dict[str, Any]:
+        """Send one command (to the page's session when ``page``); return its result, skipping events."""
+        self._last_id += 1
+        message: dict[str, Any] = {"id": self._last_id, "method": method, "params": params}
+        if page:
+            message["sessionId"] = self._session
+        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" in self._buffer:
+                raw, _, self._buffer = self._buffer.partition(b"\0")
+                answer = json.loads(raw)
+                if answer.get("id") == self._last_id:
+                    if "error" in answer:
+                        raise DevToolsError(f"{method}: {answer['error']}")
+                    return dict(answer.get("result") or {})
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self._answers], [], [], left)[0]:
+                raise TimeoutError(f"Chromium did not answer {method} within {timeout:.0f} s")
+            chunk = os.read(self._answers, 1 << 20)
+            if not chunk:
+                raise RuntimeError(f"Chromium exited (rc {self._proc.poll()}) during {method}")
+            self._buffer += chunk
+
+    def js(self, expression: str) -> Any:
+        """Evaluate ``expression`` in the page; return its value."""
+        answer = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in answer:
+            raise DevToolsError(f"{expression}: {answer['exceptionDetails']}")
+        return answer["result"].get("value")
+
+    def resize(self, width: int, height: int) -> None:
+        """Set the page's viewport."""
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def open(self, url: str) -> None:
+        """Load ``url`` (after a blank page, so that nothing of the previous page is waited for)."""
+        for address in ("about:blank", url):
+            self.call("Page.navigate", url=address)
+            deadline = time.monotonic() + PAGE_TIMEOUT_S
+            while not self._loaded(address):
+                assert time.monotonic() < deadline, f"{address} did not load within {PAGE_TIMEOUT_S:.0f} s"
+                time.sleep(0.2)
+
+    def _loaded(self, url: str) -> bool:
+        """Whether the page is ``about:blank`` (for that URL) or another page that finished loading."""
+        blank = url == "about:blank"
+        try:
+            return bool(
+                self.js(
+                    f"location.href {'===' if blank else '!=='} 'about:blank' && document.readyState === 'complete'"
+                )
+            )
+        except DevToolsError:  # the page is between two documents
+            return False
+
+    def dom(self) -> str:
+        """The page's DOM as HTML (what ``chromium --dump-dom`` prints)."""
+        try:
+            return str(self.js("document.documentElement.outerHTML"))
+        except DevToolsError:  # the page is between two documents
+            return ""
+
+    def wait_for(self, texts: Sequence[str], timeout: float = PAGE_TIMEOUT_S) -> str:
+        """The DOM once it contains every one of ``texts`` (or when ``timeout`` passed), after a settling pause."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(text in self.dom() for text in texts):
+                break
+            time.sleep(0.5)
+        time.sleep(1.5)  # let the page finish its layout (the log view scrolls to its end)
+        return self.dom()
+
+    def click(self, element: str) -> None:
+        """Click, with the mouse, the middle of the element that the JavaScript expression ``element`` finds."""
+        x, y = self.js(
+            f"(() => {{ const e = {element}; e.scrollIntoView({{block: 'center'}});"
+            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
+        time.sleep(0.5)
+
+    def type(self, text: str, *, enter: bool = False) -> None:
+        """Type ``text`` into the focused element, then press Enter when ``enter``."""
+        self.call("Input.insertText", text=text)
+        time.sleep(0.5)
+        for kind in ("keyDown", "keyUp") if enter else ():
+            self.call("Input.dispatchKeyEvent", type=kind, key="Enter", code="Enter", windowsVirtualKeyCode=13)
+        time.sleep(0.5)
+
+    def screenshot(self, element: str | None = None) -> bytes:
+        """A PNG of the viewport, or of the element that the JavaScript expression ``element`` finds."""
+        params: dict[str, Any] = {"format": "png"}
+        if element is not None:
+            x, y, width, height = self.js(
+                f"(() => {{ const r = ({element}).getBoundingClientRect(); return [r.x, r.y, r.width, r.height]; }})()"
+            )
+            params["clip"] = {"x": x, "y": y, "width": width, "height": height, "scale": 1}
+        return base64.b64decode(self.call("Page.captureScreenshot", **params)["data"])
+
+    def close(self) -> None:
+        """Close Chromium (kill it when it does not exit) and the pipes."""
+        with contextlib.suppress(OSError, TimeoutError, RuntimeError):
+            self.call("Browser.close", page=False, timeout=10)
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        os.close(self._commands)
+        os.close(self._answers)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    """The headless browser; Debian's ``chromium`` is installed when missing (as root)."""
+    path = shutil.which("chromium")
+    if path is None and os.geteuid() == 0:
+        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300, check=False)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
+            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+        path = shutil.which("chromium")
+    if path is None:
+        pytest.fail("chromium is not installed: run `apt-get install -y --no-install-recommends chromium` as root")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Browser]:
+    """One headless Chromium for the module's screenshots."""
+    driver = Browser(chromium, tmp_path_factory.mktemp("chromium") / "profile")
+    try:
+        yield driver
+    finally:
+        driver.close()
+
+
+@dataclass(frozen=True)
+class Shot:
+    """A page as the browser showed it: its DOM and screenshot, and the task's whole log through the API."""
+
+    url: str
+    expected: tuple[str, ...]
+    dom: str
+    png: bytes
+    log: str | None = None
+
+
+def _task_page(stack: Stack, run_id: str, task_id: str | None = None) -> str:
+    page = f"{stack.url}/dags/{DAG_ID}/runs/{url_quote(run_id, safe='')}"
+    return f"{page}/tasks/{task_id}" if task_id else page
+
+
+def _capture(browser: Browser, url: str, expected: Sequence[str]) -> Shot:
+    """Open ``url``, wait until its DOM shows ``expected``, take the screenshot."""
+    browser.open(url)
+    dom = browser.wait_for(expected)
+    return Shot(url=url, expected=tuple(expected), dom=dom, png=browser.screenshot())
+
+
+def _capture_log(browser: Browser, stack: Stack, run_id: str, task_id: str, expected: Sequence[str]) -> Shot:
+    """:func:`_capture` of a task's log page, with the task's whole log read right after."""
+    shot = _capture(browser, _task_page(stack, run_id, task_id), expected)
+    return dataclasses.replace(shot, log=_log_text(stack, run_id, task_id))
+
+
+@dataclass(frozen=True)
+class Scenes:
+    """The runs of :func:`scenes` and the pages taken while they ran."""
+
+    long: Run
+    failing: Run
+    shots: dict[str, Shot]
+
+
+@pytest.fixture(scope="module")
+def scenes(stack: Stack, run: Run, browser: Browser, cluster: ClusterEnv, ssh_run: SshRun) -> Scenes:
+    """A job pending behind blockers, then running (live log), and a failing job; their pages when it mattered."""
+    shots: dict[str, Shot] = {}
+    blockers = _occupy_gpus(ssh_run, cluster)
+    try:
+        long_id = _trigger(stack, LONG_CONF)
+        handle = _wait_handle(stack, long_id)
+        job = f"SLURM job {handle['slurm_job_id']} ({handle['job_id']})"
+        pending = f"{job}: PENDING reason=Resources ({pending_hint('Resources')})"
+        _wait_log(stack, long_id, "wait", [pending], not_before=f"{job}: RUNNING")
+        shots["pending"] = _capture_log(browser, stack, long_id, "wait", [pending, "Deferred"])
+    finally:
+        _release(ssh_run, blockers)
+    failing_id = _trigger(stack, FAILING_CONF)
+    _wait_log(
+        stack, long_id, "wait", ["main.out | Epoch 3/15", "status.json | RUNNING"], not_before=f"{job}: COMPLETED"
+    )
+    # The log view shows its end: the lines of the latest epochs.
+    live = [f"SLURM job {handle['slurm_job_id']}", "main.out | Epoch ", "status.json | RUNNING epoch ", "Deferred"]
+    shots["live"] = _capture_log(browser, stack, long_id, "wait", live)
+    long, failing = _follow(stack, long_id), _follow(stack, failing_id)
+    failed = _wait_handle(stack, failing_id)
+    shots["failure"] = _capture_log(
+        browser,
+        stack,
+        failing_id,
+        "wait",
+        [
+            f"SLURM job {failed['slurm_job_id']} failed (ERR_PROGRAM): ",
+            "; evidence: ",
+            "main.err | ",
+            "JobFailedError",
+            "Failed",
+        ],
+    )
+    return Scenes(long=long, failing=failing, shots=shots)
 
 
 def test_run_succeeds_and_the_sensor_deferred(run: Run) -> None:
@@ -267,42 +647,60 @@ def test_run_succeeds_and_the_sensor_deferred(run: Run) -> None:
     assert run.seen["wait"].index("deferred") < run.seen["wait"].index("success")
 
 
-def test_sensor_log_shows_job_id_transitions_and_tail(stack: Stack, run: Run) -> None:
-    """The sensor's task log: deferral, the trigger's RUNNING and COMPLETED lines, main.out's tail, the result."""
-    handle = _handle(stack, run)
-    text = _log_text(stack, run, "wait")
+def _in_order(text: str, *chains: Sequence[str]) -> None:
+    """Every line of every chain is in ``text``, each chain's first occurrences in that order."""
+    for lines in chains:
+        assert [line for line in lines if line not in text] == [], text[-6000:]
+        positions = [text.index(line) for line in lines]
+        assert positions == sorted(positions), (lines, text[-6000:])
+
+
+def test_sensor_log_shows_job_id_transitions_and_live_lines(stack: Stack, run: Run) -> None:
+    """The sensor's task log: deferral, the trigger's RUNNING and COMPLETED lines, the job's live
+    ``main.out`` and ``status.json`` lines, the result; no SSH chatter."""
+    handle = _handle(stack, run.run_id)
+    text = _log_text(stack, run.run_id, "wait")
     slurm_id, job_id = handle["slurm_job_id"], handle["job_id"]
-    expected = [
-        "Pausing task as DEFERRED.",
-        f"SLURM job {slurm_id} ({job_id}): RUNNING",
-        f"SLURM job {slurm_id} ({job_id}): COMPLETED",
-        f"---- {handle['log_dir']}/main.out (last",
-        f"TAO_SLURM: job {slurm_id} start",
-        "[status] SUCCESS: training finished: 3 epochs",
-        f"Job {job_id} complete; results in {handle['results_dir']}",
-    ]
-    assert [line for line in expected if line not in text] == [], text[-6000:]
-    positions = [text.index(line) for line in expected]
-    assert positions == sorted(positions)
+    done = f"Job {job_id} complete; results in {handle['results_dir']}"
+    # The trigger logs a poll's new lines (main.out, main.err, then status.json) before the state it saw.
+    _in_order(
+        text,
+        [
+            "Pausing task as DEFERRED.",
+            f"SLURM job {slurm_id} ({job_id}): RUNNING",
+            f"SLURM job {slurm_id} ({job_id}): COMPLETED",
+            done,
+        ],
+        [
+            "Pausing task as DEFERRED.",
+            f"main.out | TAO_SLURM: job {slurm_id} start",
+            "main.out | Epoch 1/3: loss=",
+            "[status] SUCCESS: training finished: 3 epochs",
+            done,
+        ],
+        ["Pausing task as DEFERRED.", "status.json | RUNNING epoch 1", "status.json | SUCCESS", done],
+    )
+    assert [chatter for chatter in CHATTER if chatter in text] == []
 
 
 def test_submit_log_names_the_paths(stack: Stack, run: Run) -> None:
     """The submit task's log names the SLURM job, its log files, results dir and record."""
-    handle = _handle(stack, run)
-    text = _log_text(stack, run, "submit")
+    handle = _handle(stack, run.run_id)
+    text = _log_text(stack, run.run_id, "submit")
     assert f"SLURM job {handle['slurm_job_id']} ({handle['job_id']}) submitted on {handle['cluster']}" in text
     assert f"Logs: {handle['log_dir']}/main.out" in text
     assert f"results: {handle['results_dir']}; record: {handle['record_path']}" in text
 
 
+def _link(path: str) -> str:
+    return LOG_URL_TEMPLATE.format(path=url_quote(path, safe="/"))
+
+
 def test_submit_extra_links_point_at_the_job(stack: Stack, run: Run) -> None:
-    """The submit task's extra links are the file:// URLs of the job's log and results directories."""
-    handle = _handle(stack, run)
+    """The submit task's extra links are the connection's ``log_url_template`` filled with the job's directories."""
+    handle = _handle(stack, run.run_id)
     links = stack.get(f"{run.path}/taskInstances/submit/links")["extra_links"]
-    assert links == {
-        "SLURM job logs": f"file://{handle['log_dir']}",
-        "SLURM job results": f"file://{handle['results_dir']}",
-    }
+    assert links == {"SLURM job logs": _link(handle["log_dir"]), "SLURM job results": _link(handle["results_dir"])}
     assert handle["log_dir"].endswith(f"{handle['job_id']}-{handle['slurm_job_id']}")
 
 
@@ -340,48 +738,50 @@ def test_the_forms_test_button_checks_login_tools_and_storage(stack: Stack, clus
     assert str(cluster.closed_port) in bad["message"] or "refused" in bad["message"].lower(), bad
 
 
-@pytest.fixture(scope="module")
-def chromium() -> str:
-    """The headless browser; Debian's ``chromium`` is installed when missing (as root)."""
-    path = shutil.which("chromium")
-    if path is None and os.geteuid() == 0:
-        subprocess.run(["apt-get", "update", "-qq"], capture_output=True, timeout=300, check=False)
-        subprocess.run(
-            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "chromium"],
-            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-            capture_output=True,
-            timeout=600,
-            check=False,
-        )
-        path = shutil.which("chromium")
-    if path is None:
-        pytest.fail("chromium is not installed: run `apt-get install -y --no-install-recommends chromium` as root")
-    return path
+def test_a_job_pending_for_resources_then_runs_to_success(stack: Stack, scenes: Scenes) -> None:
+    """The run held back by the blockers succeeds; its sensor log has the PENDING line with its hint, then
+    RUNNING with live lines of all 15 epochs, then COMPLETED."""
+    long = scenes.long
+    assert long.state == "success", long.seen
+    handle = _handle(stack, long.run_id)
+    job = f"SLURM job {handle['slurm_job_id']} ({handle['job_id']})"
+    text = _log_text(stack, long.run_id, "wait")
+    _in_order(
+        text,
+        [
+            f"{job}: PENDING reason=Resources ({pending_hint('Resources')})",
+            f"{job}: RUNNING",
+            f"{job}: COMPLETED",
+            f"Job {handle['job_id']} complete",
+        ],
+        [
+            f"{job}: PENDING",
+            "main.out | Epoch 1/15",
+            "status.json | RUNNING epoch 1",
+            "Epoch 15/15",
+            f"Job {handle['job_id']} complete",
+        ],
+    )
 
 
-def _browse(chromium: str, url: str, profile: Path, *args: str) -> str:
-    """Run headless Chromium on ``url`` after letting the page's scripts run; return its stdout."""
-    width, height = SCREEN_SIZE
-    argv = [
-        chromium,
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        f"--window-size={width},{height}",
-        "--virtual-time-budget=15000",
-        *args,
-        url,
-    ]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+def test_a_failing_job_fails_the_sensor_with_its_evidence(stack: Stack, scenes: Scenes) -> None:
+    """The run whose program exits 3 at epoch 2 fails at the sensor (every try), with the job's error lines
+    and ``JobFailedError`` naming the class and the evidence."""
+    failing = scenes.failing
+    assert failing.state == "failed", failing.seen
+    assert [failing.seen[task][-1] for task in TASKS] == ["success", "success", "success", "failed"], failing.seen
+    handle = _handle(stack, failing.run_id)
+    _in_order(
+        _log_text(stack, failing.run_id, "wait"),
+        [
+            "main.out | Epoch 1/3",
+            "main.err | ",
+            "status.json | FAILURE epoch 2",
+            f"SLURM job {handle['slurm_job_id']} ({handle['job_id']}): FAILED",
+            f"JobFailedError: SLURM job {handle['slurm_job_id']} failed (ERR_PROGRAM): ",
+            "; evidence: ",
+        ],
+    )
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -391,22 +791,70 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return width, height
 
 
-@pytest.mark.parametrize("page", ["grid", "log"])
-def test_screenshot(stack: Stack, run: Run, chromium: str, page: str, tmp_path: Path) -> None:
-    """The page renders what it should (its DOM after the scripts ran), and its screenshot is a full PNG."""
-    handle = _handle(stack, run)
-    run_page = f"{stack.url}/dags/{DAG_ID}/runs/{url_quote(run.run_id, safe='')}"
-    url, expected = {
-        "grid": (run_page, [run.run_id, "Success", "SbatchSubmitOperator", "SlurmJobSensor"]),
-        "log": (f"{run_page}/tasks/wait", [f"SLURM job {handle['slurm_job_id']}", "main.out", "Success"]),
-    }[page]
-    dom = _browse(chromium, url, tmp_path / "profile", "--dump-dom")
-    assert [text for text in expected if text not in dom] == []
-    shot = tmp_path / SCREENSHOTS[page]
-    _browse(chromium, url, tmp_path / "profile", f"--screenshot={shot}")
-    data = shot.read_bytes()
-    assert _png_size(data) == SCREEN_SIZE
-    assert 20_000 < len(data) < 1_000_000
+def _shoot(page: str, stack: Stack, run: Run, browser: Browser, request: pytest.FixtureRequest) -> Shot:
+    """The page's :class:`Shot`: taken now, or (pending, live, failure) while :func:`scenes` ran."""
+    if page in ("pending", "live", "failure"):
+        scenes: Scenes = request.getfixturevalue("scenes")
+        return scenes.shots[page]
+    if page == "grid":
+        return _capture(
+            browser, _task_page(stack, run.run_id), [run.run_id, "Success", "SbatchSubmitOperator", "SlurmJobSensor"]
+        )
+    handle = _handle(stack, run.run_id)
+    if page == "log":
+        expected = [f"SLURM job {handle['slurm_job_id']}", "main.out | ", "Success"]
+        return _capture_log(browser, stack, run.run_id, "wait", expected)
+    if page == "links":
+        expected = ["Extra Links", "SLURM job logs", "SLURM job results"]
+        expected += [f'href="{_link(handle[key])}"' for key in ("log_dir", "results_dir")]
+        return _capture(browser, f"{_task_page(stack, run.run_id, 'submit')}/details", expected)
+    return _connection_form(stack, browser)
+
+
+def _connection_form(stack: Stack, browser: Browser) -> Shot:
+    """Admin > Connections > Add Connection, type "TAO SLURM (over SSH)", its Extra Fields opened: the dialog."""
+    (meta,) = [m for m in stack.get("/ui/connections/hook_meta") if m["connection_type"] == "tao_slurm"]
+    titles = [str(field["schema"]["title"]) for field in meta["extra_fields"].values()]
+    url = f"{stack.url}/connections"
+    browser.resize(SCREEN_SIZE[0], FORM_HEIGHT)
+    try:
+        browser.open(url)
+        browser.wait_for(["Add Connection"])
+        buttons = "[...document.querySelectorAll('{}button')].find(b => b.innerText.trim() === '{}')"
+        browser.click(buttons.format("", "Add Connection"))
+        browser.wait_for(["connection_id"])
+        browser.click("document.querySelector('[role=dialog] input[name=connection_id]')")
+        browser.type("slurm_default")
+        browser.click("document.querySelector('[role=dialog] input[role=combobox]')")
+        browser.type(meta["hook_name"], enter=True)
+        browser.click(buttons.format("[role=dialog] ", "Extra Fields"))
+        expected = ["Add Connection", meta["hook_name"], *titles]
+        dom = browser.wait_for(expected)
+        png = browser.screenshot("document.querySelector('[role=dialog]')")
+    finally:
+        browser.resize(*SCREEN_SIZE)
+    return Shot(url=url, expected=tuple(expected), dom=dom, png=png)
+
+
+@pytest.mark.parametrize("page", list(SCREENSHOTS))
+def test_screenshot(
+    stack: Stack, run: Run, browser: Browser, page: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The page showed what it should (its DOM when the screenshot was taken), a task log page shows no
+    SSH chatter (nor does the whole log), and its screenshot is a full PNG."""
+    shot = _shoot(page, stack, run, browser, request)
+    (tmp_path / SCREENSHOTS[page]).write_bytes(shot.png)
+    (tmp_path / "dom.html").write_text(shot.dom)
+    assert [text for text in shot.expected if text not in shot.dom] == [], (shot.url, shot.dom[-4000:])
+    if shot.log is not None:
+        assert [chatter for chatter in CHATTER if chatter in shot.dom + shot.log] == [], shot.log[-4000:]
+    width, height = _png_size(shot.png)
+    if page == "connection":
+        assert width >= 600, (width, height)
+        assert height >= SCREEN_SIZE[1], (width, height)
+    else:
+        assert (width, height) == SCREEN_SIZE
+    assert 20_000 < len(shot.png) < 1_500_000
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
         IMAGES.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, IMAGES / SCREENSHOTS[page])
+        shutil.copyfile(tmp_path / SCREENSHOTS[page], IMAGES / SCREENSHOTS[page])
