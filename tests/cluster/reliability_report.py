@@ -206,6 +206,10 @@ CATALOGUE: dict[str, list[Case]] = {
     ],
     "Round two": [
         case(
+            "the triggerer process killed (SIGKILL) with a deferred sensor, then a new triggerer",
+            "tests/cluster/test_airflow_ui.py::test_the_triggerer_killed_mid_job_and_a_new_one_finishes_it",
+        ),
+        case(
             "a black-holed login host (accepts TCP, never speaks) first in the host list",
             f"{NET}::test_black_holed_first_login_host_fails_over_within_conn_timeout",
             f"{NET}::test_black_hole_alone_fails_within_conn_timeout_naming_host_and_timeout",

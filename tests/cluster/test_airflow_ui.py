@@ -146,6 +146,8 @@ class Stack:
     home: Path
     log: Path
     client: httpx.Client
+    env: dict[str, str]
+    session: int
 
     def get(self, path: str, **params: Any) -> Any:
         """GET a JSON answer; fail on any HTTP error."""
@@ -206,7 +208,7 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
         client = httpx.Client(base_url=url, timeout=30)
         try:
             _wait_healthy(client, proc, log)
-            yield Stack(url=url, home=home, log=log, client=client)
+            yield Stack(url=url, home=home, log=log, client=client, env=env, session=proc.pid)
         finally:
             client.close()
             _stop(proc)
@@ -858,3 +860,81 @@ def test_screenshot(
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
         IMAGES.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(tmp_path / SCREENSHOTS[page], IMAGES / SCREENSHOTS[page])
+
+
+# ---------------------------------------------------------------------- the triggerer killed
+
+
+def _triggerer_pids(session: int) -> list[int]:
+    """The ``airflow triggerer`` process of a session and every process under it (its trigger runner)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+    roots = []
+    for pid in _session_pids(session):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"triggerer" in argv and parents.get(pid) not in roots:
+                roots.append(pid)
+    tree = set(roots)
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= children
+        grew = bool(children)
+    return sorted(tree)
+
+
+def test_the_triggerer_killed_mid_job_and_a_new_one_finishes_it(
+    stack: Stack, ssh_run: SshRun, tmp_path: Path, record_property: Any
+) -> None:
+    """A run trains for 8 epochs of 2 s; while its sensor is deferred and the job runs, the real `airflow
+    triggerer` process (and its trigger runner) is killed with SIGKILL, then a new `airflow triggerer` is
+    started with the same configuration. Expected: the new triggerer takes the trigger over, the run
+    succeeds, the job was submitted once and never cancelled (squeue/sacct by its name: one job, COMPLETED),
+    and the sensor needed no retry. (Last test of the module: the replacement triggerer is stopped at its end.)"""
+    run_id = _trigger(
+        stack,
+        {
+            **DEFAULT_CONF,
+            "spec": {"epochs": 8, "batch_size": 4, "learning_rate": 0.001},
+            "command": f"{TRAIN} --epoch-seconds 2",
+        },
+    )
+    handle = _wait_handle(stack, run_id)
+    _wait_log(stack, run_id, "wait", ["main.out | Epoch 1/8"])
+    victims = _triggerer_pids(stack.session)
+    assert victims, "no airflow triggerer process found in the standalone session"
+    killed_at = time.monotonic()
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    log = (tmp_path / "triggerer.log").open("wb")
+    replacement = subprocess.Popen(
+        [airflow_bin(), "triggerer"],
+        env=stack.env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        finished = _follow(stack, run_id)
+        took = time.monotonic() - killed_at
+    finally:
+        replacement.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            replacement.wait(STOP_TIMEOUT_S)
+        if replacement.poll() is None:
+            replacement.kill()
+        log.close()
+    assert finished.state == "success", (finished, _log_text(stack, run_id, "wait")[-3000:])
+    _, out, _ = ssh_run(
+        f"sacct -X -n -P --starttime=now-1days --name={shlex.quote(handle['job_id'])} -o JobIDRaw,State"
+    )
+    assert out.split() == [f"{handle['slurm_job_id']}|COMPLETED"], out
+    wait = stack.get(f"{_run_path(run_id)}/taskInstances/wait")
+    assert wait["try_number"] == 1, wait
+    record_property("processes killed", len(victims))
+    record_property("seconds from the kill to the run's end", round(took, 1))
