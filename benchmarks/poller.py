@@ -522,11 +522,57 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
     ]
 
 
+def scale_figures(n: int, shared: dict[str, Any]) -> list[Figure]:
+    """The figures of a shared-only size: still one status command per poll, and what it costs."""
+    own = min(shared["attributed_job_queries_per_poll"])
+    per_poll = shared["commands_per_interval"]
+    return [
+        Figure(
+            f"N={n} status commands per poll (client; squeue filtered by user on the server)",
+            f"{per_poll:.1f}",
+            "",
+            "1",
+            round(per_poll, 1) == 1.0,
+        ),
+        Figure(
+            f"N={n} scheduler job queries per poll (sdiag+sacctmgr around its commands)", f"{own}", "", "<= 2", own <= 2
+        ),
+        Figure(
+            f"N={n} SSH connections opened",
+            f"{shared['connections_opened']}",
+            "",
+            "1",
+            shared["connections_opened"] == 1,
+        ),
+        Figure(f"N={n} triggerer CPU s/interval", f"{shared['cpu_s_per_interval']:.3f}"),
+        Figure(
+            f"N={n} RSS growth per trigger",
+            _kb(shared["rss_per_trigger_bytes"]),
+            "",
+            "< 50 KB",
+            shared["rss_per_trigger_bytes"] < 50 * 1024,
+        ),
+        Figure(
+            f"N={n} a fresh triggerer process: time until every job's state is known, s", f"{shared['warmup_s']:.1f}"
+        ),
+        Figure(
+            f"N={n} latency job end (scancel) -> event, p95 s",
+            f"{shared['latency_p95_s']:.2f}",
+            f"events {shared['events']}/{n}",
+        ),
+    ]
+
+
 def main() -> None:
     """Run every size, both modes, print the figures and store them."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000")
     parser.add_argument("--interval", type=float, default=10.0)
+    parser.add_argument(
+        "--scale-sizes",
+        default="5000",
+        help="sizes run with the shared poller only (no per-job baseline at that scale)",
+    )
     parser.add_argument("--worker", choices=("shared", "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -544,6 +590,12 @@ def main() -> None:
         details["runs"] += [base, shared]
         rows = figures_for(n, shared, base, args.interval)
         _common.print_figures(f"Status polling, N={n}, interval {args.interval:g} s (shared poller; baseline)", rows)
+        figures += rows
+    for n in [int(s) for s in args.scale_sizes.split(",") if s]:
+        shared = run_mode("shared", n, args.interval)
+        details["runs"].append(shared)
+        rows = scale_figures(n, shared)
+        _common.print_figures(f"Status polling at scale, N={n}, interval {args.interval:g} s (shared poller)", rows)
         figures += rows
     details["wall_s"] = time.monotonic() - started
     _common.write_result("poller", "Status polling at scale (benchmarks/poller.py)", figures, details)

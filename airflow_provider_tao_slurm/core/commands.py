@@ -186,16 +186,28 @@ def extract_tar(base: str) -> str:
     )
 
 
-def squeue_states(job_ids: Sequence[str]) -> str:
-    """``squeue -h -t all -j ID,... -o SQUEUE_FORMAT``: every job's state in one query.
+#: Above this many job ids, squeue asks for all of the user's jobs (filtered by the server) instead of
+#: listing the ids on the command line: one command at any scale, no argv limit.
+IDS_ON_COMMAND_LINE = 200
 
-    ``-t all`` keeps finished jobs visible until SLURM's ``MinJobAge`` purges them.
+
+def squeue_states(job_ids: Sequence[str], user: str | None = None) -> str:
+    """Every job's state in one query: ``squeue -h -t all -j ID,... -o SQUEUE_FORMAT``.
+
+    ``-t all`` keeps finished jobs visible until SLURM's ``MinJobAge`` purges them. With more than
+    :data:`IDS_ON_COMMAND_LINE` ids and a ``user``, the query is ``--user=USER`` instead of the id
+    list (the answer then holds the user's other jobs too: keep the ones you asked for).
 
     :param job_ids: SLURM job ids (duplicates are dropped).
+    :param user: the connection's SLURM user, for the server-side filter at scale.
     :returns: the command line; parse its output with ``states.parse_squeue``.
-    :raises ValidationError: for an empty list or an id that is not a SLURM job id.
+    :raises ValidationError: for an empty list, an id that is not a SLURM job id or a bad user name.
     """
-    return join(["squeue", "-h", "-t", "all", "-j", ",".join(_slurm_job_ids(job_ids)), "-o", SQUEUE_FORMAT])
+    ids = _slurm_job_ids(job_ids)
+    if user is not None and len(ids) > IDS_ON_COMMAND_LINE:
+        owner = _names([user], _SLURM_NAME_RE, "SLURM user name")[0]
+        return join(["squeue", "-h", "-t", "all", f"--user={owner}", "-o", SQUEUE_FORMAT])
+    return join(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
 
 
 def sacct_states(job_ids: Sequence[str], starttime: str) -> str:

@@ -664,6 +664,9 @@ class SlurmHook(BaseHook):
     def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         """States of many jobs in at most two queries: squeue for live jobs, sacct for the rest.
 
+        Past :data:`~airflow_provider_tao_slurm.core.commands.IDS_ON_COMMAND_LINE` ids, squeue asks
+        for the connection user's jobs (filtered by the server) instead of listing the ids.
+
         Jobs neither command knows are absent from the result (the caller's grace window decides);
         a job that a failed query could not speak for is never reported absent.
 
@@ -673,7 +676,7 @@ class SlurmHook(BaseHook):
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return {}
-        squeue = self.run(commands.squeue_states(ids), what="squeue")
+        squeue = self.run(commands.squeue_states(ids, self.settings.user), what="squeue")
         rest = _needs_sacct(ids, squeue)
         sacct = self.run(commands.sacct_states(rest, since), what="sacct") if rest else None
         return _combine_poll(ids, squeue, sacct)
@@ -800,7 +803,7 @@ class SlurmHook(BaseHook):
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return {}
-        squeue = await self.a_run(commands.squeue_states(ids))
+        squeue = await self.a_run(commands.squeue_states(ids, (await self.a_settings()).user))
         rest = _needs_sacct(ids, squeue)
         sacct = await self.a_run(commands.sacct_states(rest, since)) if rest else None
         return _combine_poll(ids, squeue, sacct)
@@ -912,9 +915,10 @@ def _combine_poll(ids: Sequence[str], squeue: CommandResult, sacct: CommandResul
 
     :raises StatusQueryError: when some job was left unanswered (e.g. controller or accounting down).
     """
+    wanted = set(ids)
     live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
     finished = parse_sacct(sacct.stdout) if sacct is not None and sacct.rc == 0 else {}
-    states = merge_states(live, finished)
+    states = {job_id: state for job_id, state in merge_states(live, finished).items() if job_id in wanted}
     squeue_failed = squeue.rc != 0 and SQUEUE_UNKNOWN_JOB not in squeue.stderr
     failures = [f"squeue exited {squeue.rc}: {squeue.stderr.strip()[-300:]}"] if squeue_failed else []
     if sacct is not None and sacct.rc != 0:

@@ -521,6 +521,22 @@ def test_combined_poll_takes_live_states_from_squeue_and_final_ones_from_sacct()
     assert states["9"].raw_state == "CANCELLED by 1001"
 
 
+def test_a_user_filtered_answer_keeps_only_the_jobs_asked_for() -> None:
+    """At scale squeue lists all of the user's jobs: the poll answers for the watched ones only."""
+    states = _combine_poll(["8"], CommandResult(0, SQUEUE_RUNNING + SQUEUE_DONE, ""), None)
+    assert list(states) == ["8"]
+
+
+def test_many_ids_are_filtered_by_user_on_the_server_not_listed() -> None:
+    from airflow_provider_tao_slurm.core import commands
+
+    many = [str(1000 + i) for i in range(commands.IDS_ON_COMMAND_LINE + 1)]
+    assert commands.squeue_states(many, "alice") == "squeue -h -t all --user=alice -o '%i|%j|%T|%r|%N|%S|%e'"
+    few = many[: commands.IDS_ON_COMMAND_LINE]
+    assert commands.squeue_states(few, "alice").startswith(f"squeue -h -t all -j {','.join(few)} ")
+    assert "-j" in commands.squeue_states(many).split()  # no user, no filter: the ids are listed
+
+
 def test_controller_down_still_gives_accounting_states() -> None:
     states = _combine_poll(["8"], CommandResult(1, "", DOWN, "login1"), CommandResult(0, SACCT_DONE, "", "login1"))
     assert (states["8"].tao_state, states["8"].exit_code) == (TaoState.COMPLETE, 0)
