@@ -42,6 +42,7 @@ class ClusterEnv:
     limits_port: int
     skewed_port: int
     login_clock_skew: str
+    postgres_port: int
     black_hole_host: str
     black_hole_port: int
     closed_port: int

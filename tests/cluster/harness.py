@@ -151,6 +151,10 @@ BLACK_HOLE_HOST = "127.0.0.3"
 #: A login sshd with OpenSSH's default connection limits (``MaxStartups 10:30:100``, ``MaxSessions 10``).
 LIMITS_PORT = 22027
 DEFAULT_SSHD_LIMITS = ("10:30:100", "10")
+#: PostgreSQL for Airflow's metadata database in the high-availability tests (two triggerers need a real
+#: database server; SQLite serves one process). Loopback only, trust authentication, its own data directory.
+PG_PORT = 5433
+PG_DATA = STATE / "pgdata"
 #: A login sshd whose sessions see a clock :data:`LOGIN_CLOCK_SKEW` ahead (libfaketime, ``faketime`` package).
 SKEWED_PORT = 22028
 LOGIN_CLOCK_SKEW = "+10m"
@@ -174,6 +178,7 @@ PACKAGES = (
     "make",
     "libc6-dev",
     "faketime",
+    "postgresql",
 )
 READY_TIMEOUT = 30.0
 STOP_GRACE = 10.0
@@ -850,6 +855,77 @@ class Daemon:
     prepare: Callable[[], None] | None = None
 
 
+def postgres_bin(tool: str) -> str:
+    """A PostgreSQL server program (``initdb``, ``pg_ctl``) of the installed major version."""
+    found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{tool}"))
+    if not found:
+        fail(f"{tool} not found under /usr/lib/postgresql/*/bin: install the postgresql package")
+    return str(found[-1])
+
+
+def prepare_postgres() -> None:
+    """Create the PostgreSQL data directory once (trust authentication on loopback, owned by postgres)."""
+    for directory in (RUN / "postgres", LOG / "postgres"):
+        directory.mkdir(parents=True, exist_ok=True)
+        chown(directory, "postgres")
+    if (PG_DATA / "PG_VERSION").exists():
+        return
+    PG_DATA.mkdir(parents=True, exist_ok=True)
+    chown(PG_DATA, "postgres")
+    PG_DATA.chmod(0o700)
+    run(
+        [
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            postgres_bin("initdb"),
+            "-D",
+            str(PG_DATA),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        ],
+        timeout=120,
+    )
+    step(f"postgres: data directory {PG_DATA} created")
+
+
+def postgres_daemon() -> Daemon:
+    """PostgreSQL on 127.0.0.1:PG_PORT (``pg_ctl`` daemonizes it; its pid is the first line of postmaster.pid)."""
+    options = f"-p {PG_PORT} -c listen_addresses={HOST} -k {RUN / 'postgres'} -c max_connections=200"
+    return Daemon(
+        key="postgres",
+        comm="postgres",
+        pidfile=PG_DATA / "postmaster.pid",
+        argv=(
+            "runuser",
+            "-u",
+            "postgres",
+            "--",
+            postgres_bin("pg_ctl"),
+            "start",
+            "-w",
+            "-t",
+            "60",
+            "-D",
+            str(PG_DATA),
+            "-l",
+            str(LOG / "postgres" / "postgres.log"),
+            "-o",
+            options,
+        ),
+        configs=(),
+        logs=(LOG / "postgres" / "postgres.log",),
+        ready=lambda: port_open(PG_PORT),
+        ports=(PG_PORT,),
+        marker=str(PG_DATA),
+        prepare=prepare_postgres,
+    )
+
+
 def munge_works() -> bool:
     """Return True when a munge credential round-trips through munged."""
     cred = subprocess.run(["munge", "-n"], capture_output=True, timeout=10, check=False)
@@ -1012,6 +1088,7 @@ def daemons() -> dict[str, Daemon]:
         )
     )
     listed.append(login_cut_daemon())
+    listed.append(postgres_daemon())
     return {daemon.key: daemon for daemon in listed}
 
 
@@ -1425,6 +1502,7 @@ def cluster_env() -> dict[str, object]:
         "limits_port": LIMITS_PORT,
         "skewed_port": SKEWED_PORT,
         "login_clock_skew": LOGIN_CLOCK_SKEW,
+        "postgres_port": PG_PORT,
         "black_hole_host": BLACK_HOLE_HOST,
         "black_hole_port": SSH_PORT,
         "closed_port": closed_port(),
@@ -1503,6 +1581,7 @@ def cmd_up() -> int:
     check_logins()
     ensure_daemon(table["sshd-cut"])
     check_cut_login()
+    ensure_daemon(table["postgres"])
     step(f"up: cluster ready in {time.monotonic() - started:.1f} s")
     write_env()
     return 0

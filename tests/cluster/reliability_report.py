@@ -210,6 +210,12 @@ CATALOGUE: dict[str, list[Case]] = {
             "tests/cluster/test_airflow_ui.py::test_the_triggerer_killed_mid_job_and_a_new_one_finishes_it",
         ),
         case(
+            "two triggerers (Airflow's HA setup, on PostgreSQL): triggers spread, one connection per process, "
+            "one killed and its triggers moved to the other",
+            f"{FAULTS}/test_faults_ha_triggerers.py::"
+            "test_two_triggerers_share_the_sensors_and_one_takes_over_when_the_other_is_killed",
+        ),
+        case(
             "a black-holed login host (accepts TCP, never speaks) first in the host list",
             f"{NET}::test_black_holed_first_login_host_fails_over_within_conn_timeout",
             f"{NET}::test_black_hole_alone_fails_within_conn_timeout_naming_host_and_timeout",
