@@ -1,6 +1,6 @@
 # The two commands a newcomer runs (see README): `make demo` and `make test`.
 # Both work as root on a fresh Debian 12 machine with only Python installed: the harness
-# installs the SLURM, MariaDB, munge and OpenSSH packages it needs.
+# installs the SLURM, MariaDB, munge, OpenSSH, PostgreSQL and faketime packages it needs.
 
 PYTHON ?= python3
 VENV   := .venv
