@@ -498,7 +498,7 @@ def test_enroot_credentials_are_private_and_never_leak(
     path = "~/.config/enroot/.credentials"
     rc, backup, _ = ssh_run(f"cat {path}")
     caplog.set_level(logging.DEBUG)
-    for name in ("airflow", "paramiko", "asyncssh", "airflow_provider_tao_slurm"):
+    for name in ("airflow", "paramiko", "paramiko.transport", "asyncssh", "airflow_provider_tao_slurm"):
         caplog.set_level(logging.DEBUG, logger=name)
     sshd_logs = sorted(Path(cluster.state_dir, "log").glob("sshd*.log"))
     assert sshd_logs

@@ -120,6 +120,7 @@ def test_the_wheels_metadata_declares_its_dependencies_and_entry_point(installed
         "pyyaml",
         "paramiko",
         "asyncssh",
+        "asgiref",
     }
     assert all("<" in requirement for requirement in requires), "every dependency has an upper bound"
     assert "<8" in by_name["apache-airflow-providers-ssh"], "pinned below the next major: private SSHHook internals"
