@@ -24,8 +24,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from airflow_provider_tao_slurm.core.shell import join
-
 REPO = Path(__file__).resolve().parent.parent
 
 CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
@@ -50,6 +48,8 @@ CLUSTER = load_cluster()
 def _setup_airflow_env() -> None:
     home = tempfile.mkdtemp(prefix="tao-slurm-bench-airflow-")
     os.environ["AIRFLOW_HOME"] = home
+    # Known before Airflow is imported: Airflow keeps the DAGs folder it read at import time.
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = f"{home}/dags"
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
     os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")  # figures, not log lines, on stdout
     os.environ["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{home}/airflow.db"
@@ -84,6 +84,8 @@ def _setup_airflow_env() -> None:
 
 _setup_airflow_env()
 
+# Only now: the provider's modules import Airflow, which reads AIRFLOW_HOME once, at import.
+from airflow_provider_tao_slurm.core.shell import join  # noqa: E402
 
 # ---------------------------------------------------------------------------------------- cluster
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import tempfile
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -73,13 +72,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     image = _common.sqsh_image()
-    dags_dir = Path(tempfile.mkdtemp(prefix="tao-slurm-bench-dags-"))
+    dags_dir = Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])  # set by _common before Airflow was imported
+    dags_dir.mkdir(parents=True, exist_ok=True)
     (dags_dir / "bench_detect.py").write_text(
         DAG_FILE.format(
             dag_id=DAG_ID, conn_id=_common.SLURM_CONN_ID, image=image, seconds=JOB_SECONDS, poke=POKE_INTERVAL
         )
     )
-    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags_dir)
 
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.db import resetdb
