@@ -108,12 +108,12 @@ def test_poller_connection_dropped_mid_query(
     original = commands.squeue_states
     slow: dict[str, Any] = {"armed": False, "sent": None}
 
-    def squeue_states(job_ids: Any) -> str:
+    def squeue_states(job_ids: Any, user: str | None = None) -> str:
         if slow["armed"]:
             slow["armed"] = False
             slow["sent"].set()
-            return "sleep 3; " + original(job_ids)
-        return original(job_ids)
+            return "sleep 3; " + original(job_ids, user)
+        return original(job_ids, user)
 
     monkeypatch.setattr(commands, "squeue_states", squeue_states)
 
