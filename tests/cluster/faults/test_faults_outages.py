@@ -136,8 +136,10 @@ def accounting_answers(ssh_run: SshRun) -> bool:
 
 
 def settled_in_accounting(ssh_run: SshRun, jobs: dict[str, Watched]) -> bool:
-    """Whether sacct has every job's final state."""
-    return all(sacct_row(ssh_run, job.slurm_id)[0] == EXPECTED[name][1] for name, job in jobs.items())
+    """Whether sacct has every job's final state and end time (slurmctld may send the end record a moment
+    after the state, once slurmdbd is back)."""
+    rows = {name: sacct_row(ssh_run, job.slurm_id) for name, job in jobs.items()}
+    return all(row[0] == EXPECTED[name][1] and row[2] is not None for name, row in rows.items())
 
 
 def check_agreement(ssh_run: SshRun, dag_id: str, jobs: dict[str, Watched], stopped_at: float) -> list[str]:
