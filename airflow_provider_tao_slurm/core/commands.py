@@ -124,7 +124,13 @@ def sbatch_submit(script_path: str, *, parsable: bool = True, extra_args: Sequen
 
 
 def sbatch_submit_held(
-    script_path: str, *, log_dir: str, job_name: str, user: str, extra_args: Sequence[str] = ()
+    script_path: str,
+    *,
+    log_dir: str,
+    job_name: str,
+    user: str,
+    base: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> str:
     """Submit held, make sure it is the only live job of its name, create its log directory, release: one round trip.
 
@@ -145,6 +151,8 @@ def sbatch_submit_held(
     :param log_dir: absolute base log directory (``%x-%j`` lives under it).
     :param job_name: the job's SLURM name (``%x``), also passed as ``--job-name``.
     :param user: the SLURM user submitting (only that user's jobs of the name count).
+    :param base: the trusted results dir ``log_dir`` lies under: :func:`secure_dirs` checks the tree
+        before anything is submitted (default: ``log_dir``'s parent).
     :param extra_args: more sbatch options (e.g. ``--exclude=n2``), each starting with ``-``.
     """
     name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
@@ -152,38 +160,136 @@ def sbatch_submit_held(
     submit = sbatch_submit(script_path, extra_args=("--hold", f"--job-name={name}", *extra_args))
     same_name = join(["squeue", "-h", f"--name={name}", f"--user={owner}", "-o", "%i"])
     logs = _absolute(log_dir, "log dir")
+    root = base or posixpath.dirname(logs)
     return (
+        f"{secure_dirs(root, _chain(root, logs))}; "
         f"reply=$({submit}) || exit $?; "
         "id=$(printf '%s\\n' \"$reply\" | tail -n 1); id=${id%%;*}; "
         "case $id in ''|*[!0-9]*) printf '%s\\n' \"$reply\"; exit 3;; esac; "
         f"first=$({same_name} 2>/dev/null | sort -n | head -n 1); "
         "case $first in ''|*[!0-9]*) first=$id;; esac; "
         'if [ "$first" -lt "$id" ]; then scancel "$id"; echo "#concurrent $id $first"; '
-        f'mkdir -p -- {quote(logs)}/{quote(name)}-"$first" && {{ scontrol release "$first" 2>/dev/null || true; }}; '
+        f'd={quote(logs)}/{quote(name)}-"$first"; mkdir -p -- "$d" && _c "$d" && '
+        '{ scontrol release "$first" 2>/dev/null || true; }; '
         "rc=$?; printf '%s\\n' \"$first\"; exit $rc; fi; "
-        f'mkdir -p -- {quote(logs)}/{quote(name)}-"$id" && scontrol release "$id"; rc=$?; '
+        f'd={quote(logs)}/{quote(name)}-"$id"; _k=$id; mkdir -p -- "$d" && _c "$d" && scontrol release "$id"; rc=$?; '
         "printf '%s\\n' \"$reply\"; exit $rc"
     )
 
 
-def prepare_job_logs(log_dir: str, job_name: str, job_id: str) -> str:
-    """Create ``<log_dir>/<job_name>-<job_id>`` and release the job if it is still held (idempotent)."""
+def prepare_job_logs(log_dir: str, job_name: str, job_id: str, base: str | None = None) -> str:
+    """Create ``<log_dir>/<job_name>-<job_id>`` and release the job if it is still held (idempotent).
+
+    :param base: the trusted results dir (see :func:`sbatch_submit_held`).
+    """
     name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
     (jid,) = _slurm_job_ids([job_id])
-    directory = f"{_absolute(log_dir, 'log dir')}/{name}-{jid}"
-    return f"mkdir -p -- {quote(directory)} && {{ scontrol release {quote(jid)} 2>/dev/null || true; }}"
+    logs = _absolute(log_dir, "log dir")
+    directory = f"{logs}/{name}-{jid}"
+    root = base or posixpath.dirname(logs)
+    return (
+        f"{secure_dirs(root, _chain(root, directory))}; "
+        f"mkdir -p -- {quote(directory)} && {{ scontrol release {quote(jid)} 2>/dev/null || true; }}"
+    )
 
 
-def extract_tar(base: str) -> str:
+def extract_tar(base: str, members: Sequence[str] = (), directories: Sequence[str] = ()) -> str:
     """Unpack a tar archive read from stdin under ``base`` (modes kept, owner ours).
 
     The hook stages a job's files (spec, env, meta, script, the mode-600 secret sidecar, the
-    record) with one archive over stdin: one round trip, no content in argv.
+    record) with one archive over stdin: one round trip, no content in argv. Every directory the
+    archive writes into is first checked with :func:`secure_dirs`; tar itself replaces a file or
+    link already at a member's name (it never writes through it).
+
+    :param base: absolute directory the member names are relative to (the connection's results_dir).
+    :param members: the archive's member names (relative), so their directories can be checked.
+    :param directories: the archive's directory members (relative), checked themselves too.
     """
+    root = _absolute(base, "base dir")
+    dirs = {root}
+    for member, is_dir in [(m, False) for m in members] + [(d, True) for d in directories]:
+        parts = [part for part in member.split("/") if part]
+        if not parts or any(part in (".", "..") for part in parts):
+            raise ValidationError(f"staged file name {member!r} must be a relative path without '.' or '..'")
+        dirs.update(posixpath.join(root, *parts[:end]) for end in range(1, len(parts) + is_dir))
     return (
-        f"umask 077 && mkdir -p -- {quote(_absolute(base, 'base dir'))} && "
-        f"tar -x -p --no-same-owner --no-overwrite-dir -C {quote(base)} -f -"
+        f"umask 077; {secure_dirs(root, sorted(dirs))}; "
+        f"tar -x -p --no-same-owner --no-overwrite-dir -C {quote(root)} -f -"
     )
+
+
+#: Exit status of a command that :func:`secure_dirs` stopped (the hook raises ``StoragePathError``).
+UNSAFE_PATH_STATUS = 86
+#: stderr line of such a command: ``UNSAFE <path>: <reason>``.
+UNSAFE_PATH_RE = re.compile(r"^UNSAFE (/.*): ([a-z ]+)$", re.M)
+
+_GUARD = (
+    '_u() { printf \'UNSAFE %s: %s\\n\' "$1" "$2" >&2; [ -z "${_k:-}" ] || scancel "$_k"; exit '
+    + str(UNSAFE_PATH_STATUS)
+    + "; }; "
+    '_w() { case $(stat $1 -c %A -- "$2") in ?????w*|????????w*) _u "$2" \'is writable by other users\';; esac; }; '
+    '_b() { [ -d "$1" ] || mkdir -p -- "$1" 2>/dev/null || _u "$1" \'cannot be created\'; '
+    '[ -O "$1" ] || _u "$1" \'is owned by another user\'; _w -L "$1"; }; '
+    '_c() { for _p; do if [ -L "$_p" ]; then _u "$_p" \'is a symbolic link\'; elif [ -e "$_p" ]; then '
+    '[ -d "$_p" ] || _u "$_p" \'is not a directory\'; [ -O "$_p" ] || _u "$_p" \'is owned by another user\'; '
+    '_w "" "$_p"; fi; done; }'
+)
+
+
+def trusted_base(path: str, results_dir: str | None) -> str:
+    """The directory whose tree :func:`secure_dirs` checks for ``path``: the results dir when ``path`` lies under it.
+
+    :param path: absolute path about to be written.
+    :param results_dir: the connection's shared base directory, if any.
+    :returns: ``results_dir`` (normalised) for a path under it, else the path's own directory.
+    """
+    target = posixpath.normpath(_absolute(path))
+    if results_dir:
+        root = posixpath.normpath(_absolute(results_dir, "results_dir"))
+        if target == root or target.startswith(f"{root}/"):
+            return root
+    return posixpath.dirname(target) or "/"
+
+
+def secure_dirs(base: str, directories: Sequence[str]) -> str:
+    """Shell that stops (exit :data:`UNSAFE_PATH_STATUS`) where another user could plant files we are about to write.
+
+    On shared storage another user who can write into our tree can plant a symbolic link (the
+    secret sidecar written through it into their file, or over one of ours) or a file of their
+    own (a forged record or script). So before anything is written, ``base`` (created when
+    missing; it may itself be a link, its target is checked) and each of ``directories`` that
+    exists must be a directory owned by us that neither group nor others can write; the others
+    must not be links. A directory that does not exist yet is safe: its nearest existing parent
+    was checked, so only we can create it. The refusal prints ``UNSAFE <path>: <reason>`` on stderr.
+
+    :param base: absolute trusted root (the results dir).
+    :param directories: absolute directories under ``base``, parents before children.
+    :returns: shell text ending in ``;``-joinable form; follow it with ``;`` and the write.
+    :raises ValidationError: for a relative path or a directory outside ``base``.
+    """
+    root = posixpath.normpath(_absolute(base, "base dir"))
+    below = []
+    for directory in directories:
+        path = posixpath.normpath(_absolute(directory, "directory"))
+        if path == root:
+            continue
+        if not path.startswith(f"{root}/"):
+            raise ValidationError(f"directory {directory!r} is outside the trusted base {root!r}")
+        below.append(path)
+    below.sort(key=lambda d: d.count("/"))
+    checks = f"; _c {join(below)}" if below else ""
+    return f"{_GUARD}; _b {quote(root)}{checks}"
+
+
+def _chain(base: str, directory: str) -> list[str]:
+    """``directory`` and each of its parents below ``base``, parents first."""
+    root = posixpath.normpath(_absolute(base, "base dir"))
+    path = posixpath.normpath(_absolute(directory, "directory"))
+    chain = []
+    while path.startswith(f"{root}/"):
+        chain.append(path)
+        path = posixpath.dirname(path)
+    return chain[::-1]
 
 
 #: Above this many job ids, squeue asks for all of the user's jobs (filtered by the server) instead of
@@ -320,7 +426,7 @@ def sinfo_partitions() -> str:
     return join(["sinfo", "-h", "-o", "%P|%l"])
 
 
-def sinfo_partitions_cached(cache_path: str | None, max_age_s: int) -> str:
+def sinfo_partitions_cached(cache_path: str | None, max_age_s: int, base: str | None = None) -> str:
     """:func:`sinfo_partitions`, run at most once per ``max_age_s`` for every worker of a cluster.
 
     The answer is kept in ``cache_path`` on shared storage; a fresh enough copy is printed instead of
@@ -329,20 +435,29 @@ def sinfo_partitions_cached(cache_path: str | None, max_age_s: int) -> str:
     stale. A failed sinfo exits with its status and is never cached; a cache that cannot be written
     is simply not kept.
 
+    The cache's directory tree is checked with :func:`secure_dirs` first (a planted link there
+    would be written through, a planted file read as sinfo's answer), and the new copy is written
+    to a fresh private temp file, then renamed into place.
+
     :param cache_path: absolute path of the cache file, or None to always ask sinfo.
     :param max_age_s: how long a cached answer is used.
+    :param base: the trusted results dir the cache lies under (default: the cache's directory).
     """
     if cache_path is None:
         return sinfo_partitions()
     path = quote(_absolute(cache_path, "cache path"))
     age = _count(max_age_s, "max_age_s", 1)
     directory = posixpath.dirname(cache_path)
+    root = base or directory
     return (
-        f'f={path}; a=-1; if [ -s "$f" ]; then {storage_now(directory)}; a=$((now - $(stat -c %Y -- "$f"))); fi; '
+        f"{secure_dirs(root, _chain(root, directory))}; "
+        f'f={path}; a=-1; if [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ] && [ -s "$f" ]; then '
+        f"{storage_now(directory)}; "
+        'a=$((now - $(stat -c %Y -- "$f"))); fi; '
         f'if [ "$a" -ge 0 ] && [ "$a" -lt {age} ]; then cat -- "$f"; '
         f"else out=$({sinfo_partitions()}) || exit $?; printf '%s\\n' \"$out\"; "
-        f'{{ mkdir -p -- {quote(directory)} && printf \'%s\\n\' "$out" > "$f.$$" && '
-        'mv -f -- "$f.$$" "$f"; } 2>/dev/null || rm -f -- "$f.$$"; fi'
+        f'{{ mkdir -p -m 700 -- {quote(directory)} && t=$(mktemp "$f.XXXXXX") && printf \'%s\\n\' "$out" > "$t" && '
+        'mv -f -- "$t" "$f"; } 2>/dev/null || rm -f -- "$t"; fi'
     )
 
 
@@ -493,14 +608,18 @@ def mkdirs(paths: Sequence[str], mode: str | None = "700") -> str:
     return join(["mkdir", "-p", *([] if mode is None else ["-m", _mode(mode)]), "--", *dirs])
 
 
-def write_file_from_stdin(path: str, mode: str = "600") -> str:
+def write_file_from_stdin(path: str, mode: str = "600", base: str | None = None) -> str:
     """Write stdin to ``path`` atomically: a private temp file in the same directory, then a rename.
 
     The content never appears in the command line. Missing parent directories are created
     (mode 700). On any failure the temp file is removed and ``path`` is left as it was.
 
+    The directories from ``base`` down to the file's are checked with :func:`secure_dirs` first;
+    the rename replaces a link at ``path`` rather than writing through it.
+
     :param path: absolute destination path.
     :param mode: octal mode of the written file.
+    :param base: the trusted results dir ``path`` lies under (default: the file's directory).
     :returns: the command line; the hook sends the content on stdin.
     :raises ValidationError: for a relative path, a path ending in ``/`` or a bad mode.
     """
@@ -508,8 +627,10 @@ def write_file_from_stdin(path: str, mode: str = "600") -> str:
     if not name:
         raise ValidationError(f"file path {path!r} ends with '/'; name the file to write")
     temp = posixpath.join(parent, f".{name}.XXXXXX")
+    root = base or parent
     return (
-        f"umask 077 && mkdir -p -- {quote(parent)} && t=$(mktemp {quote(temp)}) && "
+        f"umask 077; {secure_dirs(root, _chain(root, parent))}; "
+        f"mkdir -p -- {quote(parent)} && t=$(mktemp {quote(temp)}) && "
         f'{{ cat > "$t" && chmod {_mode(mode)} "$t" && mv -f -- "$t" {quote(path)} || '
         '{ rm -f -- "$t"; false; }; }'
     )

@@ -65,6 +65,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SlurmAuthenticationError,
     SlurmConnectionError,
     StatusQueryError,
+    StoragePathError,
     SubmissionError,
 )
 
@@ -422,9 +423,11 @@ class SlurmHook(BaseHook):
         :param check: raise :class:`RemoteCommandError` on a non-zero exit status.
         :param what: a short description used in errors.
         :raises ConnectionLostError: when the connection dropped after the command was sent.
+        :raises StoragePathError: when the command refused to write into a directory another user
+            could plant files in (:func:`~airflow_provider_tao_slurm.core.commands.secure_dirs`), whatever ``check``.
         """
         rc, out, err, host = self._run_bytes(command, stdin, timeout)
-        result = CommandResult(rc, out.decode("utf-8", "replace"), redact_text(err.decode("utf-8", "replace")), host)
+        result = _result(rc, out, err, host)
         if check and rc != 0:
             raise RemoteCommandError(
                 f"{what} failed on {host} with exit status {rc}: {result.stderr.strip()[-2000:]}",
@@ -455,7 +458,8 @@ class SlurmHook(BaseHook):
 
     def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
         """Write ``data`` to ``path`` atomically (temp file + rename) with ``mode``; content goes over stdin."""
-        self.run(commands.write_file_from_stdin(path, mode), stdin=data, check=True, what=f"writing {path}")
+        base = commands.trusted_base(path, self.settings.results_dir)
+        self.run(commands.write_file_from_stdin(path, mode, base), stdin=data, check=True, what=f"writing {path}")
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         """Read at most ``max_bytes`` of a remote text file; None when it does not exist."""
@@ -509,7 +513,16 @@ class SlurmHook(BaseHook):
                 else:
                     info.size = len(content)
                     archive.addfile(info, io.BytesIO(content))
-        self.run(commands.extract_tar(base), stdin=buffer.getvalue(), check=True, what=f"staging files under {base}")
+        self.run(
+            commands.extract_tar(
+                base,
+                [name for name, (content, _mode) in files.items() if content is not None],
+                [name for name, (content, _mode) in files.items() if content is None],
+            ),
+            stdin=buffer.getvalue(),
+            check=True,
+            what=f"staging files under {base}",
+        )
 
     def submit(
         self,
@@ -533,7 +546,12 @@ class SlurmHook(BaseHook):
         :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
         """
         command = commands.sbatch_submit_held(
-            script_path, log_dir=log_dir, job_name=job_name, user=self.settings.user, extra_args=extra_args
+            script_path,
+            log_dir=log_dir,
+            job_name=job_name,
+            user=self.settings.user,
+            base=commands.trusted_base(log_dir, self.settings.results_dir),
+            extra_args=extra_args,
         )
         job_id = self._sbatch(command, script_path)
         if job_id is not None:
@@ -548,8 +566,19 @@ class SlurmHook(BaseHook):
                     f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
                 )
             return found
-        self.run(commands.prepare_job_logs(log_dir, job_name, found), check=True, what="releasing the adopted job")
+        self.prepare_job_logs(log_dir, job_name, found)
         return found
+
+    def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
+        """Create the log directory ``<log_dir>/<job_name>-<job_id>`` of an adopted job and release it if held.
+
+        :raises StoragePathError: when another user could plant files in the log tree.
+        :raises RemoteCommandError: when that failed.
+        """
+        base = commands.trusted_base(log_dir, self.settings.results_dir)
+        self.run(
+            commands.prepare_job_logs(log_dir, job_name, job_id, base), check=True, what="releasing the adopted job"
+        )
 
     def _sbatch(self, command: str, script_path: str) -> str | None:
         try:
@@ -705,7 +734,8 @@ class SlurmHook(BaseHook):
         base = self.settings.results_dir
         cache = f"{base}/.tao-slurm/partitions" if base else None
         result = self.run(
-            commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S), what="reading the partitions"
+            commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S, base),
+            what="reading the partitions",
         )
         if result.rc != 0:
             raise RemoteCommandError(
@@ -764,7 +794,7 @@ class SlurmHook(BaseHook):
             never sent again: it may have taken effect).
         """
         rc, out, err, host = await self._a_run_bytes(command, stdin, timeout)
-        return CommandResult(rc, out.decode("utf-8", "replace"), redact_text(err.decode("utf-8", "replace")), host)
+        return _result(rc, out, err, host)
 
     async def _a_run_bytes(
         self, command: str, stdin: bytes | None, timeout: float | None
@@ -837,7 +867,8 @@ class SlurmHook(BaseHook):
 
         :raises RemoteCommandError: when the write failed.
         """
-        result = await self.a_run(commands.write_file_from_stdin(path, mode), stdin=data)
+        base = commands.trusted_base(path, (await self.a_settings()).results_dir)
+        result = await self.a_run(commands.write_file_from_stdin(path, mode, base), stdin=data)
         if result.rc != 0:
             raise RemoteCommandError(
                 f"writing {path} failed on {result.host} with exit status {result.rc}: {result.stderr.strip()[-2000:]}",
@@ -847,6 +878,25 @@ class SlurmHook(BaseHook):
 
 
 # ---------------------------------------------------------------------- helpers shared by both sides
+
+
+def _result(rc: int, out: bytes, err: bytes, host: str) -> CommandResult:
+    """A command's result, its stderr redacted.
+
+    :raises StoragePathError: for a command that :func:`~airflow_provider_tao_slurm.core.commands.secure_dirs`
+        stopped: nothing was written (or submitted) after the check.
+    """
+    stderr = redact_text(err.decode("utf-8", "replace"))
+    unsafe = commands.UNSAFE_PATH_RE.search(stderr) if rc == commands.UNSAFE_PATH_STATUS else None
+    if unsafe is not None:
+        path, reason = unsafe.groups()
+        raise StoragePathError(
+            f"{path} {reason} on {host}, so another user could plant links or files where this task writes "
+            "(secrets, records, scripts); nothing was written or submitted. Make every directory from results_dir "
+            f"down yours and writable by you only (e.g. chmod go-w -- {shlex.quote(path)}, or remove a planted "
+            "link), or set the connection's results_dir to a directory only you can write"
+        )
+    return CommandResult(rc, out.decode("utf-8", "replace"), stderr, host)
 
 
 def _utf8_complete(data: bytes) -> int:

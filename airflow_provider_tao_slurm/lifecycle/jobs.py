@@ -181,9 +181,7 @@ class JobLifecycle:
         if not ids:
             return None
         self.log.info("Adopting SLURM job %s (%s) submitted by an earlier try", ids[0], job_name)
-        self.hook.run(
-            commands.prepare_job_logs(log_dir, job_name, ids[0]), check=True, what="releasing the adopted job"
-        )
+        self.hook.prepare_job_logs(log_dir, job_name, ids[0])
         return ids[0]
 
     def submit_once(

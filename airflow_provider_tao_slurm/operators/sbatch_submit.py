@@ -510,6 +510,7 @@ def _job_files(
 
     files: dict[str, tuple[bytes | None, int]] = {
         rel(layout.results_dir): (None, 0o755),
+        rel(layout.log_dir): (None, 0o755),  # so the log tree is checked before anything is written
         rel(layout.spec_path): (spec_text.encode(), 0o644),
         rel(layout.env_path): (env_text.encode(), 0o644),
         rel(layout.script_path): (script.encode(), 0o700),

@@ -258,6 +258,22 @@ CATALOGUE: dict[str, list[Case]] = {
             ),
         ),
         case(
+            "shared-storage attacks: links, directories and files another user planted in the results tree "
+            "(jobs/, the staging target, the sidecar's name, logs/, records/, the partition cache), or a tree "
+            "left open to others",
+            f"{SECURITY}/test_security_shared_storage.py::"
+            "test_a_plant_in_the_results_tree_stops_the_submit_before_anything_is_written",
+            f"{SECURITY}/test_security_shared_storage.py::"
+            "test_a_link_left_at_the_sidecars_name_is_replaced_not_written_through",
+            Ref(
+                "tests/unit/core/test_commands.py::test_a_planted_link_or_dir_stops_every_writer_before_it_writes",
+                "Unit, real sh and bash as root with the plants given to nobody: ten plants (open, group-writable "
+                "or foreign base, links, sticky dirs, a file for a dir, a deep link) against every writer (file "
+                "write, staging, held submit, log dir, partition cache): exit 86 naming the path, nothing written "
+                "through, nothing submitted (a link at the job-id-named log dir cancels the held job).",
+            ),
+        ),
+        case(
             "hostile job output: ANSI escapes, fake Airflow log lines, carriage returns, invalid UTF-8, NUL, "
             "a 1 GB flood; a restarted triggerer",
             f"{LIVE}::test_hostile_and_flooding_output_stays_bounded_readable_and_unforgeable",

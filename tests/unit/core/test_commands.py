@@ -159,12 +159,31 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
         'i=0; for x in sbatch enroot; do if command -v "$x" >/dev/null 2>&1; then echo "OK $i"; '
         'else echo "MISSING $i"; fi; i=$((i+1)); done',
     ),
+    (
+        "write-file-under-base",
+        lambda: commands.write_file_from_stdin("/r/jobs/j/env", "640", base="/r"),
+        f"umask 077; {commands.secure_dirs('/r', ['/r/jobs', '/r/jobs/j'])}; mkdir -p -- /r/jobs/j && "
+        "t=$(mktemp /r/jobs/j/.env.XXXXXX) && "
+        '{ cat > "$t" && chmod 640 "$t" && mv -f -- "$t" /r/jobs/j/env || { rm -f -- "$t"; false; }; }',
+    ),
+    (
+        "secure-dirs",
+        lambda: commands.secure_dirs("/r", ["/r/logs/a b", "/r/logs"]),
+        '_u() { printf \'UNSAFE %s: %s\\n\' "$1" "$2" >&2; [ -z "${_k:-}" ] || scancel "$_k"; exit 86; }; '
+        '_w() { case $(stat $1 -c %A -- "$2") in ?????w*|????????w*) _u "$2" \'is writable by other users\';; esac; }; '
+        '_b() { [ -d "$1" ] || mkdir -p -- "$1" 2>/dev/null || _u "$1" \'cannot be created\'; '
+        '[ -O "$1" ] || _u "$1" \'is owned by another user\'; _w -L "$1"; }; '
+        '_c() { for _p; do if [ -L "$_p" ]; then _u "$_p" \'is a symbolic link\'; elif [ -e "$_p" ]; then '
+        '[ -d "$_p" ] || _u "$_p" \'is not a directory\'; [ -O "$_p" ] || _u "$_p" \'is owned by another user\'; '
+        '_w "" "$_p"; fi; done; }; _b /r; _c /r/logs \'/r/logs/a b\'',
+    ),
     ("mkdirs", lambda: commands.mkdirs(["/r/jobs/j", "/r/logs"]), "mkdir -p -m 700 -- /r/jobs/j /r/logs"),
     ("mkdirs-umask", lambda: commands.mkdirs(["/r"], mode=None), "mkdir -p -- /r"),
     (
         "write-file",
         lambda: commands.write_file_from_stdin("/r/jobs/j/env", "640"),
-        "umask 077 && mkdir -p -- /r/jobs/j && t=$(mktemp /r/jobs/j/.env.XXXXXX) && "
+        f"umask 077; {commands.secure_dirs('/r/jobs/j', [])}; mkdir -p -- /r/jobs/j && "
+        "t=$(mktemp /r/jobs/j/.env.XXXXXX) && "
         '{ cat > "$t" && chmod 640 "$t" && mv -f -- "$t" /r/jobs/j/env || { rm -f -- "$t"; false; }; }',
     ),
     (
@@ -858,14 +877,20 @@ def test_extract_tar_keeps_modes(tmp_path: Path) -> None:
             info.mode = mode
             archive.addfile(info, io.BytesIO(b"abc"))
     base = tmp_path / "base dir"
-    result = run_shell("bash", commands.extract_tar(str(base)), tmp_path, stdin=buffer.getvalue())
+    result = run_shell(
+        "bash",
+        commands.extract_tar(str(base), ["jobs/j1/.secrets.env", "jobs/j1/specs/spec.yaml"]),
+        tmp_path,
+        stdin=buffer.getvalue(),
+    )
     assert result.returncode == 0, result.stderr
     assert (base / "jobs/j1/.secrets.env").stat().st_mode & 0o777 == 0o600
     assert (base / "jobs/j1/specs/spec.yaml").read_bytes() == b"abc"
 
 
 def test_prepare_job_logs() -> None:
-    assert commands.prepare_job_logs("/l/logs", "tao-x", "12") == (
+    assert commands.prepare_job_logs("/l/logs", "tao-x", "12", base="/l") == (
+        f"{commands.secure_dirs('/l', ['/l/logs', '/l/logs/tao-x-12'])}; "
         "mkdir -p -- /l/logs/tao-x-12 && { scontrol release 12 2>/dev/null || true; }"
     )
 
@@ -1187,3 +1212,290 @@ def test_parse_node_states_rejects_bad_lines(stdout: str) -> None:
 )
 def test_node_row_usable(state: str, usable: bool) -> None:
     assert commands.NodeRow("n1", "polar", state).usable is usable
+
+
+# ---------------------------------------------------------------------- shared storage: planted links and files
+#
+# Another user of a shared file system plants links or directories in our results tree; every writer
+# must stop before writing (exit 86, ``UNSAFE <path>: <reason>``), write nothing through the plant and
+# submit nothing. Ownership needs root to arrange (files are given to ``nobody``), as in CI.
+
+NOBODY = 65534
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="planting files of another user needs root")
+
+
+def _give_away(path: Path) -> None:
+    os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+
+
+def _plant_world_writable_base(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    base.chmod(0o1777)
+    return base, "is writable by other users"
+
+
+def _plant_group_writable_base(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    base.chmod(0o775)
+    return base, "is writable by other users"
+
+
+def _plant_base_of_another_user(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    _give_away(base)
+    return base, "is owned by another user"
+
+
+def _plant_base_linked_to_another_users_dir(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    base.rmdir()
+    base.symlink_to(other)
+    return base, "is owned by another user"
+
+
+def _plant_dir_link(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    (base / "d").symlink_to(other)
+    _give_away(base / "d")
+    return base / "d", "is a symbolic link"
+
+
+def _plant_dir_link_to_our_own_dir(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    ours = base.parent / "ours"
+    ours.mkdir(mode=0o700)
+    (base / "d").symlink_to(ours)
+    return base / "d", "is a symbolic link"
+
+
+def _plant_sticky_shared_dir(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    (base / "d").mkdir()
+    (base / "d").chmod(0o1777)
+    return base / "d", "is writable by other users"
+
+
+def _plant_dir_of_another_user(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    (base / "d").mkdir(mode=0o755)
+    _give_away(base / "d")
+    return base / "d", "is owned by another user"
+
+
+def _plant_file_for_dir(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    (base / "d").write_text("not a directory")
+    return base / "d", "is not a directory"
+
+
+def _plant_deep_link(base: Path, other: Path, leaf: str) -> tuple[Path, str]:
+    (base / "d").mkdir(mode=0o700)
+    (base / leaf).symlink_to(other)
+    return base / leaf, "is a symbolic link"
+
+
+PLANTS: dict[str, Callable[[Path, Path, str], tuple[Path, str]]] = {
+    "base-world-writable": _plant_world_writable_base,
+    "base-group-writable": _plant_group_writable_base,
+    "base-of-another-user": _plant_base_of_another_user,
+    "base-linked-to-another-users-dir": _plant_base_linked_to_another_users_dir,
+    "dir-link": _plant_dir_link,
+    "dir-link-to-our-own-dir": _plant_dir_link_to_our_own_dir,
+    "sticky-shared-dir": _plant_sticky_shared_dir,
+    "dir-of-another-user": _plant_dir_of_another_user,
+    "file-instead-of-dir": _plant_file_for_dir,
+    "deep-link": _plant_deep_link,
+}
+
+
+def _staging_archive(member: str, content: bytes) -> bytes:
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        info = tarfile.TarInfo(member)
+        info.size = len(content)
+        info.mode = 0o600
+        archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+#: Each writer of the results tree, writing under ``<base>/d/j1``: (command, stdin, file it writes).
+WRITERS: dict[str, Callable[[Path], tuple[str, bytes, str]]] = {
+    "write-file": lambda base: (
+        commands.write_file_from_stdin(f"{base}/d/j1/.secrets.env", "600", base=str(base)),
+        b"export TOKEN=s3cret\n",
+        "d/j1/.secrets.env",
+    ),
+    "stage-files": lambda base: (
+        commands.extract_tar(str(base), ["d/j1/.secrets.env"]),
+        _staging_archive("d/j1/.secrets.env", b"export TOKEN=s3cret\n"),
+        "d/j1/.secrets.env",
+    ),
+    "submit-held": lambda base: (
+        commands.sbatch_submit_held("/l/j.sbatch", log_dir=f"{base}/d", job_name="j1", user="u", base=str(base)),
+        b"",
+        "d/j1-42",
+    ),
+    "prepare-job-logs": lambda base: (
+        commands.prepare_job_logs(f"{base}/d", "j1", "42", base=str(base)),
+        b"",
+        "d/j1-42",
+    ),
+    "partition-cache": lambda base: (
+        commands.sinfo_partitions_cached(f"{base}/d/j1/partitions", 600, base=str(base)),
+        b"",
+        "d/j1/partitions",
+    ),
+}
+
+
+#: Writers whose written path is the job's log directory itself (the others write a file).
+LOG_DIR_WRITERS = ("submit-held", "prepare-job-logs")
+
+
+@pytest.fixture
+def shared(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """``results`` (ours, 755), another user's world-writable directory, and SLURM stand-ins logging to ``calls``."""
+    base = tmp_path / "results"
+    base.mkdir(mode=0o755)
+    other = tmp_path / "other"
+    other.mkdir()
+    other.chmod(0o777)
+    _give_away(other)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    for tool in ("sbatch", "scontrol", "scancel", "sinfo"):
+        _tool(bin_dir, tool, f"printf '{tool} %s\\n' \"$*\" >> {calls}; echo 42")
+    _tool(bin_dir, "squeue", "echo 42")
+    return base, other, {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+@as_root
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize("plant", list(PLANTS))
+def test_a_planted_link_or_dir_stops_every_writer_before_it_writes(
+    shell: str, writer: str, plant: str, shared: tuple[Path, Path, dict[str, str]]
+) -> None:
+    base, other, env = shared
+    command, stdin, written = WRITERS[writer](base)
+    leaf = written if writer in LOG_DIR_WRITERS else written.rsplit("/", 1)[0]
+    unsafe, reason = PLANTS[plant](base, other, leaf)
+
+    result = run_shell(shell, command, base.parent, stdin=stdin, env=env)
+
+    assert result.returncode == commands.UNSAFE_PATH_STATUS, result.stderr
+    assert result.stderr.decode().splitlines() == [f"UNSAFE {unsafe}: {reason}"]
+    assert commands.UNSAFE_PATH_RE.search(result.stderr.decode()) is not None
+    assert list(other.iterdir()) == []  # nothing written through a link into the other user's directory
+    calls = base.parent / "calls"
+    if (writer, plant) == ("submit-held", "deep-link"):  # the log dir is named after the job id: known only
+        assert calls.read_text().splitlines() == [  # once submitted (held), so the held job is cancelled
+            "sbatch --parsable --hold --job-name=j1 /l/j.sbatch",
+            "scancel 42",
+        ]
+    else:
+        assert not calls.exists()  # nothing submitted, released or asked
+
+
+@as_root
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("writer", list(WRITERS))
+@pytest.mark.parametrize("base_is_our_link", [False, True], ids=["base-dir", "base-linked-to-our-dir"])
+def test_a_private_tree_is_written(
+    shell: str, writer: str, base_is_our_link: bool, shared: tuple[Path, Path, dict[str, str]]
+) -> None:
+    """The checks pass on a tree only we can write (a results_dir that is itself a link is fine)."""
+    base, _other, env = shared
+    if base_is_our_link:
+        target = base.parent / "real-results"
+        base.rename(target)
+        base.symlink_to(target)
+    command, stdin, written = WRITERS[writer](base)
+
+    result = run_shell(shell, command, base.parent, stdin=stdin, env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert (base / written).exists()
+
+
+@as_root
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("writer", ["write-file", "stage-files"])
+def test_a_leftover_link_at_the_file_name_is_replaced_not_followed(
+    shell: str, writer: str, shared: tuple[Path, Path, dict[str, str]]
+) -> None:
+    """A link another user left at the very name (from a time the tree was open) is replaced by our file."""
+    base, other, env = shared
+    victim = other / "victim"
+    victim.write_text("theirs")
+    _give_away(victim)
+    (base / "d" / "j1").mkdir(parents=True, mode=0o700)
+    planted = base / "d" / "j1" / ".secrets.env"
+    planted.symlink_to(victim)
+    _give_away(planted)
+    command, stdin, _written = WRITERS[writer](base)
+
+    result = run_shell(shell, command, base.parent, stdin=stdin, env=env)
+
+    assert result.returncode == 0, result.stderr
+    assert victim.read_text() == "theirs"
+    assert not planted.is_symlink()
+    assert planted.read_bytes() == b"export TOKEN=s3cret\n"
+    assert stat.S_IMODE(planted.stat().st_mode) == 0o600
+    assert planted.stat().st_uid == os.geteuid()
+
+
+@as_root
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_planted_partition_cache_is_not_read(shell: str, shared: tuple[Path, Path, dict[str, str]]) -> None:
+    """A cache file that is a link (or not a regular file) is ignored: sinfo is asked and a real file written."""
+    base, other, env = shared
+    forged = other / "forged"
+    forged.write_text("evil*|infinite\n")
+    (base / "c").mkdir(mode=0o700)
+    (base / "c" / "partitions").symlink_to(forged)
+
+    result = run_shell(
+        shell, commands.sinfo_partitions_cached(f"{base}/c/partitions", 600, base=str(base)), base.parent, env=env
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"42\n"
+    assert forged.read_text() == "evil*|infinite\n"
+    assert not (base / "c" / "partitions").is_symlink()
+
+
+@pytest.mark.parametrize(
+    ("path", "results_dir", "expected"),
+    [
+        ("/r/jobs/j/env", "/r", "/r"),
+        ("/r/jobs/j/env", "/r/", "/r"),
+        ("/r", "/r", "/r"),
+        ("/rx/jobs/j/env", "/r", "/rx/jobs/j"),
+        ("/elsewhere/f", "/r", "/elsewhere"),
+        ("/r/jobs/j/env", None, "/r/jobs/j"),
+        ("/f", None, "/"),
+    ],
+)
+def test_trusted_base(path: str, results_dir: str | None, expected: str) -> None:
+    assert commands.trusted_base(path, results_dir) == expected
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: commands.secure_dirs("/r", ["/other/x"]),
+        lambda: commands.secure_dirs("r", []),
+        lambda: commands.extract_tar("/r", ["../escape"]),
+        lambda: commands.extract_tar("/r", ["a/./b"]),
+        lambda: commands.extract_tar("/r", [""]),
+    ],
+    ids=["outside-base", "relative-base", "dotdot-member", "dot-member", "empty-member"],
+)
+def test_shared_storage_guard_rejects(build: Callable[[], str]) -> None:
+    with pytest.raises(ValidationError):
+        build()
+
+
+def test_extract_tar_checks_the_directories_of_files_and_directory_members() -> None:
+    """Parents of every member and every directory member, parents before children, then tar."""
+    command = commands.extract_tar("/r", ["jobs/j/env", "records/j.json"], ["logs", "results/j"])
+    assert command.endswith(
+        "_b /r; _c /r/jobs /r/logs /r/records /r/results /r/jobs/j /r/results/j; "
+        "tar -x -p --no-same-owner --no-overwrite-dir -C /r -f -"
+    )

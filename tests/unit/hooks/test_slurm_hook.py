@@ -17,6 +17,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
@@ -28,6 +29,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SlurmAuthenticationError,
     SlurmConnectionError,
     StatusQueryError,
+    StoragePathError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import (
     CommandResult,
@@ -823,3 +825,65 @@ def test_a_failed_async_write_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(RemoteCommandError, match="Disk quota exceeded") as caught:
         asyncio.run(hook.a_write_file("/lustre/u/records/r.json", b"x"))
     assert caught.value.rc == 1
+
+
+# ---------------------------------------------------------------------- shared storage refusals
+
+UNSAFE = b"UNSAFE /lustre/u/records: is a symbolic link\n"
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_command_the_storage_guard_stopped_raises_naming_the_path_and_the_fix(
+    monkeypatch: pytest.MonkeyPatch, side: str
+) -> None:
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    answer = (commands.UNSAFE_PATH_STATUS, b"", UNSAFE, "login1")
+    monkeypatch.setattr(hook, "_run_bytes", lambda *_: answer)
+
+    async def a_run_bytes(*_: Any) -> tuple[int, bytes, bytes, str]:
+        return answer
+
+    monkeypatch.setattr(hook, "_a_run_bytes", a_run_bytes)
+
+    def write() -> None:
+        if side == "sync":
+            hook.write_file("/lustre/u/records/r.json", b"{}")
+        else:
+            asyncio.run(hook.a_write_file("/lustre/u/records/r.json", b"{}"))
+
+    with pytest.raises(StoragePathError) as caught:
+        write()
+    message = str(caught.value)
+    assert "/lustre/u/records is a symbolic link on login1" in message
+    assert "nothing was written or submitted" in message
+    assert "results_dir" in message
+
+
+def test_exit_86_without_the_guards_line_is_an_ordinary_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    monkeypatch.setattr(hook, "_run_bytes", lambda *_: (commands.UNSAFE_PATH_STATUS, b"", b"UNSAFE x\n", "login1"))
+
+    assert hook.run("true").rc == commands.UNSAFE_PATH_STATUS
+
+
+@pytest.mark.parametrize(
+    ("call", "checked"),
+    [
+        (lambda hook: hook.write_file("/lustre/u/nccl/c.json", b"{}"), "_b /lustre/u; _c /lustre/u/nccl;"),
+        (lambda hook: hook.stage_files("/lustre/u", {"jobs/j/env": (b"{}", 0o600)}), "_b /lustre/u; _c /lustre/u/jobs"),
+        (lambda hook: hook.prepare_job_logs("/lustre/u/logs", "j", "12"), "_c /lustre/u/logs /lustre/u/logs/j-12;"),
+        (lambda hook: hook.partition_limits(), "_c /lustre/u/.tao-slurm;"),
+    ],
+    ids=["write-file", "stage-files", "prepare-job-logs", "partition-cache"],
+)
+def test_writers_check_the_tree_from_the_connections_results_dir(
+    monkeypatch: pytest.MonkeyPatch, call: Any, checked: str
+) -> None:
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    recorder = Recorder(CommandResult(0, "", "", "login1"))
+    monkeypatch.setattr(hook, "run", recorder)
+
+    call(hook)
+
+    ((command, _stdin),) = recorder.commands
+    assert checked in command

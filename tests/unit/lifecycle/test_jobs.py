@@ -84,6 +84,7 @@ class FakeHook:
         self.submits: list[tuple[str, str, str, tuple[str, ...]]] = []
         self.submit_error: Exception | None = None
         self.cancels: list[tuple[list[str], str | None]] = []
+        self.released: list[tuple[str, str, str]] = []
         self.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
         self.allocation = "n1\nn2\n"
 
@@ -102,6 +103,9 @@ class FakeHook:
         if command.startswith("sinfo -h -N -o %N -n"):
             return CommandResult(0, self.allocation, "")
         return CommandResult(0, "", "")
+
+    def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
+        self.released.append((log_dir, job_name, job_id))
 
     def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
         self.lookups.append(job_name)
@@ -274,7 +278,7 @@ def test_plan_attempt(
     assert hook.submits == []
     assert hook.staged == []
     if attempt.adopted is not None:  # an adopted job is released and gets its log directory
-        assert hook.commands == [commands.prepare_job_logs(f"{BASE}/logs", attempt.job_id, attempt.adopted)]
+        assert hook.released == [(f"{BASE}/logs", attempt.job_id, attempt.adopted)]
 
 
 def test_plan_attempt_reads_the_newest_try_first() -> None:

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
@@ -214,6 +213,7 @@ class FakeHook:
         self.submits: list[tuple[str, str, str]] = []
         self.found: list[str] = []
         self.commands: list[str] = []
+        self.released: list[tuple[str, str, str]] = []
 
     def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
         self.staged.update({f"{base}/{name}": item for name, item in files.items()})
@@ -237,6 +237,9 @@ class FakeHook:
 
     def run(self, command: str, **kwargs: Any) -> None:
         self.commands.append(command)
+
+    def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
+        self.released.append((log_dir, job_name, job_id))
 
     def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
         return [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0)]
@@ -296,7 +299,8 @@ def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
     assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
     assert hook.staged == {}
     # the first try may have died before releasing its held job: the adopting try releases it
-    assert hook.commands == [commands.prepare_job_logs(LAYOUT.log_dir, JOB_ID, first["slurm_job_id"])]
+    assert hook.released == [(LAYOUT.log_dir, JOB_ID, first["slurm_job_id"])]
+    assert hook.commands == []
     assert second["slurm_job_id"] == first["slurm_job_id"]
     assert second["job_id"] == first["job_id"]
     record = from_json(hook.files[LAYOUT.record_path])
