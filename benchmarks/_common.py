@@ -9,6 +9,7 @@ script; ``report.py`` turns them into ``benchmarks/RESULTS.md``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -43,6 +44,10 @@ def load_cluster() -> dict[str, Any]:
 
 
 CLUSTER = load_cluster()
+#: The login sshd with OpenSSH's default limits (``MaxStartups 10:30:100``, ``MaxSessions 10``): where the
+#: polling benchmark's two patterns meet the login host as users' clusters configure it.
+LIMITS_PID_FILE = CLUSTER_JSON.parent / "run" / "sshd-limits.pid"
+LOGIN_CGROUP = "tao-bench-login"
 
 
 def _setup_airflow_env() -> None:
@@ -83,6 +88,14 @@ def _setup_airflow_env() -> None:
 
 
 _setup_airflow_env()
+
+
+def point_connections_at(port: int) -> None:
+    """Point both bench connections at the login sshd listening on ``port`` (same host, keys and user)."""
+    for conn_id in (SLURM_CONN_ID, SSH_CONN_ID):
+        variable = f"AIRFLOW_CONN_{conn_id.upper()}"
+        os.environ[variable] = json.dumps({**json.loads(os.environ[variable]), "port": port})
+
 
 # Only now: the provider's modules import Airflow, which reads AIRFLOW_HOME once, at import.
 from airflow_provider_tao_slurm.core.shell import join  # noqa: E402
@@ -280,6 +293,59 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
     return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class LoginCgroup:
+    """A login sshd moved into a cgroup of its own: the CPU time and memory of sshd, its sessions and every
+    command they run (squeue, sacct), apart from everything else on the machine.
+
+    The listener is moved; connections opened afterwards fork from it and inherit the group. cgroup v1
+    (``cpuacct`` + ``memory`` hierarchies) and v2 (``cpu.stat``, ``memory.peak``) are both read.
+    """
+
+    version: int
+    cpu_file: Path
+    peak_file: Path
+
+    @classmethod
+    def attach(cls, pid_file: Path = LIMITS_PID_FILE) -> LoginCgroup | None:
+        """Move the sshd of ``pid_file`` into :data:`LOGIN_CGROUP` (idempotent); None where cgroups are not ours."""
+        root = Path("/sys/fs/cgroup")
+        try:
+            pid = pid_file.read_text().strip()
+            if (root / "cpuacct").is_dir() and (root / "memory").is_dir():
+                groups = [root / "cpuacct" / LOGIN_CGROUP, root / "memory" / LOGIN_CGROUP]
+                found = cls(1, groups[0] / "cpuacct.usage", groups[1] / "memory.max_usage_in_bytes")
+            elif (root / "cgroup.controllers").exists():
+                groups = [root / LOGIN_CGROUP]
+                (root / "cgroup.subtree_control").write_text("+cpu +memory")
+                found = cls(2, groups[0] / "cpu.stat", groups[0] / "memory.peak")
+            else:
+                raise OSError("no cpuacct/memory (v1) or unified (v2) cgroup hierarchy under /sys/fs/cgroup")
+            for group in groups:
+                group.mkdir(exist_ok=True)
+                (group / "cgroup.procs").write_text(pid)
+        except OSError as exc:
+            print(f"warning: the login node's cost is not measured: {exc}", file=sys.stderr)
+            return None
+        return found
+
+    def cpu_seconds(self) -> float:
+        """CPU time used by the group so far (processes that exited included)."""
+        text = self.cpu_file.read_text()
+        if self.version == 1:
+            return int(text) / 1e9
+        return int(dict(line.split() for line in text.splitlines())["usage_usec"]) / 1e6
+
+    def reset_peak(self) -> None:
+        """Start a new peak-memory window (v2 kernels before 6.12 cannot: the peak then covers the group's life)."""
+        with contextlib.suppress(OSError):
+            self.peak_file.write_text("0")
+
+    def peak_bytes(self) -> int:
+        """The group's peak memory since :meth:`reset_peak`."""
+        return int(self.peak_file.read_text())
 
 
 # ------------------------------------------------------------------------------ figures and output

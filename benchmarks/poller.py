@@ -6,9 +6,18 @@ Airflow's triggerer runs them (rebuilt from ``serialize()``, ``greenback.ensure_
 
 - ``shared``: N :class:`SlurmJobTrigger` s (one shared poller, one pooled connection);
 - ``baseline``: N :class:`PerJobSqueueTrigger` s, the shape of the SSH provider's remote-job
-  trigger: each opens its own connection with the SSH provider's ``SSHHookAsync`` (connects
-  bounded to :data:`CONNECT_CONCURRENCY` at a time, sshd's ``MaxStartups`` is 100:30:200) and runs
-  one ``squeue -h -j <id> -o %T`` per interval.
+  trigger: each opens its own connection with the SSH provider's ``SSHHookAsync`` (no client-side
+  throttle, as users run it) and runs one ``squeue -h -j <id> -o %T`` per interval.
+
+Both talk to the test cluster's login sshd with OpenSSH's default limits (``MaxStartups 10:30:100``,
+``MaxSessions 10``), which runs in a cgroup of its own (:class:`_common.LoginCgroup`): the CPU time
+and peak memory of sshd, its sessions and the squeue/sacct they run are measured apart from
+everything else on the machine.
+
+Each measured worker is a restart: a first worker process (a triggerer) brings every trigger to its
+first answer, is killed with SIGKILL, and the measured one starts at once (the restart storm): the
+time until every job's state is known again, connection attempts, and attempts the login host refused
+(a baseline trigger gives up after 5 failures in a row, so its job's state is then never known).
 
 Per mode and N: after every trigger has its first answer, a window of :data:`WINDOWS` poll
 intervals measures scheduler queries (slurmctld ``sdiag`` and slurmdbd ``sacctmgr show stats``
@@ -51,10 +60,11 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.core.states import state_from_native
 
+# Both patterns meet the login sshd with OpenSSH's default limits (connections are looked up when used).
+_common.point_connections_at(int(_common.CLUSTER["limits_port"]))
+
 #: Poll intervals per measuring window.
 WINDOWS = 3
-#: Baseline triggers connecting at the same time.
-CONNECT_CONCURRENCY = 50
 #: Shared mode: polls whose scheduler queries are counted with the counters reset around each command;
 #: the smallest count is reported (other users' queries can only add to it).
 ATTRIBUTED_POLLS = 3
@@ -72,6 +82,7 @@ class Counters:
     connect_failures: int = 0
     command_failures: int = 0
     first_polls: int = 0
+    gave_up: int = 0
 
 
 COUNTERS = Counters()
@@ -79,7 +90,6 @@ COUNTERS = Counters()
 PROGRESS = asyncio.Event()
 #: Completion times and sizes of the shared poller's batched queries.
 POLLS: list[tuple[float, int]] = []
-_CONNECT_LIMIT = asyncio.Semaphore(CONNECT_CONCURRENCY)
 
 
 class PerJobSqueueTrigger(BaseTrigger):
@@ -120,13 +130,14 @@ class PerJobSqueueTrigger(BaseTrigger):
             while True:
                 if conn is None:
                     try:
-                        async with _CONNECT_LIMIT:
-                            conn = await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
+                        conn = await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
                         COUNTERS.connections += 1
                     except (OSError, asyncssh.Error, TimeoutError) as exc:
                         failures += 1
                         COUNTERS.connect_failures += 1
                         if failures > 5:
+                            COUNTERS.gave_up += 1
+                            PROGRESS.set()
                             yield TriggerEvent(
                                 {"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)}
                             )
@@ -141,6 +152,8 @@ class PerJobSqueueTrigger(BaseTrigger):
                     conn.close()
                     conn = None
                     if failures > 5:
+                        COUNTERS.gave_up += 1
+                        PROGRESS.set()
                         yield TriggerEvent({"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)})
                         return
                     continue
@@ -208,8 +221,12 @@ async def _warm_connection() -> None:
     await conn.wait_closed()
 
 
-async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, Any]:
-    """Run N triggers of ``mode`` over ``job_ids`` and return the raw measurements."""
+async def measure(mode: str, job_ids: list[str], interval: float, primed: Path | None = None) -> dict[str, Any]:
+    """Run N triggers of ``mode`` over ``job_ids`` and return the raw measurements.
+
+    :param primed: run as the triggerer that gets killed: once every trigger has its first answer,
+        write this file and wait to be killed.
+    """
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
     from airflow_provider_tao_slurm.triggers.poller import active_pollers
     from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
@@ -250,8 +267,10 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
         quiet = _common.summarize_rpcs(await asyncio.to_thread(_common.rpc_counts))
         background = {k: v / WINDOWS for k, v in quiet.items()}
     await asyncio.to_thread(_common.rpc_counts)  # starts the helper thread before the memory baseline
+    login = _common.LoginCgroup.attach()
     gc.collect()
     rss0 = _common.rss_bytes()
+    login_start = login.cpu_seconds() if login else float("nan")
     cpu_start, t_start = time.process_time(), time.monotonic()
 
     now = time.time()
@@ -272,9 +291,25 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
         if mode == "shared":
             await _wait_for("a poll covering every job", lambda: any(size == n for _, size in POLLS), WARMUP_TIMEOUT_S)
         else:
-            await _wait_for("every trigger's first poll", lambda: COUNTERS.first_polls >= n, WARMUP_TIMEOUT_S)
+            await _wait_for(
+                "every trigger's first poll (or its giving up)",
+                lambda: COUNTERS.first_polls + COUNTERS.gave_up >= n,
+                WARMUP_TIMEOUT_S,
+            )
         warmup_s = time.monotonic() - t_start
         warmup_cpu_s = time.process_time() - cpu_start
+        warmup_login_cpu_s = (login.cpu_seconds() if login else float("nan")) - login_start
+        stats = [p.stats for p in active_pollers()]
+        if mode == "shared":
+            warmup_attempts = pool.opened + sum(s.failures for s in stats)
+            warmup_refused = sum(s.failures for s in stats)
+        else:
+            warmup_attempts = COUNTERS.connections + COUNTERS.connect_failures
+            warmup_refused = COUNTERS.connect_failures
+        warmup_unknown = COUNTERS.gave_up
+        if primed is not None:
+            primed.write_text(json.dumps({"warmup_s": warmup_s}))
+            await asyncio.sleep(3600)  # killed with SIGKILL by the orchestrator
         gc.collect()
         rss1 = _common.rss_bytes()
 
@@ -284,6 +319,9 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
             await _wait_for("the next poll", lambda: polls() >= target, 4 * interval + 60)
         await asyncio.to_thread(_common.reset_rpc_counts)
         commands0, machine0 = COUNTERS.commands, _common.machine_cpu_seconds()
+        if login:
+            login.reset_peak()
+        login0 = login.cpu_seconds() if login else float("nan")
         cpu0, wall0 = time.process_time(), time.monotonic()
         if mode == "shared":
             target = polls() + WINDOWS
@@ -292,6 +330,8 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
             await asyncio.sleep(WINDOWS * interval)
         cpu1, wall1 = time.process_time(), time.monotonic()
         commands1, machine1 = COUNTERS.commands, _common.machine_cpu_seconds()
+        login1 = login.cpu_seconds() if login else float("nan")
+        login_peak = login.peak_bytes() if login else None
         rpcs = await asyncio.to_thread(_common.rpc_counts)
 
         # ---- shared: the scheduler queries of single polls, counters reset around each command
@@ -344,6 +384,12 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
         "window_wall_s": wall1 - wall0,
         "warmup_s": warmup_s,
         "warmup_cpu_s": warmup_cpu_s,
+        "warmup_login_cpu_s": warmup_login_cpu_s,
+        "warmup_connection_attempts": warmup_attempts,
+        "warmup_refused": warmup_refused,
+        "warmup_states_never_known": warmup_unknown,
+        "login_cpu_s_per_interval": (login1 - login0) / WINDOWS,
+        "login_peak_bytes": login_peak,
         "rss_growth_bytes": rss1 - rss0,
         "rss_per_trigger_bytes": (rss1 - rss0) / n,
         "cpu_s_per_interval": (cpu1 - cpu0) / WINDOWS,
@@ -368,28 +414,56 @@ async def measure(mode: str, job_ids: list[str], interval: float) -> dict[str, A
     }
 
 
-def worker(mode: str, interval: float, output: Path) -> None:
-    """Read job ids from stdin, measure, write the measurements as JSON to ``output``."""
+def worker(mode: str, interval: float, output: Path, primed: bool = False) -> None:
+    """Read job ids from stdin, measure, write the measurements as JSON to ``output``.
+
+    :param primed: be the triggerer that gets killed (``output`` is written once it is warm).
+    """
     import logging
 
     for name in ("asyncssh", "airflow_provider_tao_slurm", "airflow.providers.ssh"):
         logging.getLogger(name).setLevel(logging.WARNING)
     job_ids = json.loads(sys.stdin.read())
-    result = asyncio.run(measure(mode, job_ids, interval))
+    result = asyncio.run(measure(mode, job_ids, interval, output if primed else None))
     output.write_text(json.dumps(result))
 
 
 # ------------------------------------------------------------------------------ orchestrator side
 
 
+def _kill_when_warm(mode: str, n: int, interval: float, job_ids: list[str], log: Any) -> float:
+    """Run the first triggerer until every trigger has its first answer, then SIGKILL it; its warm-up, s."""
+    primed = _common.OUT_DIR / f"poller-{mode}-{n}.primed.json"
+    primed.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--worker", mode, "--primed", "--interval", str(interval), "--output", str(primed)],
+        stdin=subprocess.PIPE,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(json.dumps(job_ids))
+    proc.stdin.close()
+    deadline = time.monotonic() + WARMUP_TIMEOUT_S + 120
+    while not primed.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.kill()
+    proc.wait()
+    if not primed.exists():
+        raise RuntimeError(f"the first {mode} triggerer for N={n} never got every first answer")
+    return float(json.loads(primed.read_text())["warmup_s"])
+
+
 def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
-    """Create N held jobs, run one worker process over them, cancel whatever is left."""
+    """Create N held jobs; warm one triggerer over them, SIGKILL it, measure the next; cancel what is left."""
     job_ids = _common.create_held_jobs(f"bench-{_common.TOKEN}-{mode}{n}", n)
     log_path = _common.OUT_DIR / f"poller-{mode}-{n}.log"
     out_path = _common.OUT_DIR / f"poller-{mode}-{n}.json"
     out_path.unlink(missing_ok=True)
     try:
         with log_path.open("w") as log:
+            first_warmup_s = _kill_when_warm(mode, n, interval, job_ids, log)
             proc = subprocess.run(
                 [sys.executable, __file__, "--worker", mode, "--interval", str(interval), "--output", str(out_path)],
                 input=json.dumps(job_ids),
@@ -404,7 +478,7 @@ def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{mode} worker for N={n} failed (rc {proc.returncode}); {log_path}:\n{tail}")
-    return dict(json.loads(out_path.read_text()))
+    return {**json.loads(out_path.read_text()), "killed_triggerer_warmup_s": first_warmup_s}
 
 
 def _kb(value: float) -> str:
@@ -513,11 +587,57 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
             f"{shared['poll_failures']} / {shared['scancel_max_s']:.2f}",
             f"{base['poll_failures']} / {base['scancel_max_s']:.2f}",
         ),
-        row(
-            "a fresh triggerer process: time until every job's state is known, s",
-            shared["warmup_s"],
-            base["warmup_s"],
-            ".1f",
+        *restart_and_login_figures(n, shared, base),
+    ]
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / 2**20:.1f} MB"
+
+
+def _storm(run: dict[str, Any]) -> str:
+    return f"{run['warmup_connection_attempts']} / {run['warmup_refused']}"
+
+
+def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any] | None) -> list[Figure]:
+    """The restart storm (previous triggerer SIGKILLed) and the login node's own cost; targets at N >= 1000."""
+    at_target = n >= 1000
+
+    def pair(key: str, fmt: str) -> tuple[str, str]:
+        ours = format(shared[key], fmt)
+        return ours, "" if base is None else f"{format(base[key], fmt)}, ratio {_ratio(shared[key], base[key])}"
+
+    unknown = shared["warmup_states_never_known"]
+    return [
+        Figure(
+            f"N={n} restart storm: time until every job's state is known again, s",
+            *pair("warmup_s", ".2f"),
+            "<= 1" if at_target else "",
+            shared["warmup_s"] <= 1 if at_target else None,
+        ),
+        Figure(
+            f"N={n} restart storm: connection attempts / refused or failed (login sshd MaxStartups 10:30:100)",
+            _storm(shared),
+            "" if base is None else _storm(base),
+        ),
+        Figure(
+            f"N={n} restart storm: jobs whose state was never known (trigger gave up)",
+            f"{unknown}",
+            "" if base is None else f"{base['warmup_states_never_known']}",
+            "0",
+            unknown == 0,
+        ),
+        Figure(
+            f"N={n} restart storm: login node CPU s (sshd + commands, own cgroup)", *pair("warmup_login_cpu_s", ".2f")
+        ),
+        Figure(
+            f"N={n} login node CPU s/interval (sshd + squeue/sacct, own cgroup)",
+            *pair("login_cpu_s_per_interval", ".3f"),
+        ),
+        Figure(
+            f"N={n} login node peak memory in the window (sshd + commands, own cgroup)",
+            _mb(shared["login_peak_bytes"]),
+            "" if base is None else _mb(base["login_peak_bytes"]),
         ),
     ]
 
@@ -552,9 +672,7 @@ def scale_figures(n: int, shared: dict[str, Any]) -> list[Figure]:
             "< 50 KB",
             shared["rss_per_trigger_bytes"] < 50 * 1024,
         ),
-        Figure(
-            f"N={n} a fresh triggerer process: time until every job's state is known, s", f"{shared['warmup_s']:.1f}"
-        ),
+        *restart_and_login_figures(n, shared, None),
         Figure(
             f"N={n} latency job end (scancel) -> event, p95 s",
             f"{shared['latency_p95_s']:.2f}",
@@ -575,9 +693,10 @@ def main() -> None:
     )
     parser.add_argument("--worker", choices=("shared", "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--primed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.interval, args.output)
+        worker(args.worker, args.interval, args.output, args.primed)
         return
     _common.OUT_DIR.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]
