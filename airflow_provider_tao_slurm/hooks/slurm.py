@@ -83,6 +83,8 @@ DEFAULT_SACCT_WINDOW = "now-7days"
 #: How long an unclear ``sbatch`` reply is reconciled by exact job name before resubmitting.
 RECONCILE_TIMEOUT_S = 60.0
 RECONCILE_INTERVAL_S = 2.0
+#: stderr marker of a combined stage-and-submit command whose staging failed (sbatch never ran).
+STAGING_FAILED = "#tao-slurm-staging-failed"
 #: How long one sinfo answer about the partitions serves every worker of a cluster.
 PARTITION_CACHE_S = 600
 #: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
@@ -501,28 +503,8 @@ class SlurmHook(BaseHook):
         :param files: ``{relative path: (content, mode)}``, content ``None`` for a directory; secrets
             (the sidecar) go here too, never in argv.
         """
-        buffer = io.BytesIO()
-        with tarfile.open(fileobj=buffer, mode="w") as archive:
-            for name, (content, mode) in files.items():
-                info = tarfile.TarInfo(name)
-                info.mode = mode
-                info.mtime = int(time.time())
-                if content is None:
-                    info.type = tarfile.DIRTYPE
-                    archive.addfile(info)
-                else:
-                    info.size = len(content)
-                    archive.addfile(info, io.BytesIO(content))
-        self.run(
-            commands.extract_tar(
-                base,
-                [name for name, (content, _mode) in files.items() if content is not None],
-                [name for name, (content, _mode) in files.items() if content is None],
-            ),
-            stdin=buffer.getvalue(),
-            check=True,
-            what=f"staging files under {base}",
-        )
+        command, archive = _staging(base, files)
+        self.run(command, stdin=archive, check=True, what=f"staging files under {base}")
 
     def submit(
         self,
@@ -531,6 +513,7 @@ class SlurmHook(BaseHook):
         *,
         log_dir: str,
         extra_args: Sequence[str] = (),
+        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
         reconcile_timeout: float = RECONCILE_TIMEOUT_S,
         reconcile_interval: float = RECONCILE_INTERVAL_S,
     ) -> str:
@@ -542,7 +525,10 @@ class SlurmHook(BaseHook):
         host within ``reconcile_timeout``. Exactly one match is adopted (and released); several
         raise; only when none appears is the script submitted again (once).
 
+        :param stage: ``(base, files)`` as :meth:`stage_files` takes them, staged in the same round
+            trip right before sbatch (and again with a second submission).
         :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
+        :raises RemoteCommandError: when staging the files failed (nothing was submitted).
         :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
         """
         command = commands.sbatch_submit_held(
@@ -553,14 +539,18 @@ class SlurmHook(BaseHook):
             base=commands.trusted_base(log_dir, self.settings.results_dir),
             extra_args=extra_args,
         )
-        job_id = self._sbatch(command, script_path)
+        archive = None
+        if stage is not None:
+            staging, archive = _staging(*stage)
+            command = f"{{ {staging}; }} || {{ rc=$?; echo {STAGING_FAILED} >&2; exit $rc; }}; {command}"
+        job_id = self._sbatch(command, script_path, archive)
         if job_id is not None:
             return job_id
         self.log.warning("sbatch reply for job %s unclear: reconciling by exact job name", job_name)
         found = self.reconcile_by_name(job_name, timeout=reconcile_timeout, interval=reconcile_interval)
         if found is None:
             self.log.warning("job %s not found after %.0f s: submitting it again", job_name, reconcile_timeout)
-            found = self._sbatch(command, script_path)
+            found = self._sbatch(command, script_path, archive)
             if found is None:
                 raise SubmissionError(
                     f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
@@ -580,11 +570,18 @@ class SlurmHook(BaseHook):
             commands.prepare_job_logs(log_dir, job_name, job_id, base), check=True, what="releasing the adopted job"
         )
 
-    def _sbatch(self, command: str, script_path: str) -> str | None:
+    def _sbatch(self, command: str, script_path: str, stdin: bytes | None = None) -> str | None:
         try:
-            result = self.run(command, what="sbatch")
+            result = self.run(command, stdin=stdin, what="sbatch")
         except ConnectionLostError:
             return None
+        if result.rc != 0 and STAGING_FAILED in result.stderr:
+            raise RemoteCommandError(
+                f"staging the job's files failed on {result.host} with exit status {result.rc}, so nothing was "
+                f"submitted: {result.stderr.replace(STAGING_FAILED, '').strip()[-2000:]}",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
         parsed = parse_sbatch_reply(result.stdout)
         concurrent = re.search(r"^#concurrent (\d+) (\d+)$", result.stdout, re.M)
         if concurrent:
@@ -878,6 +875,28 @@ class SlurmHook(BaseHook):
 
 
 # ---------------------------------------------------------------------- helpers shared by both sides
+
+
+def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[str, bytes]:
+    """The command that unpacks ``files`` under ``base`` and the tar archive it reads on stdin."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, (content, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            info.mtime = int(time.time())
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(content)
+                archive.addfile(info, io.BytesIO(content))
+    command = commands.extract_tar(
+        base,
+        [name for name, (content, _mode) in files.items() if content is not None],
+        [name for name, (content, _mode) in files.items() if content is None],
+    )
+    return command, buffer.getvalue()
 
 
 def _result(rc: int, out: bytes, err: bytes, host: str) -> CommandResult:

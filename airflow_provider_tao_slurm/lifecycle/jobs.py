@@ -199,8 +199,12 @@ class JobLifecycle:
         """
         slurm_id = attempt.adopted
         if slurm_id is None:
-            self.hook.stage_files(results_base, files)
-            slurm_id = self.hook.submit(attempt.layout.script_path, attempt.job_id, log_dir=attempt.layout.log_dir)
+            slurm_id = self.hook.submit(
+                attempt.layout.script_path,
+                attempt.job_id,
+                log_dir=attempt.layout.log_dir,
+                stage=(results_base, files),  # one round trip: unpack the files, then sbatch
+            )
         record = _running(record, slurm_id, f"submitted as SLURM job {slurm_id}", "submit", secrets)
         self.write_record(attempt.layout.record_path, record, secrets)
         return slurm_id, record

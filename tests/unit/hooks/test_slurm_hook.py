@@ -6,8 +6,10 @@ Everything that talks SSH is covered by ``tests/cluster/test_hook.py`` against t
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ from airflow_provider_tao_slurm.exceptions import (
     StoragePathError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import (
+    STAGING_FAILED,
     CommandResult,
     LogChunk,
     SlurmHook,
@@ -887,3 +890,32 @@ def test_writers_check_the_tree_from_the_connections_results_dir(
 
     ((command, _stdin),) = recorder.commands
     assert checked in command
+
+
+def test_submit_stages_the_files_and_submits_in_one_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    recorder = Recorder(CommandResult(0, "42\n", "", "login1"))
+    monkeypatch.setattr(hook, "run", recorder)
+    files = {"jobs/j/job.sbatch": (b"#!/bin/bash\ntrue\n", 0o700), "logs": (None, 0o755)}
+
+    assert hook.submit("/lustre/u/jobs/j/job.sbatch", "j", log_dir="/lustre/u/logs", stage=("/lustre/u", files)) == "42"
+
+    ((command, stdin),) = recorder.commands
+    assert command.index("tar -x") < command.index("sbatch --parsable --hold")
+    assert stdin is not None
+    with tarfile.open(fileobj=io.BytesIO(stdin)) as archive:
+        assert archive.getnames() == ["jobs/j/job.sbatch", "logs"]
+
+
+def test_a_failed_staging_submits_nothing_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    stderr = f"tar: jobs/j: Cannot mkdir: Disk quota exceeded\n{STAGING_FAILED}\n"
+    monkeypatch.setattr(hook, "run", Recorder(CommandResult(2, "", stderr, "login1")))
+
+    with pytest.raises(RemoteCommandError) as caught:
+        hook.submit("/lustre/u/jobs/j/job.sbatch", "j", log_dir="/lustre/u/logs", stage=("/lustre/u", {}))
+
+    message = str(caught.value)
+    assert "staging the job's files failed on login1 with exit status 2, so nothing was submitted" in message
+    assert "Disk quota exceeded" in message
+    assert STAGING_FAILED not in message

@@ -116,7 +116,17 @@ class FakeHook:
     def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
         self.staged.append((base, sorted(files)))
 
-    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        log_dir: str,
+        extra_args: Sequence[str] = (),
+        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+    ) -> str:
+        if stage is not None:  # the real hook stages in the same round trip, before sbatch
+            self.stage_files(*stage)
         if self.submit_error is not None:
             raise self.submit_error
         self.submits.append((script_path, job_name, log_dir, tuple(extra_args)))

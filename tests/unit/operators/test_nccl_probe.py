@@ -76,7 +76,16 @@ class FakeHook:
     def stage_files(self, base: str, files: dict[str, tuple[bytes | None, int]]) -> None:
         self.staged.append((base, files))
 
-    def submit(self, script_path: str, job_name: str, *, log_dir: str) -> str:
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        log_dir: str,
+        stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None = None,
+    ) -> str:
+        if stage is not None:  # the real hook stages in the same round trip, before sbatch
+            self.stage_files(*stage)
         self.submitted.append((script_path, job_name, log_dir))
         return str(500 + len(self.submitted))
 

@@ -218,7 +218,17 @@ class FakeHook:
     def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
         self.staged.update({f"{base}/{name}": item for name, item in files.items()})
 
-    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        log_dir: str,
+        extra_args: Sequence[str] = (),
+        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+    ) -> str:
+        if stage is not None:  # the real hook stages in the same round trip, before sbatch
+            self.stage_files(*stage)
         self.submits.append((script_path, job_name, log_dir))
         return str(700 + len(self.submits))
 
