@@ -382,6 +382,17 @@ def print_figures(title: str, figures: Sequence[Figure]) -> None:
     sys.stdout.flush()
 
 
+def measured_commit() -> str:
+    """The commit measured (with ``+ local changes`` when the provider or the benchmarks were changed)."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout
+
+    commit = git("rev-parse", "HEAD").strip() or "unknown (not a git checkout)"
+    dirty = git("status", "--porcelain", "--", "benchmarks", "airflow_provider_tao_slurm").strip()
+    return f"{commit}{' + local changes' if dirty else ''}"
+
+
 def write_result(name: str, title: str, figures: Sequence[Figure], details: dict[str, Any]) -> Path:
     """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``."""
     OUT_DIR.mkdir(parents=True, exist_ok=True)
@@ -390,6 +401,7 @@ def write_result(name: str, title: str, figures: Sequence[Figure], details: dict
         "name": name,
         "title": title,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "commit": measured_commit(),
         "figures": [asdict(f) for f in figures],
         "details": details,
     }

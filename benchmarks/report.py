@@ -1,7 +1,8 @@
 """Collect the figures of the last ``make bench`` into ``benchmarks/RESULTS.md`` and print a summary.
 
-Reads ``$BENCH_OUT/{poller,submit,import_parse,detect,logs}.json`` (written by the benchmark scripts),
-describes the machine and the commit measured, replaces the generated block of ``RESULTS.md``
+Reads ``$BENCH_OUT/{poller,submit,import_parse,detect,logs}.json`` (written by the benchmark scripts;
+a script's committed figures in ``benchmarks/results/`` stand in for one not run again), describes the
+machine and the commit each script measured, replaces the generated block of ``RESULTS.md``
 (between the two marker lines; the hand-written notes around it stay) and copies the raw figures
 to ``benchmarks/results/<script>.json`` beside it. Exits 1 when a script's results are missing.
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,23 +31,13 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def measured_commit() -> str:
-    """The commit the figures were measured at (with ``+ local changes`` when the tree was not clean)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=RESULTS.parent, capture_output=True, text=True, check=False).stdout
-
-    commit = git("rev-parse", "HEAD").strip() or "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--", ".", "../airflow_provider_tao_slurm").strip()
-    return f"{commit}{' + local changes' if dirty else ''}"
-
-
 def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) -> str:
     """The generated Markdown block: the commit, the machine, then one table per script."""
     lines = [
         BEGIN,
         "",
-        f"Measured at commit `{commit}`; the raw figures are in `benchmarks/results/`.",
+        f"Generated at commit `{commit}`; each table names the commit it was measured at (`make bench` runs them "
+        "all; one script can be run again alone); the raw figures are in `benchmarks/results/`.",
         "",
         "### Machine",
         "",
@@ -60,7 +50,7 @@ def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) 
             "",
             f"### {result['title']}",
             "",
-            f"Measured {result['measured_at']}.",
+            f"Measured {result['measured_at']} at commit `{result.get('commit', 'not recorded')}`.",
             "",
             "| figure | value | baseline (same run) | target | verdict |",
             "|---|---|---|---|---|",
@@ -77,12 +67,17 @@ def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) 
 
 def main() -> None:
     """Write RESULTS.md's generated block and print the targeted figures."""
+    for name in SCRIPTS:
+        fresh, committed = _common.OUT_DIR / f"{name}.json", RAW / f"{name}.json"
+        if not fresh.exists() and committed.exists():
+            _common.OUT_DIR.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(committed, fresh)
     missing = [name for name in SCRIPTS if not (_common.OUT_DIR / f"{name}.json").exists()]
     if missing:
         sys.exit(f"no results from {', '.join(missing)} in {_common.OUT_DIR}: run `make bench`")
     results = [json.loads((_common.OUT_DIR / f"{name}.json").read_text()) for name in SCRIPTS]
     machine = _common.machine_description()
-    block = render(results, machine, measured_commit())
+    block = render(results, machine, _common.measured_commit())
     RAW.mkdir(exist_ok=True)
     for name in SCRIPTS:
         shutil.copyfile(_common.OUT_DIR / f"{name}.json", RAW / f"{name}.json")
