@@ -47,13 +47,21 @@ LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
 
 @dataclass(frozen=True)
 class PollUpdate:
-    """What one poll said about one job: its state (None when no command knows it yet) and its new log lines."""
+    """What one poll said about one job: its state (None when no command knows it yet) and its new log lines.
+
+    A subscriber is sent an update only when it says something new: a state that differs from the
+    last one it was sent, a terminal, unrecognised or missing state, an error, or log lines. A job
+    that keeps running costs its trigger nothing per poll; ``last_seen`` says when a poll last
+    answered with the job's state (so a job that goes missing is timed from then, not from the last
+    update sent).
+    """
 
     job_id: str
     state: JobState | None
     polled_at: float
     error: str | None = None
     lines: tuple[str, ...] = ()
+    last_seen: float | None = None
 
 
 #: How many recent poll durations the stats keep (a triggerer runs for months).
@@ -88,6 +96,8 @@ class StatusPoller:
         self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
         self._intervals: dict[asyncio.Queue[PollUpdate], float] = {}
         self._streams: dict[asyncio.Queue[PollUpdate], tuple[str, tuple[LineStream, ...]]] = {}
+        self._sent: dict[asyncio.Queue[PollUpdate], JobState] = {}
+        self._seen: dict[str, float] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
@@ -126,12 +136,14 @@ class StatusPoller:
         """Stop watching; the loop is cancelled when nobody is subscribed any more."""
         self._intervals.pop(queue, None)
         self._streams.pop(queue, None)
+        self._sent.pop(queue, None)
         queues = self._subscribers.get(job_id)
         if queues is None:
             return
         queues.discard(queue)
         if not queues:
             del self._subscribers[job_id]
+            self._seen.pop(job_id, None)
         if not self._subscribers and self._task is not None:
             self._task.cancel()
             self._task = None
@@ -227,9 +239,23 @@ class StatusPoller:
     ) -> None:
         now = time.time()
         for job_id in ids:
+            state = states.get(job_id)
+            if state is not None:
+                self._seen[job_id] = now
             for queue in list(self._subscribers.get(job_id, ())):
                 new = tuple(lines.get(queue, ())) if lines else ()
-                queue.put_nowait(PollUpdate(job_id, states.get(job_id), now, error, new))
+                if (
+                    error is None
+                    and not new
+                    and state is not None
+                    and not state.is_terminal
+                    and state.tao_state is not TaoState.UNKNOWN
+                    and self._sent.get(queue) == state
+                ):
+                    continue  # nothing new for this subscriber: it is not woken
+                if state is not None:
+                    self._sent[queue] = state
+                queue.put_nowait(PollUpdate(job_id, state, now, error, new, self._seen.get(job_id)))
 
 
 #: event loop -> cluster account key -> poller (a new loop never gets an old loop's poller).

@@ -146,6 +146,7 @@ class SlurmJobTrigger(BaseTrigger):
                     continue
                 state = update.state
                 if state is None:
+                    last_seen = max(last_seen, update.last_seen or last_seen)  # quiet polls were not sent
                     if update.polled_at - last_seen > self.not_found_grace:
                         yield self._event(
                             EventStatus.VANISHED,

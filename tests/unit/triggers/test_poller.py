@@ -77,9 +77,76 @@ def test_many_subscribers_share_one_fetch_per_interval() -> None:
     assert polls == len(fetch.calls)
     assert min(fetch.gaps()) >= INTERVAL * 0.9
     for job_id, got in zip(("1", "2", "3", "3", "4"), updates, strict=True):
-        assert len(got) == len(fetch.calls)
+        assert len(got) == 1  # the first answer; the same state again wakes nobody
         assert {u.job_id for u in got} == {job_id}
         assert all(u.state == running(job_id) and u.error is None for u in got)
+
+
+@dataclass
+class ScriptedFetch:
+    """Answers each poll from a script: one ``{job_id: native state or None}`` per poll, the last repeated."""
+
+    script: list[dict[str, str | None]]
+    calls: int = 0
+
+    async def __call__(self, ids: list[str]) -> dict[str, JobState]:
+        answer = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        return {
+            job_id: state_from_native(job_id, native, source="squeue")
+            for job_id, native in answer.items()
+            if native is not None and job_id in ids
+        }
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        pytest.param(
+            [{"1": "PENDING"}, {"1": "PENDING"}, {"1": "RUNNING"}, {"1": "RUNNING"}],
+            ["PENDING", "RUNNING"],
+            id="only-changes-wake",
+        ),
+        pytest.param(
+            [{"1": "RUNNING"}, {"1": "RUNNING"}, {"1": "COMPLETED"}],
+            ["RUNNING", "COMPLETED", "COMPLETED"],
+            id="terminal-repeats",
+        ),
+        pytest.param(
+            [{"1": "RUNNING"}, {"1": "RUNNING"}, {"1": None}],
+            ["RUNNING", None, None],
+            id="missing-repeats",
+        ),
+        pytest.param(
+            [{"1": "RUNNING"}, {"1": "WEIRD"}, {"1": "WEIRD"}],
+            ["RUNNING", "WEIRD", "WEIRD"],
+            id="unrecognised-repeats",
+        ),
+    ],
+)
+def test_a_subscriber_is_woken_only_when_a_poll_says_something_new(
+    script: list[dict[str, str | None]], expected: list[str | None]
+) -> None:
+    """Quiet polls (the same live state again) send nothing; a missing job carries when it was last seen."""
+    fetch = ScriptedFetch(script)
+
+    async def scenario() -> tuple[list[PollUpdate], list[float]]:
+        poller = StatusPoller("u@c", fetch, INTERVAL)
+        queue = poller.subscribe("1", INTERVAL)
+        got = [await queue.get() for _ in expected]
+        polls_at = [u.polled_at for u in got]
+        poller.unsubscribe("1", queue)
+        return got, polls_at
+
+    got, _ = run(scenario())
+
+    assert [u.state.native if u.state else None for u in got] == expected
+    seen = [u.polled_at for u in got if u.state is not None]
+    for update in got:
+        if update.state is None:  # last answered at the last poll that knew it, which may not have been sent
+            assert update.last_seen is not None
+            assert update.last_seen >= max(seen)
+            assert update.last_seen < update.polled_at
 
 
 def test_failed_fetch_is_retried_with_backoff_and_subscribers_keep_waiting() -> None:
@@ -267,7 +334,9 @@ def test_a_partial_poll_delivers_answered_states_and_an_error_to_the_unanswered(
         poller = StatusPoller("u@c", fetch, 30)
         queues = [poller.subscribe(job_id, INTERVAL) for job_id in subscribed]
         first = [await queue.get() for queue in queues]
-        second = [await queue.get() for queue in queues]
+        while poller.stats.polls < 3:
+            await asyncio.sleep(INTERVAL / 4)
+        second = [queue.get_nowait() for queue in queues if not queue.empty()]
         failures = poller.stats.failures
         for job_id, queue in zip(subscribed, queues, strict=True):
             poller.unsubscribe(job_id, queue)
@@ -284,7 +353,9 @@ def test_a_partial_poll_delivers_answered_states_and_an_error_to_the_unanswered(
             assert update.state is None  # unanswered: never "not found" without an error
             assert "unanswered" in (update.error or "")
             assert "controller down" in (update.error or "")
-    assert all(u.state == running(u.job_id) and u.error is None for u in second)  # the next poll answers everybody
+    # the next polls answer everybody: only the jobs that were unanswered hear something new
+    assert sorted(u.job_id for u in second) == sorted(job_id for job_id in subscribed if job_id not in answered)
+    assert all(u.state == running(u.job_id) and u.error is None for u in second)
 
 
 # ---------------------------------------------------------------------- live logs

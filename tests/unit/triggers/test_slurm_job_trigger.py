@@ -220,13 +220,26 @@ def test_not_found_right_after_submit_is_not_an_error(hook: FakeHook) -> None:
 
 
 def test_grace_counts_from_when_the_job_was_last_seen(hook: FakeHook) -> None:
+    """Ten polls see the job running (only the first is sent to the trigger: nothing new after it), then it
+    is missing: the grace runs from the tenth poll, not from the one the trigger last heard."""
     hook.script = [squeue("RUNNING")] * 10 + [{}]
     started = time.time()
+    last_running: list[float] = []
+    original = hook.a_get_states
+
+    async def timed(job_ids: list[str]) -> dict[str, JobState]:
+        states = await original(job_ids)
+        if states:
+            last_running[:] = [time.time()]
+        return states
+
+    hook.a_get_states = timed  # type: ignore[method-assign]
 
     (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.3)))
 
     assert event["status"] == "vanished"
-    assert time.time() - started >= 0.3
+    assert len(hook.polls) > 11
+    assert time.time() - last_running[0] >= 0.3
 
 
 def test_failed_polls_keep_the_trigger_waiting(hook: FakeHook) -> None:
