@@ -542,7 +542,7 @@ class SlurmHook(BaseHook):
         archive = None
         if stage is not None:
             staging, archive = _staging(*stage)
-            command = f"{{ {staging}; }} || {{ rc=$?; echo {STAGING_FAILED} >&2; exit $rc; }}; {command}"
+            command = f"{{ {staging}; }} || {{ rc=$?; echo {shlex.quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
         job_id = self._sbatch(command, script_path, archive)
         if job_id is not None:
             return job_id

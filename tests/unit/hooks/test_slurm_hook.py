@@ -9,6 +9,7 @@ import asyncio
 import io
 import json
 import socket
+import subprocess
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -902,6 +903,9 @@ def test_submit_stages_the_files_and_submits_in_one_round_trip(monkeypatch: pyte
 
     ((command, stdin),) = recorder.commands
     assert command.index("tar -x") < command.index("sbatch --parsable --hold")
+    for shell in ("sh", "bash"):
+        checked = subprocess.run([shell, "-n", "-c", command], capture_output=True, text=True, check=False)
+        assert checked.returncode == 0, checked.stderr
     assert stdin is not None
     with tarfile.open(fileobj=io.BytesIO(stdin)) as archive:
         assert archive.getnames() == ["jobs/j/job.sbatch", "logs"]
@@ -919,3 +923,28 @@ def test_a_failed_staging_submits_nothing_and_says_so(monkeypatch: pytest.Monkey
     assert "staging the job's files failed on login1 with exit status 2, so nothing was submitted" in message
     assert "Disk quota exceeded" in message
     assert STAGING_FAILED not in message
+
+
+def test_a_failed_staging_run_by_a_real_shell_never_reaches_sbatch(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The combined command runs in sh with a stand-in sbatch; the archive is unreadable, so tar fails."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\ntouch {tmp_path}/sbatch-ran\necho 42\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    base = tmp_path / "results"
+    hook = SlurmHook(settings=settings(results_dir=str(base)))
+
+    def local(command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+        done = subprocess.run(["sh", "-c", command], input=b"not a tar archive", env=env, capture_output=True)
+        return done.returncode, done.stdout, done.stderr, "local"
+
+    monkeypatch.setattr(hook, "_run_bytes", local)
+
+    with pytest.raises(RemoteCommandError, match=r"staging the job's files failed on local .* nothing was submitted"):
+        hook.submit(
+            f"{base}/jobs/j/job.sbatch", "j", log_dir=f"{base}/logs", stage=(str(base), {"logs": (None, 0o755)})
+        )
+    assert not (tmp_path / "sbatch-ran").exists()
