@@ -95,7 +95,7 @@ with DAG(
     nccl_probe = NcclProbeOperator(
         task_id="nccl_probe",
         image=import_image.output,
-        nodes=NODES,
+        num_nodes=NODES,
         gpus_per_node=GPUS_PER_NODE,
         timeout_seconds="{{ params.probe_timeout_seconds }}",
         force="{{ params.force_probe }}",

@@ -923,9 +923,6 @@ def parse_node_states(stdout: str) -> list[NodeRow]:
 
 # ------------------------------------------------------------------ preflight
 
-#: The Pyxis options of ``srun`` that the provider's batch scripts rely on.
-PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")
-
 _SRUN_OPTION_RE = re.compile(r"--[a-z][a-z0-9-]*")
 _ASSOC_FIELDS = 5
 

@@ -21,12 +21,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_BYTES_PER_POLL
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
-#: Bytes read per file per poll unless the sensor says otherwise.
-DEFAULT_BYTES_PER_POLL = 16384
 #: Longest line shown, in characters; a longer one is cut and says how much was cut.
 MAX_LINE_CHARS = 2000
 #: A line still unfinished after this many bytes is shown (cut) rather than held back.

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.core.storage import display_value
 from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
 
@@ -27,7 +28,6 @@ DEFAULT_GPUS_PER_NODE = 4
 MAX_GPUS_PER_NODE = 8
 DEFAULT_CPUS_PER_TASK = 16
 DEFAULT_TIME_HOURS = 4.0
-DEFAULT_TIMEOUT_HOURS = 3.8
 
 MAX_HOURS = 366 * 24.0
 """Sanity cap on any time request (one year)."""

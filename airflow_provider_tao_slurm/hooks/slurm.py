@@ -40,6 +40,7 @@ from airflow_provider_tao_slurm.core.config import (
     settings_from_connection,
     settings_from_env,
 )
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
 from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.secrets import redact_text
@@ -268,7 +269,7 @@ class SlurmHook(BaseHook):
     """
 
     conn_name_attr = "slurm_conn_id"
-    default_conn_name = "slurm_default"
+    default_conn_name = DEFAULT_CONN_ID
     conn_type = "tao_slurm"
     hook_name = "TAO SLURM (over SSH)"
 

@@ -12,14 +12,11 @@ from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_NOT_FOUND_GRACE_S as DEFAULT_NOT_FOUND_GRACE_S
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_UNRECOGNISED_GRACE_S as DEFAULT_UNRECOGNISED_GRACE_S
 from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
 from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import ValidationError
-
-#: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
-DEFAULT_NOT_FOUND_GRACE_S = 300.0
-#: How long the scheduler may report a state this provider does not know before the task fails.
-DEFAULT_UNRECOGNISED_GRACE_S = 600.0
 
 #: Keys a handle must carry (the rest have defaults).
 REQUIRED_HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path", "results_base")

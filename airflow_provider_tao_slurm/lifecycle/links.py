@@ -22,11 +22,9 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 from urllib.parse import quote as url_quote
 
-from airflow.sdk import BaseHook, BaseOperatorLink
+from airflow.sdk import BaseOperatorLink
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.sdk.execution_time.xcom import XCom
-
-from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
 #: The connection extra holding the URL template.
 URL_TEMPLATE_EXTRA = "log_url_template"
@@ -41,6 +39,8 @@ def check_url_template(template: str) -> None:
 
     :raises ConnectionConfigError: naming the bad placeholder and the allowed ones.
     """
+    from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
+
     allowed = ", ".join(f"{{{name}}}" for name in URL_FIELDS)
     try:
         parsed = list(string.Formatter().parse(template))
@@ -82,6 +82,8 @@ def job_url(handle: Mapping[str, Any], handle_key: str, template: str | None = N
 
 def connection_url_template(conn_id: str) -> str | None:
     """The ``log_url_template`` extra of connection ``conn_id`` (None when unset or no connection)."""
+    from airflow.sdk import BaseHook
+
     try:
         conn = BaseHook.get_connection(conn_id)
     except AirflowNotFoundException:

@@ -1,7 +1,9 @@
 """Airflow-side helpers shared by the operators and the sensor: the lazily created hook, secret
 references, registry credentials, time, script lint.
 
-One module, so that no operator or sensor imports another one for a helper.
+One module, so that no operator or sensor imports another one for a helper. Operator modules
+import it at DAG parse time, so it imports the hook and the domain modules only inside the
+helpers that run with a task.
 """
 
 from __future__ import annotations
@@ -12,16 +14,14 @@ import warnings
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk.configuration import conf
 
-from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.images import ImageRef, registry_host
-from airflow_provider_tao_slurm.core.resources import check_partition_limits, parse_partitions, resolve_partitions
-from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, TemplateRenderError, ValidationError
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.images import ImageRef
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 SECRET_SOURCES = ("env", "conn", "var")
 #: The registry login NGC expects with an API key as the password.
@@ -36,6 +36,8 @@ class SlurmHookMixin:
     @cached_property
     def hook(self) -> SlurmHook:
         """The hook, created on first use (never at DAG parse time)."""
+        from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
         return SlurmHook(self.slurm_conn_id)
 
 
@@ -58,6 +60,8 @@ def renamed_parameter(kwargs: dict[str, Any], old: str, new: str, value: Any, de
     if old not in kwargs:
         return value
     if value != default:
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         raise ValidationError(f"{old} and {new} were both given; {old} is the old name of {new}: give only {new}")
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}",
@@ -81,6 +85,8 @@ def resolve_secret(name: str, source: str) -> str:
     :raises ValidationError: for a literal value, or a reference that does not resolve.
     """
     from airflow.sdk.log import mask_secret
+
+    from airflow_provider_tao_slurm.exceptions import ValidationError
 
     kind, _, ref = source.partition(":")
     if kind not in SECRET_SOURCES or not ref:
@@ -121,6 +127,8 @@ def lint_bash(script: str) -> None:
 
     :raises TemplateRenderError: with bash's message when the script does not parse.
     """
+    from airflow_provider_tao_slurm.exceptions import TemplateRenderError
+
     result = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30, check=False)
     if result.returncode != 0:
         raise TemplateRenderError(f"the rendered sbatch script does not parse (bash -n): {result.stderr.strip()}")
@@ -135,6 +143,8 @@ def registry_credentials_from_connection(conn_id: str) -> tuple[str, str]:
     """
     from airflow.sdk import BaseHook
     from airflow.sdk.log import mask_secret
+
+    from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
     conn = BaseHook.get_connection(conn_id)
     if not conn.password:
@@ -152,6 +162,9 @@ def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, p
     :returns: the credentials-file machines written (both NGC hosts for nvcr.io); empty for a ``.sqsh`` image.
     :raises ValidationError: for a login or key that cannot go in the credentials file (the key is not shown).
     """
+    from airflow_provider_tao_slurm.core import commands
+    from airflow_provider_tao_slurm.core.images import registry_host
+
     host = registry_host(image)
     if host is None:
         return []
@@ -170,6 +183,8 @@ def partitions_for(
     :param param: the parameter named in the error.
     :raises ResourceError: for an unknown partition, no default partition, or a time over a partition's limit.
     """
+    from airflow_provider_tao_slurm.core.resources import check_partition_limits, parse_partitions, resolve_partitions
+
     wanted = parse_partitions(requested)  # type: ignore[arg-type]
     known = hook.partition_limits()
     if any(name not in {p.name for p in known} for name in wanted):

@@ -6,7 +6,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
 from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin
 
 
@@ -18,6 +18,6 @@ class SlurmBaseOperator(SlurmHookMixin, BaseOperator):
 
     ui_color = "#76b900"
 
-    def __init__(self, *, slurm_conn_id: str = SlurmHook.default_conn_name, **kwargs: Any) -> None:
+    def __init__(self, *, slurm_conn_id: str = DEFAULT_CONN_ID, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.slurm_conn_id = slurm_conn_id

@@ -17,44 +17,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.conversion import (
-    LOCK_SUBMIT_GRACE_S,
-    ConversionJob,
-    LockAction,
-    acquire_lock,
-    check_conversion_request,
-    conversion_job_name,
-    held_lock_action,
-    lock_dir,
-    owner_of_job,
-    parse_lock,
-    record_lock_job,
-    remove_lock,
-    render_conversion_script,
-    sqsh_target,
-)
-from airflow_provider_tao_slurm.core.images import (
-    ImageRef,
-    check_sqsh_header,
-    needs_conversion,
-    parse_image,
-    sqsh_cache_path,
-)
-from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.resources import site_options
-from airflow_provider_tao_slurm.core.states import TaoState
-from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
-from airflow_provider_tao_slurm.exceptions import (
-    ConnectionConfigError,
-    ImageConversionError,
-    RemoteCommandError,
-    ResourceError,
-    TaoSlurmError,
-    ValidationError,
-)
-from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
-from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.lifecycle.support import (
     default_deferrable,
     install_registry_credentials,
@@ -63,10 +25,9 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     renamed_parameter,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
-    pass
+    from airflow_provider_tao_slurm.core.images import ImageRef
 
 #: Bytes of each conversion log quoted in a failure message.
 LOG_TAIL_BYTES = 4096
@@ -190,6 +151,17 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> str:
         """Return the ``.sqsh`` path: checked, reused, or converted (deferring while the job runs)."""
+        from airflow_provider_tao_slurm.core.conversion import (
+            ConversionJob,
+            check_conversion_request,
+            conversion_job_name,
+            render_conversion_script,
+        )
+        from airflow_provider_tao_slurm.core.layout import JobLayout
+        from airflow_provider_tao_slurm.core.resources import site_options
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
         image = self._image()
         if image.path is not None:
             return self._existing_image(image.path)
@@ -241,6 +213,10 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
         """Check the trigger's event and the converted file; fail with the conversion log's tail."""
+        from airflow_provider_tao_slurm.core.conversion import owner_of_job
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ImageConversionError
+
         plan = self._plan(self._image())
         job_id, job_name, failure = self._read_event(event)
         try:
@@ -264,12 +240,19 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _time_minutes(self) -> int:
         """``time_hours`` as whole minutes for the conversion job (rounded up)."""
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ResourceError
+
         hours = self.time_hours
         if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 24 * 365:
             raise ResourceError(f"time_hours={display_value(hours)} must be a positive number of hours, e.g. 2")
         return math.ceil(hours * 60)
 
     def _image(self) -> ImageRef:
+        from airflow_provider_tao_slurm.core.images import parse_image
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         for name in ("force_reconvert_latest", "deferrable"):
             if not isinstance(getattr(self, name), bool):
                 raise ValidationError(f"{name}={display_value(getattr(self, name))} must be True or False")
@@ -285,6 +268,11 @@ class EnrootImportOperator(SlurmBaseOperator):
         return image
 
     def _plan(self, image: ImageRef) -> _Plan:
+        from airflow_provider_tao_slurm.core.conversion import lock_dir, sqsh_target
+        from airflow_provider_tao_slurm.core.images import sqsh_cache_path
+        from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
+        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
+
         settings = self.hook.settings
         if not settings.results_dir:
             raise ConnectionConfigError(
@@ -312,6 +300,9 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _sqsh_problem(self, path: str) -> str | None:
         """Why ``path`` is not a usable squashfs image (:data:`MISSING` when absent), or None."""
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.images import check_sqsh_header
+
         found = commands.parse_sqsh_check(
             self.hook.run(commands.sqsh_check(path), check=True, what="image check").stdout
         )
@@ -321,6 +312,8 @@ class EnrootImportOperator(SlurmBaseOperator):
         return check_sqsh_header(bytes.fromhex(magic), size)
 
     def _existing_image(self, path: str) -> str:
+        from airflow_provider_tao_slurm.exceptions import ImageConversionError
+
         problem = self._sqsh_problem(path)
         if problem == MISSING:
             raise ImageConversionError(
@@ -334,6 +327,17 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _start(self, plan: _Plan, script: str, owner: str) -> str | _Job:
         """Reuse a valid file, or submit the conversion, or adopt the conversion another run started."""
+        from airflow_provider_tao_slurm.core.conversion import (
+            LOCK_SUBMIT_GRACE_S,
+            LockAction,
+            acquire_lock,
+            conversion_job_name,
+            held_lock_action,
+            parse_lock,
+        )
+        from airflow_provider_tao_slurm.core.images import needs_conversion
+        from airflow_provider_tao_slurm.exceptions import ImageConversionError
+
         problem = self._sqsh_problem(plan.target)
         if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
             self.log.info("Reusing the converted image %s", plan.target)
@@ -373,6 +377,10 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _convert(self, plan: _Plan, script: str, owner: str) -> str | _Job:
         """Holding the lock: check the target once more, then stage and submit the conversion job."""
+        from airflow_provider_tao_slurm.core.conversion import conversion_job_name, record_lock_job
+        from airflow_provider_tao_slurm.core.images import needs_conversion
+        from airflow_provider_tao_slurm.core.layout import JobLayout
+
         job_name = conversion_job_name(owner)
         try:
             problem = self._sqsh_problem(plan.target)
@@ -404,6 +412,11 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _read_event(self, event: Any) -> tuple[str, str, str | None]:
         """``(job id, job name, failure description or None)`` from a trigger event."""
+        from airflow_provider_tao_slurm.core.conversion import owner_of_job
+        from airflow_provider_tao_slurm.core.states import TaoState
+        from airflow_provider_tao_slurm.exceptions import ImageConversionError, ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
+
         try:
             parsed = JobEvent.from_dict(event, what="conversion trigger event")
             owner_of_job(parsed.job_name)
@@ -425,6 +438,10 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def _log_tail(self, results_dir: str, job_id: str, job_name: str) -> str:
         """The last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
+        from airflow_provider_tao_slurm.core.layout import JobLayout
+        from airflow_provider_tao_slurm.exceptions import TaoSlurmError
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
         lifecycle = JobLifecycle(self.hook, self.log)
         sections = []
         for path in JobLayout(results_dir, job_name).log_paths(job_id)[::-1]:
@@ -436,6 +453,9 @@ class EnrootImportOperator(SlurmBaseOperator):
         return "\n".join(sections)
 
     def _remove_lock(self, lock: str, owner: str | None) -> None:
+        from airflow_provider_tao_slurm.core.conversion import remove_lock
+        from airflow_provider_tao_slurm.exceptions import ImageConversionError, RemoteCommandError
+
         try:
             self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
         except RemoteCommandError as exc:
@@ -445,6 +465,9 @@ class EnrootImportOperator(SlurmBaseOperator):
             ) from None
 
     def _remove_lock_quietly(self, lock: str, owner: str | None) -> None:
+        from airflow_provider_tao_slurm.core.conversion import remove_lock
+        from airflow_provider_tao_slurm.exceptions import TaoSlurmError
+
         try:
             self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
         except TaoSlurmError as exc:

@@ -17,36 +17,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from importlib import resources
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao_slurm.core.images import parse_image
-from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.nccl import (
-    MIN_TIMEOUT_S,
-    PROBE_FILE,
-    WALL_GRACE_S,
-    Verdict,
-    cache_path,
-    cache_text,
-    candidate_envs,
-    judge_probe,
-    parse_cache,
-    probe_command,
-    probe_scope,
-)
-from airflow_provider_tao_slurm.core.records import check_slurm_job_id, mint_job_id
-from airflow_provider_tao_slurm.core.resources import Resources, build_resources, site_options
-from airflow_provider_tao_slurm.core.secrets import redact_text
-from airflow_provider_tao_slurm.core.storage import display_value
-from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
-from airflow_provider_tao_slurm.exceptions import (
-    ConnectionConfigError,
-    ImageReferenceError,
-    NcclProbeError,
-    ValidationError,
-)
-from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
-from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.lifecycle.support import (
     default_deferrable,
     lint_bash,
@@ -55,7 +27,10 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     utc_now,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.resources import Resources
 
 #: Bytes of the end of each probe log that are judged (and shown on failure).
 LOG_TAIL_BYTES = 65536
@@ -92,6 +67,8 @@ class _Plan:
 
 
 def _probe_program() -> bytes:
+    from airflow_provider_tao_slurm.core.nccl import PROBE_FILE
+
     return resources.files("airflow_provider_tao_slurm.probes").joinpath(PROBE_FILE).read_bytes()
 
 
@@ -205,6 +182,8 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> dict[str, str]:
         """Return the cached environment, or submit the first probe job and defer."""
+        from airflow_provider_tao_slurm.core.nccl import candidate_envs
+
         resources_ = self._resources()
         if not resources_.needs_nccl_probe:
             self.log.info("A job with one GPU runs no collective across GPUs: no NCCL probe needed")
@@ -230,6 +209,12 @@ class NcclProbeOperator(SlurmBaseOperator):
         deferral; where they are lost (``airflow dags test`` resumes with the event only) the names
         are minted again from the context, as they were before the deferral.
         """
+        from airflow_provider_tao_slurm.core.nccl import Verdict, cache_text, candidate_envs, judge_probe
+        from airflow_provider_tao_slurm.core.secrets import redact_text
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError, ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
+
         resources_ = self._resources()
         names = list(job_names) or self._job_names(context, len(candidate_envs(self.candidate_envs)))
         plan = self._plan(resources_, names)
@@ -317,6 +302,11 @@ class NcclProbeOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ planning (no SSH)
 
     def _resources(self) -> Resources:
+        from airflow_provider_tao_slurm.core.nccl import MIN_TIMEOUT_S, WALL_GRACE_S
+        from airflow_provider_tao_slurm.core.resources import build_resources, site_options
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         for name in ("num_nodes", "gpus_per_node", "timeout_seconds"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -354,6 +344,8 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _job_names(self, context: Any, count: int) -> list[str]:
         """One job name per candidate: a chain from this try's id, so each attempt is its own job."""
+        from airflow_provider_tao_slurm.core.records import mint_job_id
+
         ti = context["ti"]
         names = [mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, try_number=ti.try_number)]
         while len(names) < count:
@@ -366,6 +358,24 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _plan(self, resources_: Resources, job_names: Sequence[str]) -> _Plan:
         """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
+        from airflow_provider_tao_slurm.core.images import parse_image
+        from airflow_provider_tao_slurm.core.layout import JobLayout
+        from airflow_provider_tao_slurm.core.nccl import (
+            PROBE_FILE,
+            cache_path,
+            candidate_envs,
+            probe_command,
+            probe_scope,
+        )
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
+        from airflow_provider_tao_slurm.exceptions import (
+            ConnectionConfigError,
+            ImageReferenceError,
+            NcclProbeError,
+            ValidationError,
+        )
+
         settings = self.hook.settings
         image = parse_image(self.image)
         if image.path is None:
@@ -433,6 +443,9 @@ class NcclProbeOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ on the cluster
 
     def _cached(self, plan: _Plan) -> dict[str, str] | None:
+        from airflow_provider_tao_slurm.core.nccl import parse_cache
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         text = self.hook.read_file(plan.cache_path)
         if text is None:
             self.log.info("No cached NCCL environment for cluster %s (%s): probing", plan.cluster, plan.scope)
@@ -458,6 +471,11 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _submit(self, context: Any, plan: _Plan, index: int, outcomes: list[str]) -> dict[str, str]:
         """Stage and submit the probe of candidate ``index``, then wait until it ends (deferred or in the worker)."""
+        from airflow_provider_tao_slurm.core.nccl import PROBE_FILE
+        from airflow_provider_tao_slurm.core.records import check_slurm_job_id
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
         attempt = plan.attempts[index]
         layout = attempt.layout
         lint_bash(attempt.script)
@@ -509,6 +527,8 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _log_tail(self, attempt: _Attempt, slurm_job_id: str) -> str:
         """The last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
         lifecycle = JobLifecycle(self.hook, self.log)
         return "\n".join(
             f"--- {path} ---\n{lifecycle.log_tail(path, LOG_TAIL_BYTES)}"

@@ -10,28 +10,18 @@ import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.images import ImageRef, parse_image, registry_host
-from airflow_provider_tao_slurm.core.resources import parse_partitions, resolve_partitions
-from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
-from airflow_provider_tao_slurm.exceptions import (
-    ConnectionConfigError,
-    ConnectionLostError,
-    KeyFilePermissionError,
-    PreflightError,
-    ResourceError,
-    SlurmConnectionError,
-    TaoSlurmError,
-    ValidationError,
-)
+from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
 from airflow_provider_tao_slurm.lifecycle.support import (
     NGC_LOGIN,
     install_registry_credentials,
     registry_credentials_from_connection,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.images import ImageRef
 
 #: The SLURM commands the provider runs on the login host.
 SLURM_TOOLS = ("sbatch", "squeue", "sacct", "scancel", "srun")
@@ -83,7 +73,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         image: str | None = None,
         registry_conn_id: str | None = None,
         registry_secret_env: str | None = None,
-        pyxis_options: Sequence[str] = commands.PYXIS_SRUN_OPTIONS,
+        pyxis_options: Sequence[str] = PYXIS_SRUN_OPTIONS,
         check_enroot: bool = True,
         enroot_wait_seconds: int = 60,
         **kwargs: Any,
@@ -102,6 +92,10 @@ class SlurmPreflightOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Run every check; return the report or raise :class:`PreflightError` listing all problems."""
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.resources import parse_partitions
+        from airflow_provider_tao_slurm.exceptions import KeyFilePermissionError, SlurmConnectionError
+
         image = self._validate()
         settings = self.hook.settings
         partitions = parse_partitions(self.partitions or settings.partitions)
@@ -147,6 +141,12 @@ class SlurmPreflightOperator(SlurmBaseOperator):
 
     def _validate(self) -> ImageRef | None:
         """Check every explicit input before the hook is created; returns the parsed image."""
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.images import parse_image
+        from airflow_provider_tao_slurm.core.resources import parse_partitions
+        from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         if self.partitions:
             parse_partitions(self.partitions)
         if self.conversion_partition is not None:
@@ -168,6 +168,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ checks: (ok, what was found or the problem)
 
     def _tools(self) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+
         result = self.hook.run(commands.which(SLURM_TOOLS), what="tool check")
         missing = commands.parse_which(result.stdout, SLURM_TOOLS)
         if missing:
@@ -178,6 +180,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, "ok: " + " ".join(SLURM_TOOLS)
 
     def _pyxis(self) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+
         result = self.hook.run(commands.srun_help(), what="srun --help")
         missing = commands.missing_srun_options(result.stdout, self.pyxis_options)
         if missing:
@@ -188,6 +192,9 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, "ok: srun offers " + " ".join(self.pyxis_options)
 
     def _results_dir(self, results_dir: str | None) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
+
         if not results_dir:
             return False, "none is set; set results_dir on the connection (a shared directory, e.g. /lustre/<user>)"
         path = resolve_cluster_path(results_dir, param="results_dir")
@@ -203,6 +210,9 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         self, gpu: tuple[str, ...], conversion: tuple[str, ...], resolved: dict[str, str]
     ) -> tuple[bool, str]:
         """The GPU and conversion partitions exist (a missing setting means the cluster's default one)."""
+        from airflow_provider_tao_slurm.core.resources import resolve_partitions
+        from airflow_provider_tao_slurm.exceptions import ResourceError
+
         known = self.hook.partition_limits(fresh=True)
         cluster = self.hook.settings.cluster_name
         try:
@@ -222,6 +232,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, f"ok: GPU jobs on {shown(gpu_names, gpu)}; conversion on {shown(conversion_names, conversion)}"
 
     def _account(self, account: str | None, command: str | None) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+
         if account is None or command is None:
             return True, "ok: none set, jobs use the user's default account"
         result = self.hook.run(command, what="sacctmgr")
@@ -236,6 +248,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, f"ok: {user} may charge {account}"
 
     def _enroot(self, partition: str, account: str | None) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+
         wait = self.enroot_wait_seconds
         command = commands.srun_probe(partition, ["enroot", "version"], account=account, wait_seconds=wait)
         result = self.hook.run(command, what="enroot check", timeout=wait + 120)
@@ -249,6 +263,9 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, f"ok: enroot {lines[-1]} on partition {partition}"
 
     def _credentials(self, image: ImageRef) -> tuple[bool, str]:
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.images import registry_host
+
         host = registry_host(image)
         secret = self._registry_secret()
         if host is None or (host not in CREDENTIAL_REGISTRIES and secret is None):
@@ -268,6 +285,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
 
     def _registry_secret(self) -> tuple[str, str] | None:
         """``(login, key)`` from ``registry_conn_id`` or ``registry_secret_env``; None when neither is given."""
+        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
+
         if self.registry_conn_id is not None:
             return registry_credentials_from_connection(self.registry_conn_id)
         if self.registry_secret_env is None:
@@ -294,6 +313,8 @@ class _Findings:
 
     def run(self, name: str, check: Callable[[], tuple[bool, str]]) -> bool:
         """Run one check and record its outcome; a lost connection ends the preflight."""
+        from airflow_provider_tao_slurm.exceptions import ConnectionLostError, TaoSlurmError
+
         try:
             ok, text = check()
         except ConnectionLostError:
@@ -310,6 +331,8 @@ class _Findings:
 
     def fail(self) -> NoReturn:
         """Raise :class:`PreflightError` listing every problem."""
+        from airflow_provider_tao_slurm.exceptions import PreflightError
+
         listing = "\n".join(f"- {problem}" for problem in self.problems)
         raise PreflightError(
             f"preflight found {len(self.problems)} problem(s) on cluster {self.cluster!r}:\n{listing}", self.problems

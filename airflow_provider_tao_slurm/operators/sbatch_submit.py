@@ -8,36 +8,9 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jinja2
-import yaml
-
-from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
-from airflow_provider_tao_slurm.core.execution import (
-    HELPERS_DIR,
-    Execution,
-    build_step_command,
-    canonical_sha256,
-    manifest,
-    parse_execution,
-)
-from airflow_provider_tao_slurm.core.images import parse_image
-from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import open_record, to_json
-from airflow_provider_tao_slurm.core.resources import DEFAULT_TIMEOUT_HOURS, build_resources, site_options
-from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
-from airflow_provider_tao_slurm.core.shell import quote
-from airflow_provider_tao_slurm.core.specs import load_spec
-from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
-from airflow_provider_tao_slurm.exceptions import (
-    ConnectionConfigError,
-    ImageReferenceError,
-    SecretLeakError,
-    ValidationError,
-)
-from airflow_provider_tao_slurm.lifecycle.events import JobHandle
-from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
     lint_bash,
@@ -48,12 +21,20 @@ from airflow_provider_tao_slurm.lifecycle.support import (
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
+if TYPE_CHECKING:
+    import jinja2
+
+    from airflow_provider_tao_slurm.core.execution import Execution
+    from airflow_provider_tao_slurm.core.layout import JobLayout
+
 #: Stands for "the cluster's default partition" while the script is checked before asking the cluster.
 _DEFAULT_PARTITION_PLACEHOLDER = "cluster-default"
 _ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 def _check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
+    from airflow_provider_tao_slurm.exceptions import ValidationError
+
     checked: dict[str, str] = {}
     for key, value in env.items():
         if not isinstance(key, str) or not key or key[0].isdigit() or not set(key) <= _ENV_NAME_CHARS:
@@ -211,6 +192,12 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ validation (no SSH)
 
     def _validated(self) -> dict[str, Any]:
+        from airflow_provider_tao_slurm.core.execution import parse_execution
+        from airflow_provider_tao_slurm.core.images import parse_image
+        from airflow_provider_tao_slurm.core.resources import build_resources, site_options
+        from airflow_provider_tao_slurm.core.specs import load_spec
+        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, ImageReferenceError, ValidationError
+
         settings = self.hook.settings
         image = parse_image(self.image)
         if image.kind != "sqsh":
@@ -289,6 +276,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
         :returns: ``({destination: content}, manifest JSON)``, or None without supporting files.
         """
+        from airflow_provider_tao_slurm.core.execution import manifest
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         if not execution.supporting_files:
             return None
         if not self.bundle_root:
@@ -309,6 +299,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
     def resolve_template_files(self) -> None:
         """Read ``spec`` from its file when it names one (no other field is ever read from a file)."""
+        import jinja2
+
         spec = self.spec
         if isinstance(spec, str) and spec.endswith(tuple(self.template_ext)):
             env = self.get_template_env()
@@ -321,6 +313,10 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self, content: Any, context: Any, jinja_env: jinja2.Environment | None = None, seen_oids: set[int] | None = None
     ) -> Any:
         """Render as Airflow does, except that only the ``spec`` field itself may name a template file."""
+        import jinja2
+
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         if isinstance(content, str) and content.endswith(tuple(self.template_ext)):
             env = jinja_env or self.get_template_env()
             if content is not self.spec:
@@ -336,6 +332,17 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING."""
+        import yaml
+
+        from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
+        from airflow_provider_tao_slurm.core.execution import build_step_command, canonical_sha256
+        from airflow_provider_tao_slurm.core.records import open_record
+        from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
+        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
+        from airflow_provider_tao_slurm.exceptions import SecretLeakError
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
         checked = self._validated()
         settings = checked["settings"]
         ti = context["ti"]
@@ -477,6 +484,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
         An identical manifest already there is reused; a different bundle is never overwritten.
         """
+        from airflow_provider_tao_slurm.core.execution import HELPERS_DIR
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         helpers_dir = f"{layout.job_dir}/{HELPERS_DIR}"
         existing = self.hook.read_file(f"{helpers_dir}/manifest.json")
         if existing is not None and existing != manifest_text:
@@ -504,6 +514,8 @@ def _job_files(
     record: Any,
 ) -> dict[str, tuple[bytes | None, int]]:
     """The files (and directories: content None) staged for one job, relative to the results base."""
+    from airflow_provider_tao_slurm.core.records import to_json
+    from airflow_provider_tao_slurm.core.shell import quote
 
     def rel(path: str) -> str:
         return path[len(layout.base) + 1 :]

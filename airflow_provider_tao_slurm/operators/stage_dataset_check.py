@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from airflow_provider_tao_slurm.core.storage import display_value, resolve_paths
-from airflow_provider_tao_slurm.exceptions import MissingPathsError
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 
@@ -36,6 +34,9 @@ class StageDatasetCheckOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> dict[str, str] | list[str]:
         """Resolve the paths, test them on the cluster and return them resolved."""
+        from airflow_provider_tao_slurm.core.storage import display_value, resolve_paths
+        from airflow_provider_tao_slurm.exceptions import MissingPathsError
+
         resolved = resolve_paths(self.paths, param="paths")
         labelled = (
             [(f"paths[{display_value(key)}]", path) for key, path in resolved.items()]

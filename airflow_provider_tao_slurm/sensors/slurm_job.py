@@ -18,37 +18,26 @@ import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseSensorOperator, PokeReturnValue
-from airflow.sdk.observability.stats import Stats
 
-from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
-from airflow_provider_tao_slurm.core.failures import classify
-from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, PROGRESS, LineStream, clean_line
-from airflow_provider_tao_slurm.core.records import JobRecord, check_slurm_job_id, mark
-from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
-from airflow_provider_tao_slurm.core.status import status_verdict
-from airflow_provider_tao_slurm.core.usage import JobUsage
-from airflow_provider_tao_slurm.exceptions import (
-    JobFailedError,
-    JobLookupError,
-    JobNotFoundError,
-    UnknownStateError,
-    ValidationError,
-)
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
-from airflow_provider_tao_slurm.lifecycle.events import (
+from airflow_provider_tao_slurm.core.defaults import (
+    DEFAULT_BYTES_PER_POLL,
+    DEFAULT_CONN_ID,
     DEFAULT_NOT_FOUND_GRACE_S,
     DEFAULT_UNRECOGNISED_GRACE_S,
-    EventStatus,
-    JobEvent,
-    JobHandle,
 )
-from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle, record_dict
 from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin, default_deferrable, resolve_secret
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.logstream import LineStream
+    from airflow_provider_tao_slurm.core.records import JobRecord
+    from airflow_provider_tao_slurm.core.states import JobState
+    from airflow_provider_tao_slurm.core.usage import JobUsage
+    from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle
+    from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
 #: What the sensor needs from the submit operator's job handle.
 HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path", "results_base")
@@ -113,7 +102,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         *,
         job: Mapping[str, Any] | str | None = None,
         slurm_job_id: str | int | None = None,
-        slurm_conn_id: str = SlurmHook.default_conn_name,
+        slurm_conn_id: str = DEFAULT_CONN_ID,
         poke_interval: float = 30,
         deferrable: bool = default_deferrable(),
         max_infra_retries: int = 2,
@@ -145,12 +134,17 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     @property
     def lifecycle(self) -> JobLifecycle:
         """The job-lifecycle layer over this sensor's hook."""
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
         return JobLifecycle(self.hook, self.log)
 
     # ------------------------------------------------------------------ deferrable path
 
     def execute(self, context: Any) -> Any:
         """Validate the handle, then defer to :class:`SlurmJobTrigger` (or poke when not deferrable)."""
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+
         if (self.job is None) == (self.slurm_job_id is None):
             raise ValidationError(
                 "give SlurmJobSensor either job (SbatchSubmitOperator's output) or slurm_job_id (a job "
@@ -174,6 +168,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=handle.to_dict())
 
     def _defer(self, handle: JobHandle, streams: list[dict[str, str | None]]) -> None:
+        from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -202,6 +198,9 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         foreign: Mapping[str, Any] | None = None,
     ) -> Any:
         """Resume after the trigger fired: settle the record, maybe have the job resubmitted (and defer again)."""
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle
+
         parsed = JobEvent.from_dict(event)
         if foreign is not None:
             return self._settle_foreign(dict(foreign), parsed)
@@ -220,6 +219,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _live_streams(self, context: Any, handle: JobHandle) -> list[dict[str, str | None]]:
         """The files shown live (``main.out``, ``main.err``, ``status.json``), each with its cursor in the log dir."""
+        from airflow_provider_tao_slurm.core.logstream import PROGRESS
+
         if not self.stream_logs or not handle.log_dir:
             return []
         tag = _watch_tag(context)
@@ -231,6 +232,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         ]
 
     def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str]) -> list[LineStream]:
+        from airflow_provider_tao_slurm.core.logstream import LineStream
+
         return [
             LineStream(
                 str(item["label"]),
@@ -263,6 +266,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _watch_foreign(self, context: Any) -> Any:
         """Watch a job known only by its SLURM id: its log paths come from ``scontrol show job``."""
+        from airflow_provider_tao_slurm.core.records import check_slurm_job_id
+        from airflow_provider_tao_slurm.exceptions import JobNotFoundError
+        from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
+
         slurm_job_id = check_slurm_job_id(str(self.slurm_job_id).strip())
         info = self.hook.describe_job(slurm_job_id)
         if not info and slurm_job_id not in self.hook.get_states([slurm_job_id]):
@@ -329,6 +336,16 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _settle_foreign(self, foreign: dict[str, Any], event: JobEvent) -> dict[str, Any]:
         """The end of a job submitted elsewhere: its outcome, logs and cost; nothing recorded or resubmitted."""
+        from airflow_provider_tao_slurm.core.failures import classify
+        from airflow_provider_tao_slurm.core.states import TaoState
+        from airflow_provider_tao_slurm.exceptions import (
+            JobFailedError,
+            JobNotFoundError,
+            UnknownStateError,
+            ValidationError,
+        )
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus
+
         slurm_job_id = str(foreign["slurm_job_id"])
         if event.slurm_job_id != slurm_job_id:
             raise ValidationError(f"trigger event is for job {event.slurm_job_id}, not {slurm_job_id}; clear the task")
@@ -368,6 +385,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def poke(self, context: Any) -> bool | PokeReturnValue:
         """One status query; settles the job when it is terminal, vanished or stuck in an unknown state."""
+        from airflow_provider_tao_slurm.core.states import TaoState
+        from airflow_provider_tao_slurm.exceptions import JobLookupError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent, JobHandle
+
         if self._foreign is not None:
             return self._poke_foreign(self._foreign)
         handle = self._current or JobHandle.from_dict(self.job)
@@ -423,6 +444,10 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         return PokeReturnValue(is_done=True, xcom_value=outcome)
 
     def _poke_foreign(self, foreign: dict[str, Any]) -> bool | PokeReturnValue:
+        from airflow_provider_tao_slurm.core.states import TaoState
+        from airflow_provider_tao_slurm.exceptions import JobLookupError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
+
         slurm_job_id = str(foreign["slurm_job_id"])
         try:
             state = self.hook.get_states([slurm_job_id]).get(slurm_job_id)
@@ -448,6 +473,11 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _settle(self, context: Any, handle: JobHandle, event: JobEvent) -> dict[str, Any] | JobHandle:
         """Record what the trigger saw and the outcome; a JobHandle back means "resubmitted, watch this one"."""
+        from airflow_provider_tao_slurm.core.failures import classify
+        from airflow_provider_tao_slurm.core.states import TaoState
+        from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus
+
         lifecycle = self.lifecycle
         record = self._observed(handle, lifecycle.require_record(handle), event)
         secrets = self._secret_values(handle)
@@ -492,6 +522,9 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _observed(self, handle: JobHandle, record: JobRecord, event: JobEvent) -> JobRecord:
         """The record with the trigger's observations (a terminal record takes none)."""
+        from airflow_provider_tao_slurm.core.records import mark
+        from airflow_provider_tao_slurm.core.states import TaoState
+
         started = any(t.source == "trigger" and t.state == TaoState.RUNNING for t in record.transitions)
         for seen in event.transitions if record.terminal_state is None else ():
             started = started or seen.state is TaoState.RUNNING
@@ -516,6 +549,11 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
     def _completed(
         self, lifecycle: JobLifecycle, handle: JobHandle, record: JobRecord, state: JobState
     ) -> dict[str, Any]:
+        from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
+        from airflow_provider_tao_slurm.core.status import status_verdict
+        from airflow_provider_tao_slurm.exceptions import JobFailedError
+        from airflow_provider_tao_slurm.lifecycle.jobs import record_dict
+
         verdict = status_verdict(self.hook.read_status_json(f"{handle.results_dir}/status.json"))
         exit_codes = self._exit_codes(handle, state.exit_code if state.exit_code is not None else 0)
         required = self.require_status_json
@@ -564,6 +602,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _report_usage(self, handle: JobHandle, usage: JobUsage, state: JobState) -> None:
         """The job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""
+        from airflow.sdk.observability.stats import Stats
+
         self.log.info("%s", usage.summary(handle.slurm_job_id, f"{state.tao_state} ({state.native})"))
         tags = {"cluster": handle.cluster or "", "state": str(state.tao_state)}
         if usage.queue_seconds is not None:
@@ -587,6 +627,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         Each line is cleaned like a live line (bounded, no escapes, redacted, prefixed with the label), so
         a job's output cannot forge task-log lines.
         """
+        from airflow_provider_tao_slurm.core.logstream import clean_line
+
         tail = self.lifecycle.log_tail(path, FINAL_LOG_BYTES, secrets=secrets)
         if shown is None:
             rest = tail
@@ -613,6 +655,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
 
     def _exit_codes(self, handle: JobHandle, job_code: int | None) -> dict[str, Any] | None:
         """The job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""
+        from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
+
         codes: dict[str, Any] = {} if job_code is None else {"job": job_code}
         if handle.child_exit_code_path:
             text = self.hook.read_file(handle.child_exit_code_path)

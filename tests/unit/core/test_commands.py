@@ -19,6 +19,7 @@ import pytest
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.commands import Partition, TailChunk
+from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
 from airflow_provider_tao_slurm.core.states import parse_jobs_by_name
 from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError, ValidationError
 
@@ -921,7 +922,7 @@ SRUN_HELP = """Usage: srun [OPTIONS(0)... [executable(0) [args(0)...]]] [ : [OPT
 @pytest.mark.parametrize(
     ("help_text", "options", "missing"),
     [
-        (SRUN_HELP, list(commands.PYXIS_SRUN_OPTIONS), []),
+        (SRUN_HELP, list(PYXIS_SRUN_OPTIONS), []),
         (SRUN_HELP, ["--container-image", "--container-workdir"], ["--container-workdir"]),
         (SRUN_HELP, ["--container-mount-home"], ["--container-mount-home"]),
         ("", ["--container-image"], ["--container-image"]),

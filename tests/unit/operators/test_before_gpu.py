@@ -101,7 +101,7 @@ class NoHook:
 
 @pytest.fixture
 def no_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("airflow_provider_tao_slurm.operators.base.SlurmHook", NoHook)
+    monkeypatch.setattr("airflow_provider_tao_slurm.hooks.slurm.SlurmHook", NoHook)
 
 
 class Cluster:

@@ -264,7 +264,7 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
         gauge=lambda name, value, tags: metrics.append(("gauge", name, value)),
         incr=lambda name, value, tags: metrics.append(("incr", name, value)),
     )
-    monkeypatch.setattr(sensor_module, "Stats", recorder)
+    monkeypatch.setattr("airflow.sdk.observability.stats.Stats", recorder)
     capfd.readouterr()
 
     result = complete(sensor_with(hook), terminal("COMPLETED", node_list="n2"))

@@ -1,0 +1,23 @@
+"""Defaults that operator and sensor signatures name, in a module that imports nothing.
+
+Operator and sensor modules are imported whenever a DAG file is parsed, and the default values in
+their signatures are evaluated then; keeping those values here lets those modules name them without
+importing the modules that use them (resource builders, log streams, job events, the hook, remote commands).
+The hook, the resource builders, the log streams, the job events and the remote commands take their
+values from here, so each value has one definition.
+"""
+
+from __future__ import annotations
+
+#: The ``tao_slurm`` connection used when none is named (the hook's ``default_conn_name``).
+DEFAULT_CONN_ID = "slurm_default"
+#: The program's own timeout in hours, below the 4 h default wall limit (the program must stop first).
+DEFAULT_TIMEOUT_HOURS = 3.8
+#: Bytes read per file per poll unless the sensor says otherwise.
+DEFAULT_BYTES_PER_POLL = 16384
+#: How long a job may be unknown to both squeue and sacct after submit (sacct lags by seconds).
+DEFAULT_NOT_FOUND_GRACE_S = 300.0
+#: How long the scheduler may report a state this provider does not know before the task fails.
+DEFAULT_UNRECOGNISED_GRACE_S = 600.0
+#: The Pyxis options of ``srun`` that the provider's batch scripts rely on (checked by the preflight).
+PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")
