@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -27,6 +27,8 @@ from airflow_provider_tao_slurm.core.states import (
     SACCT_ID_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_ID_FORMAT,
+    JobState,
+    state_from_native,
 )
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
@@ -1020,3 +1022,79 @@ def parse_enroot_credentials_present(stdout: str, machines: Sequence[str]) -> li
     :raises RemoteCommandError: when some machine got no answer.
     """
     return _parse_indexed(stdout, machines, "credentials")
+
+
+# ------------------------------------------------------------------ end markers
+
+#: An end marker's name: ``<slurm job id>-<restart count>-<exit code>.end`` (an empty file the batch
+#: script's EXIT trap leaves in ``<results_dir>/ends`` when the script ends by itself).
+_END_MARKER_RE = re.compile(r"^(\d+)-(\d+)-(\d+)\.end (\d+(?:\.\d*)?)$")
+_END_DIR_TAG = "== tao-slurm ends "
+
+
+@dataclass(frozen=True)
+class EndMarker:
+    """One end marker: which job's script ended, in which run, with which exit code, and when.
+
+    :ivar directory: the ends directory it was found in.
+    :ivar slurm_job_id: the job.
+    :ivar restart: ``SLURM_RESTART_COUNT`` of the run that wrote it (0 for the first run).
+    :ivar exit_code: the batch script's exit status.
+    :ivar mtime: the marker's modification time, in the file system's clock.
+    """
+
+    directory: str
+    slurm_job_id: str
+    restart: int
+    exit_code: int
+    mtime: float
+
+    def state(self) -> JobState:
+        """The job's end as the marker tells it: COMPLETED for exit code 0, else FAILED (source ``marker``)."""
+        return state_from_native(
+            self.slurm_job_id,
+            "COMPLETED" if self.exit_code == 0 else "FAILED",
+            source="marker",
+            exit_code=self.exit_code,
+            signal=0,
+            restart=self.restart,
+        )
+
+
+def end_markers(since: Mapping[str, float]) -> str:
+    """One command listing, per ends directory, the markers modified after ``since[directory]`` (epoch s).
+
+    ``find`` only stats the directory's entries and prints the new names; a directory that does not
+    exist yet lists nothing.
+    """
+    parts = []
+    for index, (directory, after) in enumerate(since.items()):
+        newer = f"@{max(0, int(after))}"
+        find = join(["find", directory, "-maxdepth", "1", "-name", "*.end", "-newermt", newer, "-printf", "%f %T@\\n"])
+        parts.append(f"echo {quote(_END_DIR_TAG + str(index))}; {find} 2>/dev/null")
+    return "; ".join([*parts, "true"])
+
+
+def parse_end_markers(stdout: str, directories: Sequence[str]) -> list[EndMarker]:
+    """The markers :func:`end_markers` listed; lines that are not well-formed markers are ignored."""
+    markers: list[EndMarker] = []
+    directory: str | None = None
+    for line in stdout.splitlines():
+        if line.startswith(_END_DIR_TAG):
+            index = line[len(_END_DIR_TAG) :]
+            directory = directories[int(index)] if index.isdigit() and int(index) < len(directories) else None
+            continue
+        match = _END_MARKER_RE.match(line)
+        if directory is None or match is None:
+            continue
+        job, restart, code, mtime = match.groups()
+        markers.append(EndMarker(directory, job, int(restart), int(code), float(mtime)))
+    return markers
+
+
+def remove_end_markers(directory: str, slurm_job_id: str, up_to_restart: int) -> str:
+    """Remove one job's end markers of runs ``0 .. up_to_restart`` (a later run's marker stays)."""
+    if not slurm_job_id.isdigit():
+        raise ValidationError(f"SLURM job id {slurm_job_id!r} has no end markers (only plain numeric ids do)")
+    names = " ".join(f"{quote(directory)}/{slurm_job_id}-{run}-*.end" for run in range(max(0, up_to_restart) + 1))
+    return f"rm -f -- {names}"

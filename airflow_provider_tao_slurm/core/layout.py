@@ -11,6 +11,7 @@ Under the shared base directory (the connection's ``results_dir``)::
     <base>/results/<job_id>/                the job's results (status.json, checkpoints)
     <base>/logs/<job_name>-<slurm_id>/main.out|main.err
     <base>/records/<job_id>.json            the job record, outside the results tree
+    <base>/ends/<slurm_id>-<restart>-<rc>.end  end markers the batch scripts leave (read by the poller)
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def _check_base(base: str) -> str:
     return normalised
 
 
+def ends_dir(base: str) -> str:
+    """The end markers' directory of results base ``base``."""
+    return f"{_check_base(base)}/ends"
+
+
 @dataclass(frozen=True)
 class JobLayout:
     """Paths of one job under ``base``; ``job_id`` doubles as the SLURM job name."""
@@ -47,6 +53,11 @@ class JobLayout:
                 f"job id {self.job_id!r} may only contain letters, digits, '_', '.', '-' (max 128, no leading "
                 "punctuation)"
             )
+
+    @property
+    def ends_dir(self) -> str:
+        """Where every job of this base leaves its end marker (one directory the poller lists)."""
+        return ends_dir(self.base)
 
     @property
     def job_dir(self) -> str:

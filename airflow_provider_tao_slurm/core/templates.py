@@ -11,8 +11,9 @@ Values that reach the shell are quoted with :func:`~airflow_provider_tao_slurm.c
 Placeholders: JOB_NAME, PARTITION, ACCOUNT, NUM_NODES, GPUS_PER_NODE, NUM_GPUS, CPUS_PER_TASK,
 MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list of options), GPU_TYPE,
 MASTER_PORT (a number or a per-job shell arithmetic expression),
-LOG_DIR, JOB_DIR, EXIT_CODE_FILE, IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of
-``NAME=quoted`` exports) and ENV_FILE (the credentials sidecar; empty without secrets).
+LOG_DIR, JOB_DIR, EXIT_CODE_FILE, ENDS_DIR (where the EXIT trap leaves the end marker; empty: none),
+IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of ``NAME=quoted`` exports) and ENV_FILE (the
+credentials sidecar; empty without secrets).
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class SbatchSpec:
     :param image: absolute ``.sqsh`` path given to Pyxis ``--container-image``.
     :param command: shell command run in the container with ``bash -c``.
     :param exit_code_file: absolute path where the script writes the step's exit code.
+    :param ends_dir: absolute directory where the script's EXIT trap leaves its end marker
+        (``<job id>-<restart>-<exit code>.end``), or ``None`` for no marker.
     :param account: SLURM account, or ``None`` for the user's default.
     :param mem_mb: memory per node in MB (``--mem``), or ``None`` for the partition default.
     :param exclusive: ask for whole nodes.
@@ -128,6 +131,7 @@ class SbatchSpec:
     image: str
     command: str
     exit_code_file: str
+    ends_dir: str | None = None
     account: str | None = None
     mem_mb: int | None = None
     exclusive: bool = False
@@ -235,6 +239,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "LOG_DIR": spec.log_dir,
         "JOB_DIR": quote(spec.job_dir),
         "EXIT_CODE_FILE": quote(spec.exit_code_file),
+        "ENDS_DIR": quote(spec.ends_dir) if spec.ends_dir else "",
         "IMAGE": quote(spec.image),
         "CONTAINER_MOUNTS": quote(spec.container_mounts) if spec.container_mounts else "",
         "COMMAND": quote(spec.command),
@@ -302,7 +307,7 @@ def _validate(spec: SbatchSpec) -> None:
             f"timeout_seconds ({spec.timeout_seconds}) must be shorter than the wall time {spec.time} "
             f"({wall_seconds} s) so the program stops before SLURM kills the job; lower it"
         )
-    for name in ("job_dir", "exit_code_file", "sidecar"):
+    for name in ("job_dir", "exit_code_file", "ends_dir", "sidecar"):
         path = getattr(spec, name)
         if path is not None and not path.startswith("/"):
             raise ValidationError(f"{name} must be an absolute path on the cluster, got {path!r}")

@@ -849,6 +849,22 @@ class SlurmHook(BaseHook):
         rc, out, err, host = await self._a_run_bytes("sh -s", script.encode(), None)
         return _tail_chunks(rc, out, err, host, len(requests), nonce)
 
+    async def a_end_markers(self, since: Mapping[str, float]) -> list[commands.EndMarker]:
+        """The end markers in each ends directory modified after ``since[directory]``, in one command.
+
+        :raises RemoteCommandError: when the listing failed (the poller tries again at its next read).
+        """
+        if not since:
+            return []
+        result = await self.a_run(commands.end_markers(since))
+        if result.rc != 0:
+            raise RemoteCommandError(
+                f"listing the end markers failed on {result.host} (exit {result.rc}): {result.stderr.strip()[-300:]}",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
+        return commands.parse_end_markers(result.stdout, list(since))
+
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """Async twin of :meth:`cancel`."""
         if job_ids:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.failures import Classification
-from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
 from airflow_provider_tao_slurm.core.secrets import redact_text
@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 
 #: Bytes of each log read for a tail (classification and the task log).
 LOG_TAIL_BYTES = 16384
+#: How long an end marker's word waits for the scheduler to show the job ended (accounting lags by
+#: a second or so) before the job is watched again by the scheduler queries alone.
+MARKER_CONFIRM_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -427,6 +430,52 @@ class JobLifecycle:
         """Remove the job's secret sidecar (nothing to do without one)."""
         if path:
             self.hook.run(commands.remove_files([path]), check=True, what="removing the secret sidecar")
+
+    def confirm_end(self, handle: JobHandle, marker: JobState) -> JobState | None:
+        """Check an end marker against the scheduler; the state to settle, or None to watch the job again.
+
+        The marker says the batch script of run ``marker.restart`` ended by itself. The record takes
+        the state accounting reports (so the two agree), asked about once a second for
+        :data:`MARKER_CONFIRM_S`: a job pending again was requeued after its script ended, and a job
+        still not ended by then is left to the scheduler queries. The markers of that run and earlier
+        ones are removed in every case.
+        """
+        deadline = time.monotonic() + MARKER_CONFIRM_S
+        confirmed: JobState | None = None
+        requeued = False
+        while confirmed is None and not requeued and time.monotonic() < deadline:
+            try:
+                state = self.hook.get_states([handle.slurm_job_id]).get(handle.slurm_job_id)
+            except JobLookupError as exc:
+                self.log.warning("Cannot check SLURM job %s's end marker yet: %s", handle.slurm_job_id, exc)
+                state = None
+            if state is not None and state.is_terminal and state.source == "sacct":
+                confirmed = state
+            elif state is not None and state.tao_state is TaoState.PENDING:
+                self.log.warning(
+                    "SLURM job %s's run %s ended (exit code %s) but SLURM requeued the job: watching it again",
+                    handle.slurm_job_id,
+                    marker.restart,
+                    marker.exit_code,
+                )
+                requeued = True
+            else:
+                time.sleep(1.0)
+        if confirmed is None and not requeued:
+            self.log.warning(
+                "SLURM job %s's end marker is not confirmed by accounting within %.0f s: watching it with the "
+                "scheduler queries",
+                handle.slurm_job_id,
+                MARKER_CONFIRM_S,
+            )
+        try:
+            self.hook.run(
+                commands.remove_end_markers(ends_dir(handle.results_base), handle.slurm_job_id, marker.restart or 0),
+                what="removing the end markers",
+            )
+        except TaoSlurmError as exc:  # a leftover marker is ignored by later watches (min_restart)
+            self.log.warning("Cannot remove SLURM job %s's end markers: %s", handle.slurm_job_id, exc)
+        return confirmed
 
     # ------------------------------------------------------------------ logs
 

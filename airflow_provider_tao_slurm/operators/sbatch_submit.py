@@ -388,6 +388,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                     nccl_env=checked["nccl_env"],
                     sidecar=layout.sidecar_path if secrets else None,
                     exit_code_file=layout.exit_code_path,
+                    ends_dir=layout.ends_dir,
                     master_port=self.master_port,
                 )
             )
@@ -523,6 +524,7 @@ def _job_files(
     files: dict[str, tuple[bytes | None, int]] = {
         rel(layout.results_dir): (None, 0o755),
         rel(layout.log_dir): (None, 0o755),  # so the log tree is checked before anything is written
+        rel(layout.ends_dir): (None, 0o755),  # the EXIT trap's end markers
         rel(layout.spec_path): (spec_text.encode(), 0o644),
         rel(layout.env_path): (env_text.encode(), 0o644),
         rel(layout.script_path): (script.encode(), 0o700),

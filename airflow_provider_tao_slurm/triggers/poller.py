@@ -13,6 +13,15 @@ Subscribers may bring :class:`~airflow_provider_tao_slurm.core.logstream.LineStr
 every started job appended to its files since the last poll, and each subscriber gets its new lines
 with the job's state. A job that floods its log is cut at its per-poll byte budget (and the whole
 read at :data:`MAX_LOG_BYTES_PER_POLL`), so it cannot starve the others.
+
+End markers: a subscriber may name its job's ends directory (``<results_dir>/ends``), where the
+batch script's EXIT trap leaves ``<job>-<restart>-<exit code>.end`` when the script ends by itself.
+Every :data:`END_MARKER_INTERVAL_S` seconds ONE ``find`` lists the new markers of all watched
+directories over the same connection, so a job's end reaches its trigger within seconds while the
+scheduler is asked once per interval (30 s suits a real cluster), for what no trap can report:
+cancellation, preemption, requeue, a node failure, a killed step. A run that received SIGTERM leaves
+no marker, and the sensor checks a marker's end against accounting before it settles the record (a
+run that SLURM requeued after its script ended is watched again).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_provider_tao_slurm.core.commands import EndMarker
 from airflow_provider_tao_slurm.core.logstream import LineStream, TailChunk, TailRequest
 from airflow_provider_tao_slurm.core.states import JobState, TaoState
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
@@ -41,8 +51,15 @@ MAX_LOG_BYTES_PER_POLL = 32 << 20
 #: ... but never below this many bytes per file.
 MIN_LOG_BYTES_PER_FILE = 1024
 
+#: Seconds between two reads of the end markers while some subscriber has an ends directory.
+END_MARKER_INTERVAL_S = 2.0
+#: Markers up to this many seconds older than the newest one seen are listed again (a marker written
+#: late, or by a host whose clock lags, is not missed; each subscriber still gets it once).
+END_MARKER_SLACK_S = 60.0
+
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
 LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
+EndsReader = Callable[[Mapping[str, float]], Coroutine[Any, Any, list[EndMarker]]]
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,8 @@ class _Stats:
     log_reads: int = 0
     log_failures: int = 0
     log_bytes: int = 0
+    end_reads: int = 0
+    end_failures: int = 0
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
 
@@ -86,18 +105,32 @@ class StatusPoller:
     :param interval: seconds between polls while nobody is subscribed; subscribers bring their own
         interval and the smallest one among the current subscribers wins.
     :param read_logs: coroutine reading many files from offsets in one batched call (log streaming).
+    :param read_ends: coroutine listing the new end markers of many ends directories in one call;
+        while a subscriber names an ends directory, it runs every :data:`END_MARKER_INTERVAL_S`
+        seconds, between the status queries.
     """
 
-    def __init__(self, key: str, fetch: StatesFetcher, interval: float, read_logs: LogReader | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        fetch: StatesFetcher,
+        interval: float,
+        read_logs: LogReader | None = None,
+        read_ends: EndsReader | None = None,
+    ) -> None:
         self.key = key
         self._fetch = fetch
         self._read_logs = read_logs
+        self._read_ends = read_ends
         self._default_interval = interval
         self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
         self._intervals: dict[asyncio.Queue[PollUpdate], float] = {}
         self._streams: dict[asyncio.Queue[PollUpdate], tuple[str, tuple[LineStream, ...]]] = {}
         self._sent: dict[asyncio.Queue[PollUpdate], JobState] = {}
         self._seen: dict[str, float] = {}
+        self._end_dirs: dict[asyncio.Queue[PollUpdate], tuple[str, int]] = {}
+        self._ends_since: dict[str, float] = {}
+        self._marked: set[asyncio.Queue[PollUpdate]] = set()
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
@@ -117,16 +150,27 @@ class StatusPoller:
         """Whether the poll loop is alive."""
         return self._task is not None and not self._task.done()
 
-    def subscribe(self, job_id: str, interval: float, streams: Sequence[LineStream] = ()) -> asyncio.Queue[PollUpdate]:
+    def subscribe(
+        self,
+        job_id: str,
+        interval: float,
+        streams: Sequence[LineStream] = (),
+        end_dir: str | None = None,
+        min_restart: int = 0,
+    ) -> asyncio.Queue[PollUpdate]:
         """Watch ``job_id`` (and follow ``streams`` once it started); updates arrive on the returned queue.
 
         Starts the poll loop if needed. The poller advances the streams' offsets as it reads them.
+        With ``end_dir``, the job's end marker there (from run ``min_restart`` on) ends the watch
+        within :data:`END_MARKER_INTERVAL_S` seconds, between the status queries.
         """
         queue: asyncio.Queue[PollUpdate] = asyncio.Queue()
         self._subscribers.setdefault(job_id, set()).add(queue)
         self._intervals[queue] = interval
         if streams:
             self._streams[queue] = (job_id, tuple(streams))
+        if end_dir is not None:
+            self._end_dirs[queue] = (end_dir, min_restart)
         if not self.running:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"tao-slurm-poller-{self.key}")
         self._wake.set()
@@ -137,6 +181,8 @@ class StatusPoller:
         self._intervals.pop(queue, None)
         self._streams.pop(queue, None)
         self._sent.pop(queue, None)
+        self._end_dirs.pop(queue, None)
+        self._marked.discard(queue)
         queues = self._subscribers.get(job_id)
         if queues is None:
             return
@@ -153,43 +199,60 @@ class StatusPoller:
         # asyncio.wait_for can swallow one) must not keep polling next to its successor.
         me = asyncio.current_task()
         backoff = self.interval
+        next_status = time.monotonic()
+        polled: list[str] = []
         while self._subscribers and self._task is me:
             self._wake.clear()
-            ids = list(self._subscribers)
-            started = time.monotonic()
-            unanswered: list[str] = []
-            try:
-                states = await self._fetch(ids)
-            except asyncio.CancelledError:
-                raise
-            except StatusQueryError as partial:
-                # Some jobs were answered: they get their state; the rest an error notice, never "gone".
-                self.stats.failures += 1
-                log.warning(
-                    "status poll on %s left %d of %d job(s) unanswered: %s",
-                    self.key,
-                    len(partial.unanswered),
-                    len(ids),
-                    partial,
-                )
-                unanswered = partial.unanswered
-                self._publish(unanswered, {}, error=str(partial))
-                states = partial.states
-            except Exception as exc:
-                self.stats.failures += 1
-                log.warning("status poll of %d job(s) on %s failed (retrying): %s", len(ids), self.key, exc)
-                self._publish(ids, {}, error=str(exc))
-                backoff = min(max(backoff, self.interval) * 2, MAX_BACKOFF_S)
-                await asyncio.sleep(backoff)
-                continue
-            backoff = self.interval
-            self.stats.polls += 1
-            self.stats.durations.append(time.monotonic() - started)
-            lines = await self._follow_logs(states)
-            self._publish([i for i in ids if i not in unanswered], states, lines=lines)
+            failing = backoff > self.interval
+            if time.monotonic() >= next_status or (not failing and set(self._subscribers) - set(polled)):
+                polled = list(self._subscribers)
+                if await self._poll_status(polled):
+                    backoff = self.interval
+                else:
+                    backoff = min(max(backoff, self.interval) * 2, MAX_BACKOFF_S)
+                next_status = time.monotonic() + backoff
+                failing = backoff > self.interval
+            deadline = next_status
+            if self._end_dirs and self._read_ends is not None:
+                await self._read_end_markers()
+                deadline = min(deadline, time.monotonic() + END_MARKER_INTERVAL_S)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval):
-                    await self._sleep_until_new_subscriber(ids)
+                async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
+                    if failing:  # a failing cluster is not asked early, not even for a new job
+                        await asyncio.sleep(backoff)
+                    await self._sleep_until_new_subscriber(polled)
+
+    async def _poll_status(self, ids: list[str]) -> bool:
+        """One batched status query for ``ids``, published; False when it failed as a whole."""
+        started = time.monotonic()
+        unanswered: list[str] = []
+        try:
+            states = await self._fetch(ids)
+        except asyncio.CancelledError:
+            raise
+        except StatusQueryError as partial:
+            # Some jobs were answered: they get their state; the rest an error notice, never "gone".
+            self.stats.failures += 1
+            log.warning(
+                "status poll on %s left %d of %d job(s) unanswered: %s",
+                self.key,
+                len(partial.unanswered),
+                len(ids),
+                partial,
+            )
+            unanswered = partial.unanswered
+            self._publish(unanswered, {}, error=str(partial))
+            states = partial.states
+        except Exception as exc:
+            self.stats.failures += 1
+            log.warning("status poll of %d job(s) on %s failed (retrying): %s", len(ids), self.key, exc)
+            self._publish(ids, {}, error=str(exc))
+            return False
+        self.stats.polls += 1
+        self.stats.durations.append(time.monotonic() - started)
+        lines = await self._follow_logs(states)
+        self._publish([i for i in ids if i not in unanswered], states, lines=lines)
+        return True
 
     async def _sleep_until_new_subscriber(self, polled: list[str]) -> None:
         """Return early when a job that was not in the last poll subscribes (first answer comes fast)."""
@@ -198,6 +261,45 @@ class StatusPoller:
             if set(self._subscribers) - set(polled):
                 return
             self._wake.clear()
+
+    async def _read_end_markers(self) -> None:
+        """List the new end markers of every watched ends directory in one command; a job's own marker ends it.
+
+        A marker counts for a subscriber that watches its job in that directory, from that run on
+        (``min_restart``); each subscriber gets it once. A failed listing is tried again at the next
+        read (the status polls go on regardless).
+        """
+        assert self._read_ends is not None
+        directories = sorted({directory for directory, _ in self._end_dirs.values()})
+        since = {directory: self._ends_since.get(directory, 0.0) for directory in directories}
+        try:
+            markers = await self._read_ends(since)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.end_failures += 1
+            log.warning("end marker read on %s failed (read again in %s s): %s", self.key, END_MARKER_INTERVAL_S, exc)
+            return
+        self.stats.end_reads += 1
+        now = time.time()
+        for marker in markers:
+            self._ends_since[marker.directory] = max(
+                self._ends_since.get(marker.directory, 0.0), marker.mtime - END_MARKER_SLACK_S
+            )
+            for queue in list(self._subscribers.get(marker.slurm_job_id, ())):
+                wanted = self._end_dirs.get(queue)
+                if (
+                    wanted is None
+                    or wanted[0] != marker.directory
+                    or marker.restart < wanted[1]
+                    or queue in self._marked
+                ):
+                    continue
+                state = marker.state()
+                self._marked.add(queue)
+                self._sent[queue] = state
+                self._seen[marker.slurm_job_id] = now
+                queue.put_nowait(PollUpdate(marker.slurm_job_id, state, now, last_seen=now))
 
     async def _follow_logs(self, states: dict[str, JobState]) -> dict[asyncio.Queue[PollUpdate], list[str]]:
         """Read the new bytes of every started job's streams in one command; the new lines per subscriber.
@@ -262,14 +364,21 @@ class StatusPoller:
 _POLLERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, StatusPoller]] = weakref.WeakKeyDictionary()
 
 
-def get_poller(key: str, fetch: StatesFetcher, interval: float, read_logs: LogReader | None = None) -> StatusPoller:
+def get_poller(
+    key: str,
+    fetch: StatesFetcher,
+    interval: float,
+    read_logs: LogReader | None = None,
+    read_ends: EndsReader | None = None,
+) -> StatusPoller:
     """The poller of ``key`` in the running event loop (created on first use)."""
     pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
     poller = pollers.get(key)
     if poller is None:
-        poller = pollers[key] = StatusPoller(key, fetch, interval, read_logs)
-    elif poller._read_logs is None:
-        poller._read_logs = read_logs
+        poller = pollers[key] = StatusPoller(key, fetch, interval, read_logs, read_ends)
+    else:
+        poller._read_logs = poller._read_logs or read_logs
+        poller._read_ends = poller._read_ends or read_ends
     return poller
 
 

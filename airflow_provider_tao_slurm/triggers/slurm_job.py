@@ -54,6 +54,11 @@ class SlurmJobTrigger(BaseTrigger):
     :param secret_refs: the job's ``secret_env`` references (never values), resolved in the
         triggerer to redact the live lines.
     :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit).
+    :param end_marker_dir: the ends directory where the job's batch script leaves its end marker
+        (``<results_dir>/ends``); the shared poller reads it every couple of seconds, so the end is
+        seen long before the next scheduler query. None: the scheduler queries alone decide.
+    :param min_restart: end markers of runs before this one (``SLURM_RESTART_COUNT``) are ignored
+        (set when a marker's run turned out to be requeued).
     """
 
     def __init__(
@@ -73,6 +78,8 @@ class SlurmJobTrigger(BaseTrigger):
         log_bytes_per_poll: int = DEFAULT_BYTES_PER_POLL,
         secret_refs: dict[str, str] | None = None,
         cancel_on_kill: bool = True,
+        end_marker_dir: str | None = None,
+        min_restart: int = 0,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -90,6 +97,8 @@ class SlurmJobTrigger(BaseTrigger):
         self.log_bytes_per_poll = int(log_bytes_per_poll)
         self.secret_refs = dict(secret_refs or {})
         self.cancel_on_kill = cancel_on_kill
+        self.end_marker_dir = end_marker_dir
+        self.min_restart = int(min_restart)
         self._streams: list[LineStream] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -112,6 +121,8 @@ class SlurmJobTrigger(BaseTrigger):
                 "log_bytes_per_poll": self.log_bytes_per_poll,
                 "secret_refs": self.secret_refs,
                 "cancel_on_kill": self.cancel_on_kill,
+                "end_marker_dir": self.end_marker_dir,
+                "min_restart": self.min_restart,
             },
         )
 
@@ -126,9 +137,13 @@ class SlurmJobTrigger(BaseTrigger):
 
         hook = self._hook()
         settings = await hook.a_settings()
-        poller = get_poller(settings.pool_key, hook.a_get_states, self.poll_interval, hook.a_tail_many)
+        poller = get_poller(
+            settings.pool_key, hook.a_get_states, self.poll_interval, hook.a_tail_many, hook.a_end_markers
+        )
         self._streams = await self._line_streams()
-        queue = poller.subscribe(self.slurm_job_id, self.poll_interval, self._streams)
+        queue = poller.subscribe(
+            self.slurm_job_id, self.poll_interval, self._streams, self.end_marker_dir, self.min_restart
+        )
         transitions: list[Observation] = []
         last = (self.last_state, self.last_reason)
         last_seen = self.submitted_at
@@ -181,13 +196,15 @@ class SlurmJobTrigger(BaseTrigger):
                 current = (str(state.tao_state), state.reason)
                 if current != last:
                     hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
+                    marker = f" (end marker of run {state.restart}, exit code {state.exit_code})"
                     self.log.info(
-                        "SLURM job %s: %s%s%s%s",
+                        "SLURM job %s: %s%s%s%s%s",
                         self._job,
                         state.native or state.raw_state,
                         f" reason={state.reason}" if state.reason else "",
                         f" nodes={state.node_list}" if state.node_list else "",
                         f" ({hint})" if hint else "",
+                        marker if state.source == "marker" else "",
                     )
                     transitions.append(Observation(update.polled_at, state.tao_state, state.native, state.reason))
                     last = current

@@ -19,6 +19,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -470,3 +471,109 @@ def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str,
     assert "rerun" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
     assert list(jobs_with_prefix(ssh_run, handle["job_id"].rsplit("-", 1)[0] + "-")) == [slurm_id]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+# ---------------------------------------------------------------------- end markers
+
+
+def ends_listing(ssh_run: SshRun, handle: dict[str, Any]) -> dict[str, float]:
+    """``{marker name: mtime}`` of this job's end markers."""
+    ends = f"{handle['results_base']}/ends"
+    _, out, _ = ssh_run(
+        join(["find", ends, "-maxdepth", "1", "-name", f"{handle['slurm_job_id']}-*.end", "-printf", "%f %T@\\n"])
+    )
+    return {name: float(mtime) for name, mtime in (line.split() for line in out.splitlines())}
+
+
+def test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interval(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 2; exit 3"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
+    deferred = defer(sensor, ctx)
+
+    async def watch() -> tuple[TriggerEvent, float, int]:
+        event = await first_event(deferred.trigger)
+        seen = time.time()  # this machine is the login host: one clock
+        return event, seen, sum(p.stats.polls for p in active_pollers())
+
+    event, seen, polls = run_async(watch())
+    marker = ends_listing(ssh_run, handle)
+    assert list(marker) == [f"{slurm_id}-0-3.end"]
+    latency = seen - marker[f"{slurm_id}-0-3.end"]
+    assert (event.payload["state"]["source"], event.payload["state"]["exit_code"]) == ("marker", 3)
+    assert 0 <= latency < 4, f"the end reached the trigger {latency:.1f} s after the marker"
+    assert polls == 1, "one scheduler query (the first answer); the marker did the rest"
+
+    with pytest.raises(JobFailedError, match="ERR_PROGRAM"):
+        resume(sensor, ctx, deferred, event)
+    record = record_of(ssh_run, handle["record_path"])
+    assert (record["terminal_state"], record["exit_codes"]) == ("ERROR", {"job": 3})
+    assert final_state(ssh_run, slurm_id) == "FAILED", "the record agrees with accounting"
+    assert ends_listing(ssh_run, handle) == {}, "the settled job's marker is removed"
+
+
+def test_a_run_slurm_requeues_after_its_marker_does_not_end_the_watch(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    ctx = context(dag_id, "submit", "r1")
+    rerun = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; echo first; exit 0'
+    handle = submit(submit_op(image, rerun, requeue=True), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
+    deferred = defer(sensor, ctx)
+    first = run_async(first_event(deferred.trigger))
+    assert (first.payload["state"]["source"], first.payload["state"]["restart"]) == ("marker", 0)
+
+    # SLURM requeues the job after its script ended (RequeueExit, an admin, a node lost in the epilog).
+    wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") in ("COMPLETED", ""), "first run ended")
+    rc, _, err = ssh_run(join(["scontrol", "requeue", slurm_id]))
+    assert rc == 0, err
+    with pytest.raises(TaskDeferred) as again:
+        resume(sensor, ctx, deferred, first)
+    assert again.value.trigger.min_restart == 1
+    assert record_of(ssh_run, handle["record_path"])["terminal_state"] is None
+
+    wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "PENDING", "job requeued")
+    rc, _, err = ssh_run(f"scontrol update jobid={quote(slurm_id)} StartTime=now")
+    assert rc == 0, err
+    second = run_async(first_event(again.value.trigger))
+    assert (second.payload["state"]["source"], second.payload["state"]["restart"]) == ("marker", 1)
+    result = resume(sensor, ctx, again.value, second)
+
+    assert result["terminal_state"] == "COMPLETE"
+    assert scontrol_fields(ssh_run, slurm_id)["Restarts"] == "1"
+    assert final_state(ssh_run, slurm_id) == "COMPLETED"
+    out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+    assert ("first" in out, "rerun" in out) == (True, True)
+
+
+def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    ctx = context(dag_id, "submit", "r1")
+    rerun = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; sleep 60'
+    handle = submit(submit_op(image, rerun, requeue=True), ctx)
+    slurm_id = handle["slurm_job_id"]
+    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
+    deferred = defer(sensor, ctx)
+
+    async def scenario() -> tuple[TriggerEvent, dict[str, float]]:
+        watch = asyncio.ensure_future(first_event(deferred.trigger))
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
+        rc, _, err = await asyncio.to_thread(ssh_run, join(["scontrol", "requeue", slurm_id]))
+        assert rc == 0, err
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "PENDING", "requeued")
+        left = await asyncio.to_thread(ends_listing, ssh_run, handle)
+        assert not watch.done(), "the requeue did not end the watch"
+        rc, _, err = await asyncio.to_thread(ssh_run, f"scontrol update jobid={quote(slurm_id)} StartTime=now")
+        assert rc == 0, err
+        return await watch, left
+
+    event, left = run_async(scenario())
+    assert left == {}, "the run SLURM signalled left no marker"
+    assert (event.payload["state"]["source"], event.payload["state"]["restart"]) == ("marker", 1)
+    assert resume(sensor, ctx, deferred, event)["terminal_state"] == "COMPLETE"
+    assert final_state(ssh_run, slurm_id) == "COMPLETED"

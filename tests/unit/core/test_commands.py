@@ -1500,3 +1500,52 @@ def test_extract_tar_checks_the_directories_of_files_and_directory_members() -> 
         "_b /r; _c /r/jobs /r/logs /r/records /r/results /r/jobs/j /r/results/j; "
         "tar -x -p --no-same-owner --no-overwrite-dir -C /r -f -"
     )
+
+
+# ------------------------------------------------------------------ end markers
+
+
+def test_end_markers_lists_new_markers_of_each_directory_through_a_real_shell(tmp_path: Path) -> None:
+    first, second, missing = tmp_path / "ends $(touch pwned) 'x'", tmp_path / "b\nc", tmp_path / "not yet"
+    for directory in (first, second):
+        directory.mkdir()
+    for name in ("7-0-0.end", "8-2-143.end", "junk.end", "9-0-0.endx", "1-0-x.end"):
+        (first / name).touch()
+    old = second / "5-0-1.end"
+    old.touch()
+    os.utime(old, (1000, 1000))
+    (second / "6-1-0.end").touch()
+
+    command = commands.end_markers({str(first): 0, str(second): 2000, str(missing): 0})
+    for shell in ("sh", "bash"):
+        done = subprocess.run([shell, "-c", command], capture_output=True, text=True, check=True, cwd=tmp_path)
+        markers = commands.parse_end_markers(done.stdout, [str(first), str(second), str(missing)])
+        got = sorted((m.directory, m.slurm_job_id, m.restart, m.exit_code) for m in markers)
+        assert got == sorted([(str(first), "7", 0, 0), (str(first), "8", 2, 143), (str(second), "6", 1, 0)])
+        assert all(m.mtime > 2000 for m in markers)
+    assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize(
+    ("marker", "native", "exit_code"), [((0, 0), "COMPLETED", 0), ((2, 137), "FAILED", 137)], ids=["ok", "failed"]
+)
+def test_an_end_marker_reads_as_the_state_of_its_run(marker: tuple[int, int], native: str, exit_code: int) -> None:
+    state = commands.EndMarker("/r/ends", "12", marker[0], marker[1], 1.0).state()
+    assert (state.native, state.exit_code, state.source, state.restart, state.is_terminal) == (
+        native,
+        exit_code,
+        "marker",
+        marker[0],
+        True,
+    )
+
+
+def test_remove_end_markers_keeps_a_later_runs_marker(tmp_path: Path) -> None:
+    ends = tmp_path / "ends 'q' $(x)"
+    ends.mkdir()
+    for name in ("12-0-1.end", "12-1-0.end", "12-2-0.end", "123-0-0.end", "1-0-0.end"):
+        (ends / name).touch()
+    subprocess.run(["sh", "-c", commands.remove_end_markers(str(ends), "12", 1)], check=True)
+    assert sorted(path.name for path in ends.iterdir()) == ["1-0-0.end", "12-2-0.end", "123-0-0.end"]
+    with pytest.raises(ValidationError, match="only plain numeric ids"):
+        commands.remove_end_markers(str(ends), "12_3", 0)

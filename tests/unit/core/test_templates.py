@@ -48,6 +48,7 @@ BASE = SbatchSpec(
     image="/lustre/proj/images/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh",
     command="classification_pyt train -e /lustre/proj/results/jobs/tao-20240601-abc123/specs/spec.yaml",
     exit_code_file="/lustre/proj/results/jobs/tao-20240601-abc123/exit_codes",
+    ends_dir="/lustre/proj/results/ends",
     container_mounts="/lustre/proj:/lustre/proj",
 )
 
@@ -86,6 +87,7 @@ GOLDEN_CASES: dict[str, SbatchSpec] = {
         BASE,
         job_dir="/lustre/proj/my jobs/it's here",
         exit_code_file="/lustre/proj/my jobs/it's here/exit_codes",
+        ends_dir="/lustre/proj/my jobs/it's $(ends)",
         image='/lustre/proj/my images/it\'s "tao".sqsh',
         container_mounts="/lustre/my data:/data,/lustre/it's:/x",
         command=HOSTILE_COMMAND,
@@ -325,8 +327,14 @@ class Run:
         self.exit_code_file = self.job_dir / "exit_codes"
         self.sidecar = self.job_dir / ".secrets.env"
         self.out = self.job_dir / "out.txt"
+        self.ends = tmp_path / "ends $(x) 'y'"
+        self.ends.mkdir()
         spec = replace(
-            BASE, job_dir=str(self.job_dir), exit_code_file=str(self.exit_code_file), sidecar=str(self.sidecar)
+            BASE,
+            job_dir=str(self.job_dir),
+            exit_code_file=str(self.exit_code_file),
+            sidecar=str(self.sidecar),
+            ends_dir=str(self.ends),
         )
         self.script = tmp_path / "job.sbatch"
         self.script.write_text(render_sbatch(replace(spec, **changes)))
@@ -397,6 +405,27 @@ def test_run_exit_code_is_the_step_exit_code(
     result = run.run()
     assert (result.returncode, marker in result.stdout.splitlines()) == (rc, True)
     assert run.exit_code_file.read_text() == f"{rc}\n"
+    assert sorted(path.name for path in run.ends.iterdir()) == [f"4242-0-{rc}.end"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "restart", "expected"),
+    [
+        pytest.param({"command": "exit 9"}, "2", ["4242-2-9.end"], id="third-run"),
+        pytest.param({"num_nodes": 2, "gpus_per_node": 1, "command": "exit 4"}, None, ["4242-0-4.end"], id="multi"),
+        pytest.param({"job_dir": "/nonexistent/job"}, None, ["4242-0-1.end"], id="setup-fails-under-set-e"),
+        pytest.param({"ends_dir": None, "command": "exit 6"}, None, [], id="no-ends-dir"),
+    ],
+)
+def test_run_end_marker_names_the_run_and_the_exit_code(
+    tmp_path: Path, changes: dict[str, Any], restart: str | None, expected: list[str]
+) -> None:
+    run = Run(tmp_path, sidecar=None, **changes)
+    if restart is not None:
+        run.env["SLURM_RESTART_COUNT"] = restart
+    result = run.run()
+    assert result.returncode == (int(expected[0].split("-")[2].removesuffix(".end")) if expected else 6)
+    assert sorted(path.name for path in run.ends.iterdir()) == expected
 
 
 def test_run_cleanup_failure_never_masks_the_exit_code(tmp_path: Path) -> None:
@@ -443,6 +472,20 @@ def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_s
     assert stdout.splitlines()[-1] == "TAO_SLURM: end"
     assert run.exit_code_file.read_text() == f"{128 + signal.SIGTERM}\n"
     assert (tmp_path / ".secrets.env").exists()
+    assert list(run.ends.iterdir()) == [], "a run that got SIGTERM leaves no end marker: the scheduler reports it"
+
+
+def test_run_sigterm_before_the_step_ends_the_script_without_a_marker(tmp_path: Path) -> None:
+    run = Run(tmp_path, command="true", sidecar=None, num_nodes=2, gpus_per_node=1)
+    (run.bin / "scontrol").write_text('#!/bin/bash\ntouch "$FAKE_DIR/scontrol.started"\nexec sleep 30\n')
+    process = subprocess.Popen(["bash", str(run.script)], env=run.env, start_new_session=True)
+    deadline = time.monotonic() + 20
+    while not (run.job_dir / "scontrol.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the script is still setting up (the rendezvous' host list)
+    os.killpg(process.pid, signal.SIGTERM)
+    assert process.wait(timeout=20) == 128 + signal.SIGTERM
+    assert not (run.job_dir / "srun.args").exists()
+    assert list(run.ends.iterdir()) == []
 
 
 def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:

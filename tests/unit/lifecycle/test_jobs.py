@@ -24,6 +24,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
+    StatusQueryError,
     SubmissionError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
@@ -692,3 +693,66 @@ def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
         hook.files["/l/main.out"] = text
 
     assert JobLifecycle(hook).log_tail("/l/main.out", max_bytes, secrets=["secret-value"]) == expected
+
+
+# ------------------------------------------------------------------ end markers
+
+
+class StatesHook(FakeHook):
+    """get_states answers from a script (the last answer repeats; an Exception fails that query)."""
+
+    def __init__(self, answers: list[Any]) -> None:
+        super().__init__()
+        self.answers = list(answers)
+        self.queries = 0
+
+    def get_states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
+        self.queries += 1
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return {} if answer is None else {"500": answer}
+
+
+def marker_state(restart: int = 0, code: int = 0) -> JobState:
+    return commands.EndMarker(f"{BASE}/ends", "500", restart, code, 1.0).state()
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected", "queries"),
+    [
+        pytest.param(
+            [state_from_native("500", "FAILED", source="sacct", exit_code=3)], ("FAILED", "sacct"), 1, id="accounting"
+        ),
+        pytest.param(
+            [
+                state_from_native("500", "RUNNING", source="squeue"),
+                StatusQueryError("sacct down", {}, ["500"]),
+                state_from_native("500", "COMPLETING", source="squeue"),
+                state_from_native("500", "COMPLETED", source="sacct", exit_code=0),
+            ],
+            ("COMPLETED", "sacct"),
+            4,
+            id="after-lag-and-a-failed-query",
+        ),
+        pytest.param([state_from_native("500", "PENDING", source="squeue")], None, 1, id="requeued"),
+    ],
+)
+def test_confirm_end_takes_accountings_word_or_watches_a_requeued_job_again(
+    monkeypatch: pytest.MonkeyPatch, answers: list[Any], expected: tuple[str, str] | None, queries: int
+) -> None:
+    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
+    hook = StatesHook(answers)
+    confirmed = JobLifecycle(hook).confirm_end(handle(), marker_state(restart=1))  # type: ignore[arg-type]
+    assert (None if confirmed is None else (confirmed.native, confirmed.source)) == expected
+    assert hook.queries == queries
+    assert hook.commands == [commands.remove_end_markers(f"{BASE}/ends", "500", 1)]
+
+
+def test_confirm_end_gives_up_after_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = iter(range(0, 1000))
+    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
+    hook = StatesHook([state_from_native("500", "RUNNING", source="squeue")])
+    assert JobLifecycle(hook).confirm_end(handle(), marker_state()) is None  # type: ignore[arg-type]
+    assert 5 <= hook.queries <= 10

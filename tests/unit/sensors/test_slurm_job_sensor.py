@@ -871,3 +871,47 @@ def test_a_bad_job_id_is_refused_before_any_ssh() -> None:
     sensor.__dict__["hook"] = NoHook()
     with pytest.raises(ValidationError):
         sensor.execute(CTX)
+
+
+# ---------------------------------------------------------------------- end markers
+
+
+def marker_event(code: int, restart: int = 0) -> dict[str, Any]:
+    from airflow_provider_tao_slurm.core.commands import EndMarker
+
+    state = EndMarker(f"{BASE}/ends", SLURM_ID, restart, code, 1.0).state()
+    return {"status": "terminal", "slurm_job_id": SLURM_ID, "job_name": JOB_ID, "state": state_to_payload(state)}
+
+
+class AccountingHook(FakeHook):
+    def __init__(self, native: str, exit_code: int = 0) -> None:
+        super().__init__()
+        source = "squeue" if native == "PENDING" else "sacct"
+        self.state = state_from_native(SLURM_ID, native, source=source, exit_code=exit_code, signal=0)
+
+    def get_states(self, job_ids: Sequence[str]) -> dict[str, Any]:
+        return {SLURM_ID: self.state}
+
+
+def test_the_trigger_reads_the_jobs_end_markers() -> None:
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor_with(NoHook()).execute(CTX)
+    assert (deferred.value.trigger.end_marker_dir, deferred.value.trigger.min_restart) == (f"{BASE}/ends", 0)
+
+
+def test_an_end_marker_settles_the_record_with_accountings_state() -> None:
+    hook = AccountingHook("FAILED", exit_code=3)
+    with pytest.raises(JobFailedError, match=r"SLURM job 500 failed \(ERR_PROGRAM\)"):
+        complete(sensor_with(hook), marker_event(0))  # accounting, not the marker, has the last word
+    record = hook.record()
+    assert record["terminal_state"] == "ERROR"
+    assert f"rm -f -- {BASE}/ends/{SLURM_ID}-0-*.end" in hook.commands
+
+
+def test_an_end_marker_of_a_run_slurm_requeued_watches_the_job_again() -> None:
+    hook = AccountingHook("PENDING")
+    with pytest.raises(TaskDeferred) as deferred:
+        complete(sensor_with(hook), marker_event(0, restart=1))
+    trigger = deferred.value.trigger
+    assert (trigger.slurm_job_id, trigger.min_restart) == (SLURM_ID, 2)
+    assert hook.record()["terminal_state"] is None

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
+from airflow_provider_tao_slurm.core.commands import EndMarker
 from airflow_provider_tao_slurm.core.logstream import LineStream, TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
@@ -465,3 +466,85 @@ def test_the_batch_budget_shrinks_each_files_share(tmp_path: Path, monkeypatch: 
     assert set(asked) == {poller_module.MIN_LOG_BYTES_PER_FILE}
     assert lines.count("main.out | last") == 8
     assert sum("skipped" in line for line in lines) == 8
+
+
+# ------------------------------------------------------------------ end markers
+
+
+@dataclass
+class FakeEnds:
+    """Lists end markers from a scripted list of answers per read (an Exception fails that read)."""
+
+    answers: list[Any] = field(default_factory=list)
+    reads: list[tuple[dict[str, float], float]] = field(default_factory=list)
+
+    async def __call__(self, since: Any) -> list[EndMarker]:
+        self.reads.append((dict(since), time.monotonic()))
+        answer = self.answers.pop(0) if len(self.answers) > 1 else (self.answers[0] if self.answers else [])
+        if isinstance(answer, Exception):
+            raise answer
+        return list(answer)
+
+
+def marker(
+    job_id: str, restart: int = 0, code: int = 0, directory: str = "/r/ends", mtime: float = 1000.0
+) -> EndMarker:
+    return EndMarker(directory, job_id, restart, code, mtime)
+
+
+def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_its_own_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    fetch = FakeFetch()
+    ends = FakeEnds([[], OSError("connection reset"), [marker("1", code=3), marker("2", directory="/other/ends")]])
+
+    async def scenario() -> tuple[list[PollUpdate], list[PollUpdate], StatusPoller]:
+        poller = StatusPoller("u@c", fetch, 30, read_ends=ends)
+        one = poller.subscribe("1", 3600, end_dir="/r/ends")
+        two = poller.subscribe("2", 3600, end_dir="/r/ends")
+        await asyncio.sleep(0.3)
+        got = [[q.get_nowait() for _ in range(q.qsize())] for q in (one, two)]
+        poller.unsubscribe("1", one)
+        poller.unsubscribe("2", two)
+        return got[0], got[1], poller
+
+    one, two, poller = run(scenario())
+
+    assert len(fetch.calls) == 1, "the scheduler is asked once per (hour-long) interval"
+    assert len(ends.reads) >= 5
+    assert poller.stats.end_failures == 1
+    assert [u.state.native for u in one if u.state] == ["RUNNING", "FAILED"]  # the marker once, though listed again
+    assert (one[-1].state.source, one[-1].state.exit_code) == ("marker", 3)  # type: ignore[union-attr]
+    assert [u.state.native for u in two if u.state] == ["RUNNING"], "a marker in another directory is not its own"
+    # After the first listing, only markers up to END_MARKER_SLACK_S older than the newest are listed again.
+    assert ends.reads[0][0] == {"/r/ends": 0.0}
+    assert ends.reads[-1][0] == {"/r/ends": 1000.0 - poller_module.END_MARKER_SLACK_S}
+
+
+def test_a_marker_of_an_earlier_run_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    ends = FakeEnds([[marker("1", restart=0)], [marker("1", restart=0), marker("1", restart=1, code=0)]])
+
+    async def scenario() -> list[PollUpdate]:
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends)
+        queue = poller.subscribe("1", 3600, end_dir="/r/ends", min_restart=1)
+        await asyncio.sleep(0.2)
+        poller.unsubscribe("1", queue)
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+    updates = run(scenario())
+    assert [(u.state.source, u.state.restart) for u in updates if u.state] == [("squeue", None), ("marker", 1)]
+
+
+def test_no_marker_reads_without_an_ends_directory() -> None:
+    ends = FakeEnds()
+
+    async def scenario() -> None:
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends)
+        queue = poller.subscribe("1", INTERVAL)
+        await asyncio.sleep(INTERVAL * 4)
+        poller.unsubscribe("1", queue)
+
+    run(scenario())
+    assert ends.reads == []

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import pytest
 from airflow.sdk.module_loading import import_string
 
+from airflow_provider_tao_slurm.core.commands import EndMarker, end_markers, parse_end_markers
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
 from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
@@ -57,6 +58,7 @@ class FakeHook:
         self.cancels: list[tuple[list[str], str | None]] = []
         self.commands: list[str] = []
         self.tail_calls = 0
+        self.marker_reads = 0
         self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
 
     async def a_settings(self) -> ClusterSettings:
@@ -88,6 +90,12 @@ class FakeHook:
 
     async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
         self.files[path] = data.decode()
+
+    async def a_end_markers(self, since: dict[str, float]) -> list[EndMarker]:
+        """The real end-marker listing, run by this machine's ``sh`` on local directories."""
+        self.marker_reads += 1
+        done = subprocess.run(["sh", "-c", end_markers(since)], capture_output=True, text=True, check=True)
+        return parse_end_markers(done.stdout, list(since))
 
 
 @pytest.fixture
@@ -129,6 +137,8 @@ def test_serialize_round_trip() -> None:
         "log_bytes_per_poll": 16384,
         "secret_refs": {},
         "cancel_on_kill": True,
+        "end_marker_dir": None,
+        "min_restart": 0,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -576,3 +586,71 @@ def test_a_restarted_trigger_resumes_the_stream_from_the_cursor(
     run(all_events(SlurmJobTrigger(**kwargs)))
 
     assert live_lines(capsys.readouterr().out) == ["main.out | a", "main.out | b", "main.out | c"]
+
+
+# ------------------------------------------------------------------ end markers
+
+
+@pytest.fixture
+def fast_markers(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_provider_tao_slurm.triggers import poller
+
+    monkeypatch.setattr(poller, "END_MARKER_INTERVAL_S", 0.05)
+
+
+@pytest.mark.usefixtures("fast_markers")
+@pytest.mark.parametrize(("code", "native"), [(0, "COMPLETED"), (3, "FAILED")])
+def test_the_end_marker_ends_the_wait_long_before_the_next_scheduler_query(
+    hook: FakeHook, tmp_path: Any, code: int, native: str
+) -> None:
+    ends = tmp_path / "ends $(x)"
+    ends.mkdir()
+    hook.script = [squeue("RUNNING")]
+    trigger = make(poll_interval=3600, end_marker_dir=str(ends))
+
+    async def scenario() -> list[dict[str, Any]]:
+        task = asyncio.ensure_future(all_events(trigger))
+        await asyncio.sleep(0.2)
+        (ends / f"{JOB}-0-{code}.end").touch()
+        (ends / f"999{JOB}-0-0.end").touch()  # another job's marker
+        return await task
+
+    started = time.monotonic()
+    events = run(scenario())
+    assert time.monotonic() - started < 2, "the marker, not the hourly scheduler query, ended the wait"
+    assert len(hook.polls) == 1
+    assert hook.marker_reads >= 2
+    event = JobEvent.from_dict(events[0])
+    assert len(events) == 1
+    assert event.state is not None
+    assert (event.status, event.state.native, event.state.exit_code) == (EventStatus.TERMINAL, native, code)
+    assert (event.state.source, event.state.restart) == ("marker", 0)
+
+
+@pytest.mark.usefixtures("fast_markers")
+def test_a_marker_of_an_earlier_run_or_another_directory_does_not_end_the_wait(hook: FakeHook, tmp_path: Any) -> None:
+    ends, other = tmp_path / "ends", tmp_path / "other"
+    ends.mkdir()
+    other.mkdir()
+    (ends / f"{JOB}-0-0.end").touch()  # the run SLURM requeued
+    (other / f"{JOB}-1-0.end").touch()  # same id, another results base
+    hook.script = [squeue("RUNNING")]
+    trigger = make(poll_interval=3600, end_marker_dir=str(ends), min_restart=1)
+
+    async def scenario() -> list[dict[str, Any]]:
+        task = asyncio.ensure_future(all_events(trigger))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        (ends / f"{JOB}-1-2.end").touch()
+        return await task
+
+    event = JobEvent.from_dict(run(scenario())[0])
+    assert event.state is not None
+    assert (event.state.restart, event.state.exit_code, event.state.native) == (1, 2, "FAILED")
+
+
+def test_without_an_ends_directory_no_marker_is_read(hook: FakeHook) -> None:
+    hook.script = [squeue("RUNNING"), sacct("COMPLETED")]
+    events = run(all_events(make()))
+    assert JobEvent.from_dict(events[0]).state.source == "sacct"  # type: ignore[union-attr]
+    assert hook.marker_reads == 0
