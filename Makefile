@@ -55,6 +55,7 @@ bench: venv cluster-up
 	$(BIN)/python benchmarks/import_parse.py
 	$(BIN)/python benchmarks/detect.py
 	$(BIN)/python benchmarks/logs.py
+	$(BIN)/python benchmarks/markers.py
 	$(BIN)/python benchmarks/report.py
 
 clean: cluster-down
