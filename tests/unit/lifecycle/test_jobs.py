@@ -24,7 +24,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
-    StatusQueryError,
+    RemoteCommandError,
     SubmissionError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
@@ -698,20 +698,23 @@ def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
 # ------------------------------------------------------------------ end markers
 
 
-class StatesHook(FakeHook):
-    """get_states answers from a script (the last answer repeats; an Exception fails that query)."""
+class AccountingHook(FakeHook):
+    """Answers each sacct with the next scripted row (``JobIDRaw|JobName|State|ExitCode|...``; the last one
+    repeats; None: no row; an Exception fails that query)."""
 
-    def __init__(self, answers: list[Any]) -> None:
+    def __init__(self, rows: list[Any]) -> None:
         super().__init__()
-        self.answers = list(answers)
+        self.rows = list(rows)
         self.queries = 0
 
-    def get_states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
+    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
+        if not command.startswith("sacct "):
+            return super().run(command, check=check, what=what)
         self.queries += 1
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return {} if answer is None else {"500": answer}
+        row = self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]
+        if isinstance(row, Exception):
+            raise row
+        return CommandResult(0, "" if row is None else f"500|{FIRST}|{row}|n1|2026-12-03T10:00:00|Unknown\n", "")
 
 
 def marker_state(restart: int = 0, code: int = 0) -> JobState:
@@ -719,40 +722,34 @@ def marker_state(restart: int = 0, code: int = 0) -> JobState:
 
 
 @pytest.mark.parametrize(
-    ("answers", "expected", "queries"),
+    ("rows", "expected", "queries"),
     [
+        pytest.param(["FAILED|3:0|NonZeroExitCode"], ("FAILED", 3), 1, id="accounting"),
         pytest.param(
-            [state_from_native("500", "FAILED", source="sacct", exit_code=3)], ("FAILED", "sacct"), 1, id="accounting"
-        ),
-        pytest.param(
-            [
-                state_from_native("500", "RUNNING", source="squeue"),
-                StatusQueryError("sacct down", {}, ["500"]),
-                state_from_native("500", "COMPLETING", source="squeue"),
-                state_from_native("500", "COMPLETED", source="sacct", exit_code=0),
-            ],
-            ("COMPLETED", "sacct"),
+            ["RUNNING|0:0|None", RemoteCommandError("slurmdbd down", rc=1), None, "COMPLETED|0:0|None"],
+            ("COMPLETED", 0),
             4,
-            id="after-lag-and-a-failed-query",
+            id="after-lag-a-failed-query-and-no-row",
         ),
-        pytest.param([state_from_native("500", "PENDING", source="squeue")], None, 1, id="requeued"),
+        pytest.param(["PENDING|0:0|BeginTime"], None, 1, id="requeued"),
     ],
 )
 def test_confirm_end_takes_accountings_word_or_watches_a_requeued_job_again(
-    monkeypatch: pytest.MonkeyPatch, answers: list[Any], expected: tuple[str, str] | None, queries: int
+    monkeypatch: pytest.MonkeyPatch, rows: list[Any], expected: tuple[str, int] | None, queries: int
 ) -> None:
     monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
-    hook = StatesHook(answers)
+    hook = AccountingHook(rows)
     confirmed = JobLifecycle(hook).confirm_end(handle(), marker_state(restart=1))  # type: ignore[arg-type]
-    assert (None if confirmed is None else (confirmed.native, confirmed.source)) == expected
+    assert (None if confirmed is None else (confirmed.native, confirmed.exit_code)) == expected
+    assert confirmed is None or confirmed.source == "sacct"
     assert hook.queries == queries
-    assert hook.commands == [commands.remove_end_markers(f"{BASE}/ends", "500", 1)]
+    assert hook.commands == [commands.remove_end_markers(f"{BASE}/ends", "500", 1)], "only sacct, never squeue"
 
 
 def test_confirm_end_gives_up_after_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = iter(range(0, 1000))
     monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.monotonic", lambda: float(next(clock)))
     monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
-    hook = StatesHook([state_from_native("500", "RUNNING", source="squeue")])
+    hook = AccountingHook(["RUNNING|0:0|None"])
     assert JobLifecycle(hook).confirm_end(handle(), marker_state()) is None  # type: ignore[arg-type]
     assert 5 <= hook.queries <= 10

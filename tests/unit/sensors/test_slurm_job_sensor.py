@@ -884,13 +884,17 @@ def marker_event(code: int, restart: int = 0) -> dict[str, Any]:
 
 
 class AccountingHook(FakeHook):
+    """sacct answers with one row of the job in state ``native``."""
+
     def __init__(self, native: str, exit_code: int = 0) -> None:
         super().__init__()
-        source = "squeue" if native == "PENDING" else "sacct"
-        self.state = state_from_native(SLURM_ID, native, source=source, exit_code=exit_code, signal=0)
+        self.row = f"{SLURM_ID}|{JOB_ID}|{native}|{exit_code}:0|None|n2|2026-12-03T10:00:00|Unknown\n"
 
-    def get_states(self, job_ids: Sequence[str]) -> dict[str, Any]:
-        return {SLURM_ID: self.state}
+    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
+        if command.startswith("sacct ") and "ElapsedRaw" not in command:
+            self.commands.append(command)
+            return CommandResult(0, self.row, "")
+        return super().run(command, check=check, what=what)
 
 
 def test_the_trigger_reads_the_jobs_end_markers() -> None:
