@@ -485,6 +485,17 @@ def ends_listing(ssh_run: SshRun, handle: dict[str, Any]) -> dict[str, float]:
     return {name: float(mtime) for name, mtime in (line.split() for line in out.splitlines())}
 
 
+def watched_rerun(
+    image: str, ctx: dict[str, Any], first_run: str
+) -> tuple[dict[str, Any], SlurmJobSensor, TaskDeferred]:
+    """Submit a requeueable job whose first run does ``first_run`` and whose later runs echo ``rerun``;
+    defer its sensor at a 30 s scheduler interval (the end markers decide)."""
+    rerun = f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ]; then echo rerun; exit 0; fi; {first_run}'
+    handle = submit(submit_op(image, rerun, requeue=True), ctx)
+    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
+    return handle, sensor, defer(sensor, ctx)
+
+
 def test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interval(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
@@ -519,11 +530,8 @@ def test_a_run_slurm_requeues_after_its_marker_does_not_end_the_watch(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
     ctx = context(dag_id, "submit", "r1")
-    rerun = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; echo first; exit 0'
-    handle = submit(submit_op(image, rerun, requeue=True), ctx)
+    handle, sensor, deferred = watched_rerun(image, ctx, "echo first; exit 0")
     slurm_id = handle["slurm_job_id"]
-    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
-    deferred = defer(sensor, ctx)
     first = run_async(first_event(deferred.trigger))
     assert (first.payload["state"]["source"], first.payload["state"]["restart"]) == ("marker", 0)
 
@@ -554,11 +562,8 @@ def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
     ctx = context(dag_id, "submit", "r1")
-    rerun = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; sleep 60'
-    handle = submit(submit_op(image, rerun, requeue=True), ctx)
+    handle, sensor, deferred = watched_rerun(image, ctx, "sleep 60")
     slurm_id = handle["slurm_job_id"]
-    sensor = SlurmJobSensor(task_id="wait", job=handle, poke_interval=30)
-    deferred = defer(sensor, ctx)
 
     async def scenario() -> tuple[TriggerEvent, dict[str, float]]:
         watch = asyncio.ensure_future(first_event(deferred.trigger))
