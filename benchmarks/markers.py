@@ -22,9 +22,10 @@ Figures:
   the CPU seconds per 30 s and per read, with the ends directory holding the ``K`` markers, next to
   the whole group's CPU in the window (which also holds the status query).
 
-What the figures leave out: once a marker's trigger fired, the worker checks the end against
-accounting (one ``sacct`` per ended job, slurmdbd only, :meth:`JobLifecycle.confirm_end`) before it
-settles the record; that runs in the worker, once per job end, not per interval.
+A marker is confirmed before its trigger fires: right after a read that found markers, the poller
+asks accounting about those jobs in one ``sacct`` (slurmdbd; slurmctld is not asked), and again
+every 0.5 s until accounting shows the end; the event carries accounting's state. Those queries are
+in the slurmdbd figure, and their time is in the latency.
 
 Usage: ``python benchmarks/markers.py [--watched 1000] [--ending 48] [--interval 30]``.
 """

@@ -27,8 +27,6 @@ from airflow_provider_tao_slurm.core.states import (
     SACCT_ID_FIELDS,
     SQUEUE_FORMAT,
     SQUEUE_ID_FORMAT,
-    JobState,
-    state_from_native,
 )
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
@@ -1049,17 +1047,6 @@ class EndMarker:
     exit_code: int
     mtime: float
 
-    def state(self) -> JobState:
-        """The job's end as the marker tells it: COMPLETED for exit code 0, else FAILED (source ``marker``)."""
-        return state_from_native(
-            self.slurm_job_id,
-            "COMPLETED" if self.exit_code == 0 else "FAILED",
-            source="marker",
-            exit_code=self.exit_code,
-            signal=0,
-            restart=self.restart,
-        )
-
 
 def end_markers(since: Mapping[str, float]) -> str:
     """One command listing, per ends directory, the markers modified after ``since[directory]`` (epoch s).
@@ -1092,9 +1079,12 @@ def parse_end_markers(stdout: str, directories: Sequence[str]) -> list[EndMarker
     return markers
 
 
-def remove_end_markers(directory: str, slurm_job_id: str, up_to_restart: int) -> str:
-    """Remove one job's end markers of runs ``0 .. up_to_restart`` (a later run's marker stays)."""
+def remove_end_markers(directory: str, slurm_job_id: str, also: Sequence[str] = ()) -> str:
+    """Remove every end marker of one job (all its runs) and the files ``also`` (e.g. its secret sidecar).
+
+    :raises ValidationError: for an id that is not a plain number, or a relative path.
+    """
     if not slurm_job_id.isdigit():
         raise ValidationError(f"SLURM job id {slurm_job_id!r} has no end markers (only plain numeric ids do)")
-    names = " ".join(f"{quote(directory)}/{slurm_job_id}-{run}-*.end" for run in range(max(0, up_to_restart) + 1))
-    return f"rm -f -- {names}"
+    files = join(_absolute_all(also)) + " " if also else ""
+    return f"rm -f -- {files}{quote(_absolute(directory, 'ends directory'))}/{slurm_job_id}-*.end"

@@ -22,7 +22,7 @@ from typing import Literal
 
 from airflow_provider_tao_slurm.exceptions import JobLookupError
 
-Source = Literal["squeue", "sacct", "marker"]
+Source = Literal["squeue", "sacct"]
 
 
 class TaoState(StrEnum):
@@ -136,8 +136,8 @@ class JobState:
     :param native: normalised native state (``CANCELLED`` for ``CANCELLED by 1001``).
     :param raw_state: the state text exactly as printed.
     :param tao_state: the mapped TAO state.
-    :param source: ``"squeue"``, ``"sacct"`` or ``"marker"`` (the end marker the job's own script wrote).
-    :param exit_code: program exit status (sacct and end markers).
+    :param source: ``"squeue"`` or ``"sacct"``.
+    :param exit_code: program exit status (sacct only).
     :param signal: signal that ended the program, ``0`` for none (sacct only).
     :param reason: pending or failure reason, ``None`` when SLURM prints ``None``.
     :param node_list: allocated nodes, ``None`` before allocation.
@@ -148,7 +148,6 @@ class JobState:
     :param message: human text: the state as printed, a note on it, and the reason.
     :param placeholder: ``True`` for sacct's early row (JobName ``allocation``, State PENDING) that it
         shows for a few seconds after submit, even for a job that already runs.
-    :param restart: the run that wrote an end marker (``SLURM_RESTART_COUNT``; end markers only).
     """
 
     job_id: str
@@ -166,7 +165,6 @@ class JobState:
     err_class: ErrClass | None = None
     message: str = ""
     placeholder: bool = False
-    restart: int | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -207,16 +205,15 @@ def state_from_native(
     start: str | None = None,
     end: str | None = None,
     name: str | None = None,
-    restart: int | None = None,
 ) -> JobState:
-    """Build a :class:`JobState` from one row's raw fields (shared by both parsers and the end markers).
+    """Build a :class:`JobState` from one row's raw fields (shared by both parsers).
 
     Text fields are stripped; ``None``, ``(null)``, ``Unknown``, ``N/A`` and blank become ``None``.
     An unrecognised state maps to ``UNKNOWN`` and the message keeps the raw text.
 
     :param job_id: SLURM job id as printed.
     :param raw_state: the state column as printed (padding, ``by <uid>`` and ``+`` allowed).
-    :param source: ``"squeue"``, ``"sacct"`` or ``"marker"``.
+    :param source: ``"squeue"`` or ``"sacct"``.
     :param exit_code: program exit status, when known.
     :param signal: terminating signal, when known.
     :param reason: SLURM's reason column.
@@ -224,7 +221,6 @@ def state_from_native(
     :param start: start time column.
     :param end: end time column.
     :param name: job name column.
-    :param restart: the run that wrote an end marker.
     :returns: the parsed state.
     """
     native = normalize_state(raw_state)
@@ -261,7 +257,6 @@ def state_from_native(
         err_class=ErrClass.ERR_INFRA if native in INFRA_NATIVE_STATES else None,
         message=message,
         placeholder=placeholder,
-        restart=restart,
     )
 
 

@@ -836,6 +836,28 @@ class SlurmHook(BaseHook):
         sacct = await self.a_run(commands.sacct_states(rest, since)) if rest else None
         return _combine_poll(ids, squeue, sacct)
 
+    async def a_accounting_states(
+        self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW
+    ) -> dict[str, JobState]:
+        """Accounting's word on many jobs in one ``sacct`` (slurmdbd; slurmctld is not asked).
+
+        The shared poller confirms end markers with it: the state of a job that accounting shows
+        ended is the state the record settles on.
+
+        :raises RemoteCommandError: when sacct failed (e.g. slurmdbd is down).
+        """
+        ids = list(dict.fromkeys(job_ids))
+        if not ids:
+            return {}
+        result = await self.a_run(commands.sacct_states(ids, since))
+        if result.rc != 0:
+            raise RemoteCommandError(
+                f"sacct failed on {result.host} (exit {result.rc}): {result.stderr.strip()[-300:]}",
+                rc=result.rc,
+                stderr=result.stderr,
+            )
+        return {job_id: state for job_id, state in parse_sacct(result.stdout).items() if job_id in ids}
+
     async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
         """Async twin of :meth:`read_log`."""
         _rc, out, _err, _host = await self._a_run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)

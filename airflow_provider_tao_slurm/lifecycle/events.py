@@ -158,7 +158,6 @@ def state_to_payload(state: JobState) -> dict[str, Any]:
         "source": state.source,
         "err_class": str(state.err_class) if state.err_class else None,
         "message": state.message,
-        "restart": state.restart,
     }
 
 
@@ -175,7 +174,6 @@ def state_from_payload(job_id: str, payload: Mapping[str, Any]) -> JobState:
         start=payload.get("start"),
         end=payload.get("end"),
         name=payload.get("name"),
-        restart=payload.get("restart"),
     )
 
 

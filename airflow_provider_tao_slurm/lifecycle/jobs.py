@@ -29,7 +29,7 @@ from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
 from airflow_provider_tao_slurm.core.secrets import redact_text
-from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, parse_sacct
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
 from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -48,9 +48,6 @@ if TYPE_CHECKING:
 
 #: Bytes of each log read for a tail (classification and the task log).
 LOG_TAIL_BYTES = 16384
-#: How long an end marker's word waits for the scheduler to show the job ended (accounting lags by
-#: a second or so) before the job is watched again by the scheduler queries alone.
-MARKER_CONFIRM_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -377,9 +374,14 @@ class JobLifecycle:
         return record
 
     def finish(self, handle: JobHandle, record: JobRecord) -> None:
-        """Write ``record`` and remove the secret sidecar (the job will not run again)."""
+        """Write ``record``; remove the secret sidecar and the job's end markers (the job will not run again)."""
         self.write_record(handle.record_path, record)
-        self.remove_sidecar(handle.sidecar_path)
+        sidecar = [handle.sidecar_path] if handle.sidecar_path else []
+        self.hook.run(
+            commands.remove_end_markers(ends_dir(handle.results_base), handle.slurm_job_id, sidecar),
+            check=True,
+            what="removing the secret sidecar and the end markers",
+        )
 
     def mark_unknown(self, handle: JobHandle, record: JobRecord, message: str, *, remove_sidecar: bool) -> None:
         """Record UNKNOWN (a vanished job, or a state nobody knows) with ``message``.
@@ -430,60 +432,6 @@ class JobLifecycle:
         """Remove the job's secret sidecar (nothing to do without one)."""
         if path:
             self.hook.run(commands.remove_files([path]), check=True, what="removing the secret sidecar")
-
-    def confirm_end(self, handle: JobHandle, marker: JobState) -> JobState | None:
-        """Check an end marker against accounting; the state to settle, or None to watch the job again.
-
-        The marker says the batch script of run ``marker.restart`` ended by itself. The record takes
-        the state accounting reports (so the two agree), asked with one ``sacct`` (slurmdbd; the
-        controller is not asked) about once a second for :data:`MARKER_CONFIRM_S`: a job pending
-        again was requeued after its script ended, and a job accounting does not show ended by then
-        is left to the scheduler queries. The markers of that run and earlier ones are removed in
-        every case.
-        """
-        deadline = time.monotonic() + MARKER_CONFIRM_S
-        confirmed: JobState | None = None
-        requeued = False
-        while confirmed is None and not requeued and time.monotonic() < deadline:
-            state = self._accounting_state(handle.slurm_job_id)
-            if state is not None and state.is_terminal:
-                confirmed = state
-            elif state is not None and state.tao_state is TaoState.PENDING and not state.placeholder:
-                self.log.warning(
-                    "SLURM job %s's run %s ended (exit code %s) but SLURM requeued the job: watching it again",
-                    handle.slurm_job_id,
-                    marker.restart,
-                    marker.exit_code,
-                )
-                requeued = True
-            else:
-                time.sleep(1.0)
-        if confirmed is None and not requeued:
-            self.log.warning(
-                "SLURM job %s's end marker is not confirmed by accounting within %.0f s: watching it with the "
-                "scheduler queries",
-                handle.slurm_job_id,
-                MARKER_CONFIRM_S,
-            )
-        try:
-            self.hook.run(
-                commands.remove_end_markers(ends_dir(handle.results_base), handle.slurm_job_id, marker.restart or 0),
-                what="removing the end markers",
-            )
-        except TaoSlurmError as exc:  # a leftover marker is ignored by later watches (min_restart)
-            self.log.warning("Cannot remove SLURM job %s's end markers: %s", handle.slurm_job_id, exc)
-        return confirmed
-
-    def _accounting_state(self, slurm_job_id: str) -> JobState | None:
-        """The job's row in accounting (``sacct``), or None when accounting has none or cannot answer."""
-        from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
-
-        try:
-            result = self.hook.run(commands.sacct_states([slurm_job_id], DEFAULT_SACCT_WINDOW), what="sacct")
-        except TaoSlurmError as exc:
-            self.log.warning("Cannot ask accounting about SLURM job %s yet: %s", slurm_job_id, exc)
-            return None
-        return parse_sacct(result.stdout).get(slurm_job_id) if result.rc == 0 else None
 
     # ------------------------------------------------------------------ logs
 

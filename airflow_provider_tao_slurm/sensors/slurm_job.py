@@ -167,7 +167,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         """Tell the extra links (and anyone reading XCom) which job this sensor is watching now."""
         context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=handle.to_dict())
 
-    def _defer(self, handle: JobHandle, streams: list[dict[str, str | None]], min_restart: int = 0) -> None:
+    def _defer(self, handle: JobHandle, streams: list[dict[str, str | None]]) -> None:
         from airflow_provider_tao_slurm.core.layout import ends_dir
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -186,7 +186,6 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                 log_bytes_per_poll=self.log_bytes_per_poll,
                 secret_refs=dict(handle.secret_refs),
                 end_marker_dir=ends_dir(handle.results_base),
-                min_restart=min_restart,
             ),
             method_name="execute_complete",
             kwargs={"job": handle.to_dict()},
@@ -212,13 +211,6 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
             raise ValidationError(
                 f"trigger event is for job {parsed.slurm_job_id}, not {handle.slurm_job_id}; clear the task"
             )
-        if parsed.state is not None and parsed.state.source == "marker":
-            # The job's own end marker: the record takes accounting's word (a requeued run is watched again).
-            confirmed = self.lifecycle.confirm_end(handle, parsed.state)
-            if confirmed is None:
-                self._defer(handle, self._live_streams(context, handle), (parsed.state.restart or 0) + 1)
-                return None
-            parsed = dataclasses.replace(parsed, state=confirmed)
         outcome = self._settle(context, handle, parsed)
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)

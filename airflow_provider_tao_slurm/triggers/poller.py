@@ -17,11 +17,13 @@ read at :data:`MAX_LOG_BYTES_PER_POLL`), so it cannot starve the others.
 End markers: a subscriber may name its job's ends directory (``<results_dir>/ends``), where the
 batch script's EXIT trap leaves ``<job>-<restart>-<exit code>.end`` when the script ends by itself.
 Every :data:`END_MARKER_INTERVAL_S` seconds ONE ``find`` lists the new markers of all watched
-directories over the same connection, so a job's end reaches its trigger within seconds while the
-scheduler is asked once per interval (30 s suits a real cluster), for what no trap can report:
-cancellation, preemption, requeue, a node failure, a killed step. A run that received SIGTERM leaves
-no marker, and the sensor checks a marker's end against accounting before it settles the record (a
-run that SLURM requeued after its script ended is watched again).
+directories over the same connection, and ONE ``sacct`` (slurmdbd; slurmctld is not asked) confirms
+the jobs whose marker appeared: a job accounting shows ended gets accounting's state at once, so a
+job's end reaches its trigger within seconds while the scheduler is asked once per interval (30 s
+suits a real cluster), for what no trap can report: cancellation, preemption, requeue, a node
+failure, a killed step. A marker is only a reason to ask accounting early: a run that received
+SIGTERM leaves none, a run that SLURM requeued after its script ended is not ended in accounting,
+and with accounting down nothing is confirmed, so the scheduler queries decide as without markers.
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ END_MARKER_INTERVAL_S = 2.0
 #: Markers up to this many seconds older than the newest one seen are listed again (a marker written
 #: late, or by a host whose clock lags, is not missed; each subscriber still gets it once).
 END_MARKER_SLACK_S = 60.0
+#: Seconds between two accounting checks of a marker not confirmed yet (slurmdbd learns of the end a
+#: moment after the script's EXIT trap ran).
+END_MARKER_RECHECK_S = 0.5
+#: A marker accounting does not confirm within this many seconds (a requeued run, accounting down) is
+#: dropped: the scheduler queries decide that job's end.
+END_MARKER_CONFIRM_S = 30.0
 
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
 LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
@@ -94,6 +102,8 @@ class _Stats:
     log_bytes: int = 0
     end_reads: int = 0
     end_failures: int = 0
+    end_confirms: int = 0
+    end_confirm_failures: int = 0
     durations: deque[float] = field(default_factory=lambda: deque(maxlen=STATS_WINDOW))
 
 
@@ -108,6 +118,8 @@ class StatusPoller:
     :param read_ends: coroutine listing the new end markers of many ends directories in one call;
         while a subscriber names an ends directory, it runs every :data:`END_MARKER_INTERVAL_S`
         seconds, between the status queries.
+    :param confirm_ends: coroutine returning accounting's states of many jobs in one call (``sacct``);
+        without it markers are not read.
     """
 
     def __init__(
@@ -117,20 +129,23 @@ class StatusPoller:
         interval: float,
         read_logs: LogReader | None = None,
         read_ends: EndsReader | None = None,
+        confirm_ends: StatesFetcher | None = None,
     ) -> None:
         self.key = key
         self._fetch = fetch
         self._read_logs = read_logs
         self._read_ends = read_ends
+        self._confirm_ends = confirm_ends
         self._default_interval = interval
         self._subscribers: dict[str, set[asyncio.Queue[PollUpdate]]] = {}
         self._intervals: dict[asyncio.Queue[PollUpdate], float] = {}
         self._streams: dict[asyncio.Queue[PollUpdate], tuple[str, tuple[LineStream, ...]]] = {}
         self._sent: dict[asyncio.Queue[PollUpdate], JobState] = {}
         self._seen: dict[str, float] = {}
-        self._end_dirs: dict[asyncio.Queue[PollUpdate], tuple[str, int]] = {}
+        self._end_dirs: dict[asyncio.Queue[PollUpdate], str] = {}
         self._ends_since: dict[str, float] = {}
-        self._marked: set[asyncio.Queue[PollUpdate]] = set()
+        self._next_run: dict[asyncio.Queue[PollUpdate], int] = {}
+        self._unconfirmed: dict[asyncio.Queue[PollUpdate], tuple[EndMarker, float]] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
@@ -156,13 +171,12 @@ class StatusPoller:
         interval: float,
         streams: Sequence[LineStream] = (),
         end_dir: str | None = None,
-        min_restart: int = 0,
     ) -> asyncio.Queue[PollUpdate]:
         """Watch ``job_id`` (and follow ``streams`` once it started); updates arrive on the returned queue.
 
         Starts the poll loop if needed. The poller advances the streams' offsets as it reads them.
-        With ``end_dir``, the job's end marker there (from run ``min_restart`` on) ends the watch
-        within :data:`END_MARKER_INTERVAL_S` seconds, between the status queries.
+        With ``end_dir``, the job's end marker there, once accounting confirms the end, ends the
+        watch within seconds, between the status queries.
         """
         queue: asyncio.Queue[PollUpdate] = asyncio.Queue()
         self._subscribers.setdefault(job_id, set()).add(queue)
@@ -170,7 +184,7 @@ class StatusPoller:
         if streams:
             self._streams[queue] = (job_id, tuple(streams))
         if end_dir is not None:
-            self._end_dirs[queue] = (end_dir, min_restart)
+            self._end_dirs[queue] = end_dir
         if not self.running:
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"tao-slurm-poller-{self.key}")
         self._wake.set()
@@ -182,7 +196,8 @@ class StatusPoller:
         self._streams.pop(queue, None)
         self._sent.pop(queue, None)
         self._end_dirs.pop(queue, None)
-        self._marked.discard(queue)
+        self._next_run.pop(queue, None)
+        self._unconfirmed.pop(queue, None)
         queues = self._subscribers.get(job_id)
         if queues is None:
             return
@@ -199,7 +214,7 @@ class StatusPoller:
         # asyncio.wait_for can swallow one) must not keep polling next to its successor.
         me = asyncio.current_task()
         backoff = self.interval
-        next_status = time.monotonic()
+        next_status = next_ends = next_confirm = time.monotonic()
         polled: list[str] = []
         while self._subscribers and self._task is me:
             self._wake.clear()
@@ -213,9 +228,14 @@ class StatusPoller:
                 next_status = time.monotonic() + backoff
                 failing = backoff > self.interval
             deadline = next_status
-            if self._end_dirs and self._read_ends is not None:
-                await self._read_end_markers()
-                deadline = min(deadline, time.monotonic() + END_MARKER_INTERVAL_S)
+            if self._end_dirs and self._read_ends is not None and self._confirm_ends is not None:
+                if time.monotonic() >= next_ends:
+                    await self._read_end_markers()
+                    next_ends = time.monotonic() + END_MARKER_INTERVAL_S
+                if self._unconfirmed and time.monotonic() >= next_confirm:
+                    answered = await self._confirm_end_markers()
+                    next_confirm = time.monotonic() + (END_MARKER_RECHECK_S if answered else END_MARKER_INTERVAL_S)
+                deadline = min(deadline, next_ends, next_confirm if self._unconfirmed else next_ends)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     if failing:  # a failing cluster is not asked early, not even for a new job
@@ -263,14 +283,14 @@ class StatusPoller:
             self._wake.clear()
 
     async def _read_end_markers(self) -> None:
-        """List the new end markers of every watched ends directory in one command; a job's own marker ends it.
+        """List the new end markers of every watched ends directory in one command.
 
-        A marker counts for a subscriber that watches its job in that directory, from that run on
-        (``min_restart``); each subscriber gets it once. A failed listing is tried again at the next
-        read (the status polls go on regardless).
+        A marker waits for accounting's word (:meth:`_confirm_end_markers`) for each subscriber that
+        watches its job in that directory and has not dealt with that run yet. A failed listing is
+        tried again at the next read (the status polls go on regardless).
         """
         assert self._read_ends is not None
-        directories = sorted({directory for directory, _ in self._end_dirs.values()})
+        directories = sorted(set(self._end_dirs.values()))
         since = {directory: self._ends_since.get(directory, 0.0) for directory in directories}
         try:
             markers = await self._read_ends(since)
@@ -281,25 +301,62 @@ class StatusPoller:
             log.warning("end marker read on %s failed (read again in %s s): %s", self.key, END_MARKER_INTERVAL_S, exc)
             return
         self.stats.end_reads += 1
-        now = time.time()
+        found = time.monotonic()
         for marker in markers:
             self._ends_since[marker.directory] = max(
                 self._ends_since.get(marker.directory, 0.0), marker.mtime - END_MARKER_SLACK_S
             )
-            for queue in list(self._subscribers.get(marker.slurm_job_id, ())):
-                wanted = self._end_dirs.get(queue)
+            for queue in self._subscribers.get(marker.slurm_job_id, ()):
                 if (
-                    wanted is None
-                    or wanted[0] != marker.directory
-                    or marker.restart < wanted[1]
-                    or queue in self._marked
+                    self._end_dirs.get(queue) == marker.directory
+                    and marker.restart >= self._next_run.get(queue, 0)
+                    and queue not in self._unconfirmed
                 ):
-                    continue
-                state = marker.state()
-                self._marked.add(queue)
+                    self._unconfirmed[queue] = (marker, found)
+
+    async def _confirm_end_markers(self) -> bool:
+        """Ask accounting, in one command, about every job whose marker waits; a job it shows ended is sent.
+
+        The update carries accounting's state (so the record agrees with accounting). A marker still
+        unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds is dropped (that run is not asked about
+        again): a requeued job runs again and leaves a new marker; with accounting down the scheduler
+        queries decide. Returns False when accounting could not answer.
+        """
+        assert self._confirm_ends is not None
+        ids = sorted({marker.slurm_job_id for marker, _found in self._unconfirmed.values()})
+        answered = True
+        try:
+            states = await self._confirm_ends(ids)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.stats.end_confirm_failures += 1
+            log.debug("accounting could not confirm %d end marker(s) on %s: %s", len(ids), self.key, exc)
+            states, answered = {}, False
+        else:
+            self.stats.end_confirms += 1
+        now, wall = time.monotonic(), time.time()
+        for queue, (marker, found) in list(self._unconfirmed.items()):
+            state = states.get(marker.slurm_job_id)
+            ended = state is not None and state.is_terminal
+            if not ended and now - found < END_MARKER_CONFIRM_S:
+                continue
+            del self._unconfirmed[queue]
+            self._next_run[queue] = marker.restart + 1
+            if state is not None and ended:
                 self._sent[queue] = state
-                self._seen[marker.slurm_job_id] = now
-                queue.put_nowait(PollUpdate(marker.slurm_job_id, state, now, last_seen=now))
+                self._seen[marker.slurm_job_id] = wall
+                queue.put_nowait(PollUpdate(marker.slurm_job_id, state, wall, last_seen=wall))
+            else:
+                log.info(
+                    "SLURM job %s's end marker (run %d, exit code %d) is not confirmed by accounting within %.0f s "
+                    "(requeued, or accounting down): the scheduler queries decide",
+                    marker.slurm_job_id,
+                    marker.restart,
+                    marker.exit_code,
+                    END_MARKER_CONFIRM_S,
+                )
+        return answered
 
     async def _follow_logs(self, states: dict[str, JobState]) -> dict[asyncio.Queue[PollUpdate], list[str]]:
         """Read the new bytes of every started job's streams in one command; the new lines per subscriber.
@@ -370,15 +427,17 @@ def get_poller(
     interval: float,
     read_logs: LogReader | None = None,
     read_ends: EndsReader | None = None,
+    confirm_ends: StatesFetcher | None = None,
 ) -> StatusPoller:
     """The poller of ``key`` in the running event loop (created on first use)."""
     pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
     poller = pollers.get(key)
     if poller is None:
-        poller = pollers[key] = StatusPoller(key, fetch, interval, read_logs, read_ends)
+        poller = pollers[key] = StatusPoller(key, fetch, interval, read_logs, read_ends, confirm_ends)
     else:
         poller._read_logs = poller._read_logs or read_logs
         poller._read_ends = poller._read_ends or read_ends
+        poller._confirm_ends = poller._confirm_ends or confirm_ends
     return poller
 
 

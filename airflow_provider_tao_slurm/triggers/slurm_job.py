@@ -55,10 +55,9 @@ class SlurmJobTrigger(BaseTrigger):
         triggerer to redact the live lines.
     :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit).
     :param end_marker_dir: the ends directory where the job's batch script leaves its end marker
-        (``<results_dir>/ends``); the shared poller reads it every couple of seconds, so the end is
-        seen long before the next scheduler query. None: the scheduler queries alone decide.
-    :param min_restart: end markers of runs before this one (``SLURM_RESTART_COUNT``) are ignored
-        (set when a marker's run turned out to be requeued).
+        (``<results_dir>/ends``); the shared poller reads it every couple of seconds and asks
+        accounting about a job whose marker appeared, so the end is seen long before the next
+        scheduler query. None: the scheduler queries alone decide.
     """
 
     def __init__(
@@ -79,7 +78,6 @@ class SlurmJobTrigger(BaseTrigger):
         secret_refs: dict[str, str] | None = None,
         cancel_on_kill: bool = True,
         end_marker_dir: str | None = None,
-        min_restart: int = 0,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -98,7 +96,6 @@ class SlurmJobTrigger(BaseTrigger):
         self.secret_refs = dict(secret_refs or {})
         self.cancel_on_kill = cancel_on_kill
         self.end_marker_dir = end_marker_dir
-        self.min_restart = int(min_restart)
         self._streams: list[LineStream] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -122,7 +119,6 @@ class SlurmJobTrigger(BaseTrigger):
                 "secret_refs": self.secret_refs,
                 "cancel_on_kill": self.cancel_on_kill,
                 "end_marker_dir": self.end_marker_dir,
-                "min_restart": self.min_restart,
             },
         )
 
@@ -138,12 +134,15 @@ class SlurmJobTrigger(BaseTrigger):
         hook = self._hook()
         settings = await hook.a_settings()
         poller = get_poller(
-            settings.pool_key, hook.a_get_states, self.poll_interval, hook.a_tail_many, hook.a_end_markers
+            settings.pool_key,
+            hook.a_get_states,
+            self.poll_interval,
+            hook.a_tail_many,
+            hook.a_end_markers,
+            hook.a_accounting_states,
         )
         self._streams = await self._line_streams()
-        queue = poller.subscribe(
-            self.slurm_job_id, self.poll_interval, self._streams, self.end_marker_dir, self.min_restart
-        )
+        queue = poller.subscribe(self.slurm_job_id, self.poll_interval, self._streams, self.end_marker_dir)
         transitions: list[Observation] = []
         last = (self.last_state, self.last_reason)
         last_seen = self.submitted_at
@@ -196,15 +195,13 @@ class SlurmJobTrigger(BaseTrigger):
                 current = (str(state.tao_state), state.reason)
                 if current != last:
                     hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
-                    marker = f" (end marker of run {state.restart}, exit code {state.exit_code})"
                     self.log.info(
-                        "SLURM job %s: %s%s%s%s%s",
+                        "SLURM job %s: %s%s%s%s",
                         self._job,
                         state.native or state.raw_state,
                         f" reason={state.reason}" if state.reason else "",
                         f" nodes={state.node_list}" if state.node_list else "",
                         f" ({hint})" if hint else "",
-                        marker if state.source == "marker" else "",
                     )
                     transitions.append(Observation(update.polled_at, state.tao_state, state.native, state.reason))
                     last = current

@@ -155,6 +155,9 @@ def airflow_settings(cluster: Mapping[str, Any], home: Path) -> dict[str, str]:
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        # The example sensor's one retry re-settles the same job: on the demo cluster it need not wait
+        # Airflow's default 5 minutes first.
+        "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "5",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW_CONN_SLURM_DEFAULT": connection_uri_json(cluster),
     }

@@ -310,9 +310,10 @@ CATALOGUE: dict[str, list[Case]] = {
             ),
         ),
         case(
-            "end markers: a run that SLURM requeues after its script left its marker, and a run requeued by "
-            "SIGTERM (no marker): the watch goes on to the next run, the record agrees with accounting",
-            f"{WATCH}::test_a_run_slurm_requeues_after_its_marker_does_not_end_the_watch",
+            "end markers: a marker accounting does not confirm (the job still runs, then SLURM requeues it), and "
+            "a run requeued by SIGTERM (no marker): the watch goes on to the next run; accounting ends it and the "
+            "record agrees; with slurmdbd down or cut off, markers end nothing and the scheduler queries decide",
+            f"{WATCH}::test_a_marker_accounting_does_not_confirm_does_not_end_the_watch",
             f"{WATCH}::test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker",
             f"{WATCH}::test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interval",
         ),

@@ -514,7 +514,8 @@ def test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interv
     marker = ends_listing(ssh_run, handle)
     assert list(marker) == [f"{slurm_id}-0-3.end"]
     latency = seen - marker[f"{slurm_id}-0-3.end"]
-    assert (event.payload["state"]["source"], event.payload["state"]["exit_code"]) == ("marker", 3)
+    # The marker made the poller ask accounting at once: the event carries accounting's word.
+    assert (event.payload["state"]["source"], event.payload["state"]["exit_code"]) == ("sacct", 3)
     assert 0 <= latency < 4, f"the end reached the trigger {latency:.1f} s after the marker"
     assert polls == 1, "one scheduler query (the first answer); the marker did the rest"
 
@@ -526,36 +527,39 @@ def test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interv
     assert ends_listing(ssh_run, handle) == {}, "the settled job's marker is removed"
 
 
-def test_a_run_slurm_requeues_after_its_marker_does_not_end_the_watch(
+def test_a_marker_accounting_does_not_confirm_does_not_end_the_watch(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
+    """A run's marker lies beside a job accounting still shows running (as when the node is lost while the
+    job completes and SLURM requeues it): the watch goes on; SLURM requeues the job; the next run's end,
+    confirmed by accounting, ends the watch once, and the record agrees with accounting."""
     ctx = context(dag_id, "submit", "r1")
-    handle, sensor, deferred = watched_rerun(image, ctx, "echo first; exit 0")
+    handle, sensor, deferred = watched_rerun(image, ctx, "sleep 300")
     slurm_id = handle["slurm_job_id"]
-    first = run_async(first_event(deferred.trigger))
-    assert (first.payload["state"]["source"], first.payload["state"]["restart"]) == ("marker", 0)
+    planted = f"{handle['results_base']}/ends/{slurm_id}-0-0.end"
 
-    # SLURM requeues the job after its script ended (RequeueExit, an admin, a node lost in the epilog).
-    wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") in ("COMPLETED", ""), "first run ended")
-    rc, _, err = ssh_run(join(["scontrol", "requeue", slurm_id]))
-    assert rc == 0, err
-    with pytest.raises(TaskDeferred) as again:
-        resume(sensor, ctx, deferred, first)
-    assert again.value.trigger.min_restart == 1
-    assert record_of(ssh_run, handle["record_path"])["terminal_state"] is None
+    async def scenario() -> TriggerEvent:
+        watch = asyncio.ensure_future(first_event(deferred.trigger))
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")
+        rc, _, err = await asyncio.to_thread(ssh_run, join(["touch", planted]))
+        assert rc == 0, err
+        await asyncio.sleep(8)  # several marker reads and accounting checks
+        assert not watch.done(), "a marker accounting does not confirm ended the watch"
+        rc, _, err = await asyncio.to_thread(ssh_run, join(["scontrol", "requeue", slurm_id]))
+        assert rc == 0, err
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "PENDING", "requeued")
+        rc, _, err = await asyncio.to_thread(ssh_run, f"scontrol update jobid={quote(slurm_id)} StartTime=now")
+        assert rc == 0, err
+        return await watch
 
-    wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "PENDING", "job requeued")
-    rc, _, err = ssh_run(f"scontrol update jobid={quote(slurm_id)} StartTime=now")
-    assert rc == 0, err
-    second = run_async(first_event(again.value.trigger))
-    assert (second.payload["state"]["source"], second.payload["state"]["restart"]) == ("marker", 1)
-    result = resume(sensor, ctx, again.value, second)
-
+    event = run_async(scenario())
+    assert (event.payload["state"]["native"], event.payload["state"]["source"]) == ("COMPLETED", "sacct")
+    result = resume(sensor, ctx, deferred, event)
     assert result["terminal_state"] == "COMPLETE"
     assert scontrol_fields(ssh_run, slurm_id)["Restarts"] == "1"
-    assert final_state(ssh_run, slurm_id) == "COMPLETED"
-    out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
-    assert ("first" in out, "rerun" in out) == (True, True)
+    assert final_state(ssh_run, slurm_id) == "COMPLETED", "the record agrees with accounting"
+    assert "rerun" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+    assert ends_listing(ssh_run, handle) == {}, "the settled job's markers are removed"
 
 
 def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
@@ -579,6 +583,6 @@ def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
 
     event, left = run_async(scenario())
     assert left == {}, "the run SLURM signalled left no marker"
-    assert (event.payload["state"]["source"], event.payload["state"]["restart"]) == ("marker", 1)
+    assert (event.payload["state"]["native"], event.payload["state"]["source"]) == ("COMPLETED", "sacct")
     assert resume(sensor, ctx, deferred, event)["terminal_state"] == "COMPLETE"
     assert final_state(ssh_run, slurm_id) == "COMPLETED"

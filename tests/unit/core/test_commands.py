@@ -1526,26 +1526,20 @@ def test_end_markers_lists_new_markers_of_each_directory_through_a_real_shell(tm
     assert not (tmp_path / "pwned").exists()
 
 
-@pytest.mark.parametrize(
-    ("marker", "native", "exit_code"), [((0, 0), "COMPLETED", 0), ((2, 137), "FAILED", 137)], ids=["ok", "failed"]
-)
-def test_an_end_marker_reads_as_the_state_of_its_run(marker: tuple[int, int], native: str, exit_code: int) -> None:
-    state = commands.EndMarker("/r/ends", "12", marker[0], marker[1], 1.0).state()
-    assert (state.native, state.exit_code, state.source, state.restart, state.is_terminal) == (
-        native,
-        exit_code,
-        "marker",
-        marker[0],
-        True,
-    )
-
-
-def test_remove_end_markers_keeps_a_later_runs_marker(tmp_path: Path) -> None:
+def test_remove_end_markers_removes_every_run_of_that_job_only_and_the_given_files(tmp_path: Path) -> None:
     ends = tmp_path / "ends 'q' $(x)"
     ends.mkdir()
     for name in ("12-0-1.end", "12-1-0.end", "12-2-0.end", "123-0-0.end", "1-0-0.end"):
         (ends / name).touch()
-    subprocess.run(["sh", "-c", commands.remove_end_markers(str(ends), "12", 1)], check=True)
-    assert sorted(path.name for path in ends.iterdir()) == ["1-0-0.end", "12-2-0.end", "123-0-0.end"]
+    sidecar = tmp_path / "job 'q'" / ".secrets.env"
+    sidecar.parent.mkdir()
+    sidecar.write_text("TOKEN=x\n")
+    subprocess.run(["sh", "-c", commands.remove_end_markers(str(ends), "12", [str(sidecar)])], check=True)
+    assert sorted(path.name for path in ends.iterdir()) == ["1-0-0.end", "123-0-0.end"]
+    assert not sidecar.exists()
+    subprocess.run(["sh", "-c", commands.remove_end_markers(str(ends), "12")], check=True)  # none left: fine
+    assert not (tmp_path / "pwned").exists()
     with pytest.raises(ValidationError, match="only plain numeric ids"):
-        commands.remove_end_markers(str(ends), "12_3", 0)
+        commands.remove_end_markers(str(ends), "12_3")
+    with pytest.raises(ValidationError, match="absolute"):
+        commands.remove_end_markers(str(ends), "12", ["relative/.secrets.env"])

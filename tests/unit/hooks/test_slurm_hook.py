@@ -831,6 +831,35 @@ def test_a_failed_async_write_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     assert caught.value.rc == 1
 
 
+def test_a_accounting_states_asks_sacct_once_for_every_job_and_never_squeue(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    rows = "12|tao-a|FAILED|3:0|NonZeroExitCode|n1|2026-12-03T10:00:00|2026-12-03T10:01:00\n"
+    rows += "13|tao-b|RUNNING|0:0|None|n2|2026-12-03T10:00:00|Unknown\n"
+    rows += "99|someone-else|COMPLETED|0:0|None|n2|2026-12-03T10:00:00|2026-12-03T10:01:00\n"
+    recorder = Recorder(CommandResult(0, rows, "", "login1"))
+    monkeypatch.setattr(hook, "a_run", recorder.a)
+
+    states = asyncio.run(hook.a_accounting_states(["12", "13", "12"]))
+
+    assert {job_id: (s.native, s.exit_code, s.source) for job_id, s in states.items()} == {
+        "12": ("FAILED", 3, "sacct"),
+        "13": ("RUNNING", 0, "sacct"),
+    }
+    ((command, _),) = recorder.commands
+    assert command.startswith("sacct ")
+    assert "squeue" not in command
+    assert asyncio.run(hook.a_accounting_states([])) == {}
+
+
+def test_a_failed_accounting_query_raises_naming_the_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings())
+    refused = CommandResult(1, "", "sacct: error: Problem talking to the database: Connection refused\n", "login1")
+    monkeypatch.setattr(hook, "a_run", Recorder(refused).a)
+
+    with pytest.raises(RemoteCommandError, match=r"sacct failed on login1 \(exit 1\): .*Connection refused"):
+        asyncio.run(hook.a_accounting_states(["12"]))
+
+
 # ---------------------------------------------------------------------- shared storage refusals
 
 UNSAFE = b"UNSAFE /lustre/u/records: is a symbolic link\n"

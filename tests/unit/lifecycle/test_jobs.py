@@ -24,7 +24,6 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
-    RemoteCommandError,
     SubmissionError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
@@ -164,6 +163,10 @@ class FakeHook:
     @property
     def sidecar_removals(self) -> list[str]:
         return [c for c in self.commands if c.startswith("rm -f -- ")]
+
+
+#: What settling a job removes, in one command: its secret sidecar and its end markers.
+SETTLED_REMOVAL = f"rm -f -- {JobLayout(BASE, FIRST).sidecar_path} {BASE}/ends/500-*.end"
 
 
 # ---------------------------------------------------------------------- plan_attempt: submit once, adopt any try's job
@@ -521,7 +524,7 @@ def test_resubmit_refuses_when_the_partition_would_be_too_small(
     settled = hook.record(FIRST)
     assert (settled.terminal_state, settled.err_class) == (TaoState.ERROR, ErrClass.ERR_INFRA)
     assert "not resubmitted" in settled.transitions[-1].message
-    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.sidecar_removals == [SETTLED_REMOVAL]
 
 
 def test_resubmit_adopts_the_job_an_earlier_try_resubmitted() -> None:
@@ -579,7 +582,7 @@ def test_a_refused_resubmission_settles_both_records() -> None:
 
     assert hook.record(FIRST).terminal_state is TaoState.ERROR
     assert hook.record(RETRY_ID).terminal_state is TaoState.ERROR
-    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.sidecar_removals == [SETTLED_REMOVAL]
 
 
 # ---------------------------------------------------------------------- cancel, UNKNOWN, settle, log tails
@@ -660,7 +663,7 @@ def test_settle_keeps_the_first_verdict_and_removes_the_sidecar() -> None:
 
     assert record.terminal_state is TaoState.CANCELED
     assert hook.record(FIRST).terminal_state is TaoState.CANCELED
-    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.sidecar_removals == [SETTLED_REMOVAL]
 
 
 def test_require_record_names_the_missing_file() -> None:
@@ -693,63 +696,3 @@ def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
         hook.files["/l/main.out"] = text
 
     assert JobLifecycle(hook).log_tail("/l/main.out", max_bytes, secrets=["secret-value"]) == expected
-
-
-# ------------------------------------------------------------------ end markers
-
-
-class AccountingHook(FakeHook):
-    """Answers each sacct with the next scripted row (``JobIDRaw|JobName|State|ExitCode|...``; the last one
-    repeats; None: no row; an Exception fails that query)."""
-
-    def __init__(self, rows: list[Any]) -> None:
-        super().__init__()
-        self.rows = list(rows)
-        self.queries = 0
-
-    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
-        if not command.startswith("sacct "):
-            return super().run(command, check=check, what=what)
-        self.queries += 1
-        row = self.rows.pop(0) if len(self.rows) > 1 else self.rows[0]
-        if isinstance(row, Exception):
-            raise row
-        return CommandResult(0, "" if row is None else f"500|{FIRST}|{row}|n1|2026-12-03T10:00:00|Unknown\n", "")
-
-
-def marker_state(restart: int = 0, code: int = 0) -> JobState:
-    return commands.EndMarker(f"{BASE}/ends", "500", restart, code, 1.0).state()
-
-
-@pytest.mark.parametrize(
-    ("rows", "expected", "queries"),
-    [
-        pytest.param(["FAILED|3:0|NonZeroExitCode"], ("FAILED", 3), 1, id="accounting"),
-        pytest.param(
-            ["RUNNING|0:0|None", RemoteCommandError("slurmdbd down", rc=1), None, "COMPLETED|0:0|None"],
-            ("COMPLETED", 0),
-            4,
-            id="after-lag-a-failed-query-and-no-row",
-        ),
-        pytest.param(["PENDING|0:0|BeginTime"], None, 1, id="requeued"),
-    ],
-)
-def test_confirm_end_takes_accountings_word_or_watches_a_requeued_job_again(
-    monkeypatch: pytest.MonkeyPatch, rows: list[Any], expected: tuple[str, int] | None, queries: int
-) -> None:
-    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
-    hook = AccountingHook(rows)
-    confirmed = JobLifecycle(hook).confirm_end(handle(), marker_state(restart=1))  # type: ignore[arg-type]
-    assert (None if confirmed is None else (confirmed.native, confirmed.exit_code)) == expected
-    assert confirmed is None or confirmed.source == "sacct"
-    assert hook.queries == queries
-    assert hook.commands == [commands.remove_end_markers(f"{BASE}/ends", "500", 1)], "only sacct, never squeue"
-
-
-def test_confirm_end_gives_up_after_its_window(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = iter(range(0, 1000))
-    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.jobs.time.sleep", lambda _s: None)
-    hook = AccountingHook(["RUNNING|0:0|None"])
-    assert JobLifecycle(hook).confirm_end(handle(), marker_state()) is None  # type: ignore[arg-type]
-    assert 5 <= hook.queries <= 10

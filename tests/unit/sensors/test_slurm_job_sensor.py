@@ -48,6 +48,8 @@ CTX = {
 }
 JOB_ID = mint_job_id("dag", "submit", "run1")
 LAYOUT = JobLayout(BASE, JOB_ID)
+#: What settling the job removes, in one command: its secret sidecar and its end markers.
+SETTLED_REMOVAL = f"rm -f -- {LAYOUT.sidecar_path} {BASE}/ends/{SLURM_ID}-*.end"
 RETRY_ID = mint_job_id("dag", "wait", "run1", retry_of=JOB_ID)
 RETRY_LAYOUT = JobLayout(BASE, RETRY_ID)
 
@@ -247,7 +249,7 @@ def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
         ("RUNNING", "trigger"),
         ("COMPLETE", "sensor"),
     ]
-    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), SETTLED_REMOVAL]
     assert hook.submits == []
 
 
@@ -342,7 +344,7 @@ def test_program_failure_fails_without_resubmission() -> None:
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
     assert hook.submits == []
     assert hook.lookups == []
-    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), SETTLED_REMOVAL]
 
 
 def test_cancelled_job_is_canceled_not_unknown() -> None:
@@ -355,7 +357,7 @@ def test_cancelled_job_is_canceled_not_unknown() -> None:
     record = hook.record()
     assert record["terminal_state"] == "CANCELED"
     assert record["transitions"][-1]["message"] == "SLURM job 500 ended CANCELLED by 1001"
-    assert hook.commands == [usage_command(SLURM_ID), f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert hook.commands == [usage_command(SLURM_ID), SETTLED_REMOVAL]
 
 
 @pytest.mark.parametrize("status", ["vanished", "error"], ids=["vanished", "older-provider-error"])
@@ -424,7 +426,7 @@ def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() ->
     old = hook.record()
     assert (old["terminal_state"], old["err_class"]) == ("ERROR", "ERR_INFRA")
     assert "not resubmitted" in old["transitions"][-1]["message"]
-    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+    assert hook.commands[-1] == SETTLED_REMOVAL
 
 
 def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it() -> None:
@@ -550,7 +552,7 @@ def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
     retry = hook.record(RETRY_LAYOUT.record_path)
     assert retry["terminal_state"] == "ERROR"
     assert "not available" in retry["transitions"][-1]["message"]
-    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+    assert hook.commands[-1] == SETTLED_REMOVAL
 
 
 def test_log_tail_redacts_the_jobs_own_secrets(
@@ -675,7 +677,7 @@ def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch
     assert first is False
     assert done.is_done
     assert (done.xcom_value["terminal_state"], done.xcom_value["job_id"]) == ("COMPLETE", JOB_ID)
-    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+    assert hook.commands[-1] == SETTLED_REMOVAL
 
 
 def test_poke_resubmission_watches_the_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -876,46 +878,7 @@ def test_a_bad_job_id_is_refused_before_any_ssh() -> None:
 # ---------------------------------------------------------------------- end markers
 
 
-def marker_event(code: int, restart: int = 0) -> dict[str, Any]:
-    from airflow_provider_tao_slurm.core.commands import EndMarker
-
-    state = EndMarker(f"{BASE}/ends", SLURM_ID, restart, code, 1.0).state()
-    return {"status": "terminal", "slurm_job_id": SLURM_ID, "job_name": JOB_ID, "state": state_to_payload(state)}
-
-
-class AccountingHook(FakeHook):
-    """sacct answers with one row of the job in state ``native``."""
-
-    def __init__(self, native: str, exit_code: int = 0) -> None:
-        super().__init__()
-        self.row = f"{SLURM_ID}|{JOB_ID}|{native}|{exit_code}:0|None|n2|2026-12-03T10:00:00|Unknown\n"
-
-    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
-        if command.startswith("sacct ") and "ElapsedRaw" not in command:
-            self.commands.append(command)
-            return CommandResult(0, self.row, "")
-        return super().run(command, check=check, what=what)
-
-
 def test_the_trigger_reads_the_jobs_end_markers() -> None:
     with pytest.raises(TaskDeferred) as deferred:
         sensor_with(NoHook()).execute(CTX)
-    assert (deferred.value.trigger.end_marker_dir, deferred.value.trigger.min_restart) == (f"{BASE}/ends", 0)
-
-
-def test_an_end_marker_settles_the_record_with_accountings_state() -> None:
-    hook = AccountingHook("FAILED", exit_code=3)
-    with pytest.raises(JobFailedError, match=r"SLURM job 500 failed \(ERR_PROGRAM\)"):
-        complete(sensor_with(hook), marker_event(0))  # accounting, not the marker, has the last word
-    record = hook.record()
-    assert record["terminal_state"] == "ERROR"
-    assert f"rm -f -- {BASE}/ends/{SLURM_ID}-0-*.end" in hook.commands
-
-
-def test_an_end_marker_of_a_run_slurm_requeued_watches_the_job_again() -> None:
-    hook = AccountingHook("PENDING")
-    with pytest.raises(TaskDeferred) as deferred:
-        complete(sensor_with(hook), marker_event(0, restart=1))
-    trigger = deferred.value.trigger
-    assert (trigger.slurm_job_id, trigger.min_restart) == (SLURM_ID, 2)
-    assert hook.record()["terminal_state"] is None
+    assert deferred.value.trigger.end_marker_dir == f"{BASE}/ends"

@@ -492,15 +492,37 @@ def marker(
     return EndMarker(directory, job_id, restart, code, mtime)
 
 
+@dataclass
+class FakeAccounting:
+    """sacct's scripted answers per call (the last repeats; an Exception fails that call)."""
+
+    answers: list[Any] = field(default_factory=list)
+    calls: list[list[str]] = field(default_factory=list)
+
+    async def __call__(self, ids: list[str]) -> dict[str, JobState]:
+        self.calls.append(list(ids))
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return {job_id: state for job_id, state in answer.items() if job_id in ids}
+
+
+def ended(job_id: str, native: str = "COMPLETED", code: int = 0) -> JobState:
+    return state_from_native(job_id, native, source="sacct", exit_code=code, signal=0)
+
+
 def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_its_own_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     fetch = FakeFetch()
     ends = FakeEnds([[], OSError("connection reset"), [marker("1", code=3), marker("2", directory="/other/ends")]])
+    # sacct first lags (still RUNNING), then fails once, then shows the end.
+    accounting = FakeAccounting([{"1": running("1")}, OSError("slurmdbd down"), {"1": ended("1", "FAILED", 3)}])
 
     async def scenario() -> tuple[list[PollUpdate], list[PollUpdate], StatusPoller]:
-        poller = StatusPoller("u@c", fetch, 30, read_ends=ends)
+        poller = StatusPoller("u@c", fetch, 30, read_ends=ends, confirm_ends=accounting)
         one = poller.subscribe("1", 3600, end_dir="/r/ends")
         two = poller.subscribe("2", 3600, end_dir="/r/ends")
         await asyncio.sleep(0.3)
@@ -514,27 +536,47 @@ def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_it
     assert len(fetch.calls) == 1, "the scheduler is asked once per (hour-long) interval"
     assert len(ends.reads) >= 5
     assert poller.stats.end_failures == 1
+    assert (poller.stats.end_confirms, poller.stats.end_confirm_failures) == (2, 1)
+    assert accounting.calls == [["1"]] * 3, "only the marked job is asked about, until accounting shows its end"
     assert [u.state.native for u in one if u.state] == ["RUNNING", "FAILED"]  # the marker once, though listed again
-    assert (one[-1].state.source, one[-1].state.exit_code) == ("marker", 3)  # type: ignore[union-attr]
+    assert (one[-1].state.source, one[-1].state.exit_code) == ("sacct", 3)  # type: ignore[union-attr]
     assert [u.state.native for u in two if u.state] == ["RUNNING"], "a marker in another directory is not its own"
     # After the first listing, only markers up to END_MARKER_SLACK_S older than the newest are listed again.
     assert ends.reads[0][0] == {"/r/ends": 0.0}
     assert ends.reads[-1][0] == {"/r/ends": 1000.0 - poller_module.END_MARKER_SLACK_S}
 
 
-def test_a_marker_of_an_earlier_run_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marker_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Run 0's marker, then SLURM requeued the job (accounting: PENDING): run 0 is dropped after the confirm
+    window and never asked about again; run 1's marker, once accounting shows the end, ends the watch."""
     monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    ends = FakeEnds([[marker("1", restart=0)], [marker("1", restart=0), marker("1", restart=1, code=0)]])
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
+    monkeypatch.setattr(poller_module, "END_MARKER_CONFIRM_S", 0.1)
+    ends = FakeEnds([[marker("1", restart=0)]])
+    requeued = state_from_native("1", "PENDING", source="sacct", reason="BeginTime")
+    accounting = FakeAccounting([{"1": requeued}])
 
     async def scenario() -> list[PollUpdate]:
-        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends)
-        queue = poller.subscribe("1", 3600, end_dir="/r/ends", min_restart=1)
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+        queue = poller.subscribe("1", 3600, end_dir="/r/ends")
+        await asyncio.sleep(0.3)
+        asked = len(accounting.calls)
+        await asyncio.sleep(0.1)
+        assert len(accounting.calls) == asked, "a dropped run's marker is not asked about again"
+        assert queue.qsize() == 1  # the first poll's RUNNING only
+        ends.answers = [[marker("1", restart=0), marker("1", restart=1, code=0)]]
+        accounting.answers = [{"1": ended("1")}]
         await asyncio.sleep(0.2)
         poller.unsubscribe("1", queue)
         return [queue.get_nowait() for _ in range(queue.qsize())]
 
     updates = run(scenario())
-    assert [(u.state.source, u.state.restart) for u in updates if u.state] == [("squeue", None), ("marker", 1)]
+    assert [(u.state.source, u.state.native) for u in updates if u.state] == [
+        ("squeue", "RUNNING"),
+        ("sacct", "COMPLETED"),
+    ]
 
 
 def test_no_marker_reads_without_an_ends_directory() -> None:

@@ -59,6 +59,8 @@ class FakeHook:
         self.commands: list[str] = []
         self.tail_calls = 0
         self.marker_reads = 0
+        self.accounting: list[dict[str, JobState]] = [{}]
+        self.accounting_asked: list[list[str]] = []
         self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
 
     async def a_settings(self) -> ClusterSettings:
@@ -96,6 +98,11 @@ class FakeHook:
         self.marker_reads += 1
         done = subprocess.run(["sh", "-c", end_markers(since)], capture_output=True, text=True, check=True)
         return parse_end_markers(done.stdout, list(since))
+
+    async def a_accounting_states(self, job_ids: list[str]) -> dict[str, JobState]:
+        """Accounting's scripted answers (the last one repeats)."""
+        self.accounting_asked.append(list(job_ids))
+        return self.accounting.pop(0) if len(self.accounting) > 1 else self.accounting[0]
 
 
 @pytest.fixture
@@ -138,7 +145,6 @@ def test_serialize_round_trip() -> None:
         "secret_refs": {},
         "cancel_on_kill": True,
         "end_marker_dir": None,
-        "min_restart": 0,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -606,6 +612,7 @@ def test_the_end_marker_ends_the_wait_long_before_the_next_scheduler_query(
     ends = tmp_path / "ends $(x)"
     ends.mkdir()
     hook.script = [squeue("RUNNING")]
+    hook.accounting = [sacct("RUNNING"), sacct(native, code)]  # slurmdbd learns of the end a moment later
     trigger = make(poll_interval=3600, end_marker_dir=str(ends))
 
     async def scenario() -> list[dict[str, Any]]:
@@ -617,36 +624,81 @@ def test_the_end_marker_ends_the_wait_long_before_the_next_scheduler_query(
 
     started = time.monotonic()
     events = run(scenario())
-    assert time.monotonic() - started < 2, "the marker, not the hourly scheduler query, ended the wait"
+    assert time.monotonic() - started < 3, "the marker, not the hourly scheduler query, ended the wait"
     assert len(hook.polls) == 1
     assert hook.marker_reads >= 2
+    assert hook.accounting_asked == [[JOB], [JOB]]  # only the marked job, until accounting shows its end
     event = JobEvent.from_dict(events[0])
     assert len(events) == 1
     assert event.state is not None
     assert (event.status, event.state.native, event.state.exit_code) == (EventStatus.TERMINAL, native, code)
-    assert (event.state.source, event.state.restart) == ("marker", 0)
+    assert event.state.source == "sacct"  # the record settles on accounting's word
 
 
 @pytest.mark.usefixtures("fast_markers")
-def test_a_marker_of_an_earlier_run_or_another_directory_does_not_end_the_wait(hook: FakeHook, tmp_path: Any) -> None:
+def test_a_marker_accounting_does_not_confirm_leaves_the_job_to_the_scheduler_queries(
+    hook: FakeHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A requeued run's marker (accounting shows the job pending again) is dropped; the next run's marker ends
+    the wait; another results base's marker of the same id is never read as this job's."""
+    from airflow_provider_tao_slurm.triggers import poller
+
+    monkeypatch.setattr(poller, "END_MARKER_CONFIRM_S", 0.3)
     ends, other = tmp_path / "ends", tmp_path / "other"
     ends.mkdir()
     other.mkdir()
     (ends / f"{JOB}-0-0.end").touch()  # the run SLURM requeued
     (other / f"{JOB}-1-0.end").touch()  # same id, another results base
     hook.script = [squeue("RUNNING")]
-    trigger = make(poll_interval=3600, end_marker_dir=str(ends), min_restart=1)
+    hook.accounting = [{JOB: state_from_native(JOB, "PENDING", source="sacct", reason="BeginTime")}]
+    trigger = make(poll_interval=3600, end_marker_dir=str(ends))
 
     async def scenario() -> list[dict[str, Any]]:
         task = asyncio.ensure_future(all_events(trigger))
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(0.8)
         assert not task.done()
+        asked = len(hook.accounting_asked)
+        await asyncio.sleep(0.3)
+        assert len(hook.accounting_asked) == asked, "the dropped run's marker is not asked about again"
+        hook.accounting = [sacct("FAILED", 2)]
         (ends / f"{JOB}-1-2.end").touch()
         return await task
 
     event = JobEvent.from_dict(run(scenario())[0])
     assert event.state is not None
-    assert (event.state.restart, event.state.exit_code, event.state.native) == (1, 2, "FAILED")
+    assert (event.state.exit_code, event.state.native, event.state.source) == (2, "FAILED", "sacct")
+
+
+def test_with_accounting_down_a_marker_ends_nothing(
+    hook: FakeHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_provider_tao_slurm.triggers import poller
+
+    monkeypatch.setattr(poller, "END_MARKER_INTERVAL_S", 0.25)
+    monkeypatch.setattr(poller, "END_MARKER_RECHECK_S", 0.01)
+    ends = tmp_path / "ends"
+    ends.mkdir()
+    (ends / f"{JOB}-0-0.end").touch()
+    hook.script = [squeue("RUNNING")]
+    hook.accounting = []
+
+    async def down(job_ids: list[str]) -> dict[str, JobState]:
+        hook.accounting_asked.append(list(job_ids))
+        raise RuntimeError("sacct: error: Problem talking to the database: Connection refused")
+
+    hook.a_accounting_states = down  # type: ignore[method-assign]
+
+    async def scenario() -> int:
+        task = asyncio.ensure_future(all_events(make(poll_interval=3600, end_marker_dir=str(ends))))
+        await asyncio.sleep(1.0)
+        assert not task.done(), "no event without accounting's word"
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return len(hook.accounting_asked)
+
+    asked = run(scenario())
+    assert 2 <= asked <= 6, f"a failing sacct is asked again every marker interval, not every recheck ({asked})"
 
 
 def test_without_an_ends_directory_no_marker_is_read(hook: FakeHook) -> None:
