@@ -18,7 +18,8 @@ End markers: a subscriber may name its job's ends directory (``<results_dir>/end
 batch script's EXIT trap leaves ``<job>-<restart>-<exit code>.end`` when the script ends by itself.
 Every :data:`END_MARKER_INTERVAL_S` seconds ONE ``find`` lists the new markers of all watched
 directories over the same connection, and ONE ``sacct`` (slurmdbd; slurmctld is not asked) confirms
-the jobs whose marker appeared: a job accounting shows ended gets accounting's state at once, so a
+the jobs whose marker appeared: a job accounting shows ended the way its script's own exit ends
+it (:data:`ENDED_BY_ITS_SCRIPT`) gets accounting's state and its last log lines at once, so a
 job's end reaches its trigger within seconds while the scheduler is asked once per interval (30 s
 suits a real cluster), for what no trap can report: cancellation, preemption, requeue, a node
 failure, a killed step. A marker is only a reason to ask accounting early: a run that received
@@ -34,7 +35,7 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,10 @@ END_MARKER_RECHECK_S = 0.5
 #: A marker accounting does not confirm within this many seconds (a requeued run, accounting down) is
 #: dropped: the scheduler queries decide that job's end.
 END_MARKER_CONFIRM_S = 30.0
+#: The ends a script's own exit gives; accounting showing one of them confirms a marker. Any other end
+#: (NODE_FAIL, PREEMPTED, CANCELLED, TIMEOUT, ...) is the scheduler's to report: squeue knows whether
+#: SLURM requeues the job, which accounting may not show yet.
+ENDED_BY_ITS_SCRIPT = frozenset({"COMPLETED", "FAILED", "OUT_OF_MEMORY"})
 
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
 LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
@@ -317,10 +322,12 @@ class StatusPoller:
     async def _confirm_end_markers(self) -> bool:
         """Ask accounting, in one command, about every job whose marker waits; a job it shows ended is sent.
 
-        The update carries accounting's state (so the record agrees with accounting). A marker still
-        unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds is dropped (that run is not asked about
-        again): a requeued job runs again and leaves a new marker; with accounting down the scheduler
-        queries decide. Returns False when accounting could not answer.
+        The update carries accounting's state (so the record agrees with accounting) and the job's last
+        log lines (read in one more command). A marker is dropped (that run is not asked about again)
+        when accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`), or when
+        it is still unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds: a requeued job runs again
+        and leaves a new marker; with accounting down the scheduler queries decide. Returns False when
+        accounting could not answer.
         """
         assert self._confirm_ends is not None
         ids = sorted({marker.slurm_job_id for marker, _found in self._unconfirmed.values()})
@@ -335,7 +342,8 @@ class StatusPoller:
             states, answered = {}, False
         else:
             self.stats.end_confirms += 1
-        now, wall = time.monotonic(), time.time()
+        now = time.monotonic()
+        confirmed: dict[asyncio.Queue[PollUpdate], JobState] = {}
         for queue, (marker, found) in list(self._unconfirmed.items()):
             state = states.get(marker.slurm_job_id)
             ended = state is not None and state.is_terminal
@@ -343,10 +351,10 @@ class StatusPoller:
                 continue
             del self._unconfirmed[queue]
             self._next_run[queue] = marker.restart + 1
-            if state is not None and ended:
-                self._sent[queue] = state
-                self._seen[marker.slurm_job_id] = wall
-                queue.put_nowait(PollUpdate(marker.slurm_job_id, state, wall, last_seen=wall))
+            if state is not None and state.native in ENDED_BY_ITS_SCRIPT:
+                confirmed[queue] = state
+            elif ended:
+                log.debug("SLURM job %s ended %s: the scheduler queries report it", marker.slurm_job_id, state)
             else:
                 log.info(
                     "SLURM job %s's end marker (run %d, exit code %d) is not confirmed by accounting within %.0f s "
@@ -356,18 +364,33 @@ class StatusPoller:
                     marker.exit_code,
                     END_MARKER_CONFIRM_S,
                 )
+        if confirmed:
+            lines = await self._follow_logs({state.job_id: state for state in confirmed.values()}, confirmed)
+            wall = time.time()
+            for queue, state in confirmed.items():
+                self._sent[queue] = state
+                self._seen[state.job_id] = wall
+                queue.put_nowait(
+                    PollUpdate(state.job_id, state, wall, lines=tuple(lines.get(queue, ())), last_seen=wall)
+                )
         return answered
 
-    async def _follow_logs(self, states: dict[str, JobState]) -> dict[asyncio.Queue[PollUpdate], list[str]]:
+    async def _follow_logs(
+        self, states: dict[str, JobState], only: Collection[asyncio.Queue[PollUpdate]] | None = None
+    ) -> dict[asyncio.Queue[PollUpdate], list[str]]:
         """Read the new bytes of every started job's streams in one command; the new lines per subscriber.
 
         A job still pending has no logs yet and is not read. A failed read leaves the offsets where
         they were (the next poll reads the same bytes) and gives no lines.
+
+        :param only: read these subscribers' streams only (the ones about to be sent an update).
         """
         followed = [
             (queue, stream)
             for queue, (job_id, streams) in self._streams.items()
-            if (state := states.get(job_id)) is not None and state.tao_state is not TaoState.PENDING
+            if (state := states.get(job_id)) is not None
+            and state.tao_state is not TaoState.PENDING
+            and (only is None or queue in only)
             for stream in streams
         ]
         if not followed or self._read_logs is None:

@@ -579,6 +579,26 @@ def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marke
     ]
 
 
+def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Accounting shows NODE_FAIL beside a marker (the node died; SLURM may requeue the job, which squeue
+    knows first): the marker is dropped at once, nothing is sent, and accounting is not asked again."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
+    ends = FakeEnds([[marker("1", code=129)]])
+    accounting = FakeAccounting([{"1": ended("1", "NODE_FAIL", 0)}])
+
+    async def scenario() -> list[PollUpdate]:
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+        queue = poller.subscribe("1", 3600, end_dir="/r/ends")
+        await asyncio.sleep(0.3)
+        poller.unsubscribe("1", queue)
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+    updates = run(scenario())
+    assert [(u.state.source, u.state.native) for u in updates if u.state] == [("squeue", "RUNNING")]
+    assert accounting.calls == [["1"]]
+
+
 def test_no_marker_reads_without_an_ends_directory() -> None:
     ends = FakeEnds()
 
