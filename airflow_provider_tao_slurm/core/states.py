@@ -171,6 +171,16 @@ class JobState:
         """``True`` when the job will not change state again (see :attr:`TaoState.is_terminal`)."""
         return self.tao_state.is_terminal
 
+    @property
+    def accounted(self) -> bool:
+        """``True`` for accounting's full word on an ended job: a terminal sacct row with its end time.
+
+        slurmdbd can hold a job's final state before slurmctld's end record reaches it (a job that
+        ended while slurmdbd was down: the resent start record raises the state first); until then
+        the row has no ``End`` and exit code ``0:0``, which is not the job's exit code.
+        """
+        return self.is_terminal and self.source == "sacct" and self.end is not None
+
 
 def normalize_state(raw: str) -> str:
     """Reduce a printed SLURM state to its bare name.

@@ -18,8 +18,8 @@ End markers: a subscriber may name its job's ends directory (``<results_dir>/end
 batch script's EXIT trap leaves ``<job>-<restart>-<exit code>.end`` when the script ends by itself.
 Every :data:`END_MARKER_INTERVAL_S` seconds ONE ``find`` lists the new markers of all watched
 directories over the same connection, and ONE ``sacct`` (slurmdbd; slurmctld is not asked) confirms
-the jobs whose marker appeared: a job accounting shows ended the way its script's own exit ends
-it (:data:`ENDED_BY_ITS_SCRIPT`) gets accounting's state and its last log lines at once, so a
+the jobs whose marker appeared: a job accounting shows ended (its final state with its end time) the
+way its script's own exit ends it (:data:`ENDED_BY_ITS_SCRIPT`) gets accounting's state and its last log lines at once, so a
 job's end reaches its trigger within seconds while the scheduler is asked once per interval (30 s
 suits a real cluster), for what no trap can report: cancellation, preemption, requeue, a node
 failure, a killed step. A marker is only a reason to ask accounting early: a run that received
@@ -346,12 +346,12 @@ class StatusPoller:
         confirmed: dict[asyncio.Queue[PollUpdate], JobState] = {}
         for queue, (marker, found) in list(self._unconfirmed.items()):
             state = states.get(marker.slurm_job_id)
-            ended = state is not None and state.is_terminal
+            ended = state is not None and state.accounted
             if not ended and now - found < END_MARKER_CONFIRM_S:
                 continue
             del self._unconfirmed[queue]
             self._next_run[queue] = marker.restart + 1
-            if state is not None and state.native in ENDED_BY_ITS_SCRIPT:
+            if ended and state is not None and state.native in ENDED_BY_ITS_SCRIPT:
                 confirmed[queue] = state
             elif ended:
                 log.debug("SLURM job %s ended %s: the scheduler queries report it", marker.slurm_job_id, state)

@@ -27,8 +27,9 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     Observation,
 )
 
-#: How long a terminal state seen only by squeue waits for sacct's row, which carries the exit
-#: code (sacct lags squeue by seconds; without accounting the squeue state is used after this).
+#: How long a terminal state without accounting's end record (seen only by squeue, or a sacct row
+#: with no End yet) waits for it: that row carries the exit code (sacct lags squeue by seconds;
+#: without accounting the state at hand is used after this).
 ACCOUNTING_SETTLE_S = 30.0
 
 
@@ -187,11 +188,11 @@ class SlurmJobTrigger(BaseTrigger):
                         return
                 else:
                     strange_since = None
-                if state.is_terminal and state.source == "squeue":
+                if state.is_terminal and not state.accounted:
                     if ended_at is None:
                         ended_at = update.polled_at
                     if update.polled_at - ended_at < ACCOUNTING_SETTLE_S:
-                        continue  # sacct has not recorded the end yet: wait for its exit code
+                        continue  # accounting has not recorded the end yet: wait for its exit code
                 current = (str(state.tao_state), state.reason)
                 if current != last:
                     hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None

@@ -441,6 +441,25 @@ def test_merge_keeps_sacct_exit_code_when_both_terminal() -> None:
 
 
 @pytest.mark.parametrize(
+    ("row", "accounted"),
+    [
+        pytest.param("1|tao-x|FAILED|3:0|None|n1|2026-12-04T05:01:00|2026-12-04T05:02:00", True, id="full-row"),
+        pytest.param("1|tao-x|FAILED|0:0|None|n1|2026-12-04T05:01:00|Unknown", False, id="state-before-end-record"),
+        pytest.param(
+            "1|tao-x|CANCELLED by 1001|0:0|None|None|2026-12-04T05:01:00|2026-12-04T05:01:00", True, id="cancelled"
+        ),
+        pytest.param("1|tao-x|RUNNING|0:0|None|n1|2026-12-04T05:01:00|Unknown", False, id="running"),
+    ],
+)
+def test_accounted_needs_a_terminal_sacct_row_with_its_end(row: str, accounted: bool) -> None:
+    assert parse_sacct(row)["1"].accounted is accounted
+
+
+def test_a_terminal_squeue_row_is_not_accounted() -> None:
+    assert not _sq("1", "FAILED").accounted
+
+
+@pytest.mark.parametrize(
     ("stdout", "expected"),
     [
         pytest.param("11", ("11", None), id="bare-id"),

@@ -507,8 +507,8 @@ class FakeAccounting:
         return {job_id: state for job_id, state in answer.items() if job_id in ids}
 
 
-def ended(job_id: str, native: str = "COMPLETED", code: int = 0) -> JobState:
-    return state_from_native(job_id, native, source="sacct", exit_code=code, signal=0)
+def ended(job_id: str, native: str = "COMPLETED", code: int = 0, end: str | None = "2026-12-04T05:08:30") -> JobState:
+    return state_from_native(job_id, native, source="sacct", exit_code=code, signal=0, end=end)
 
 
 def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_its_own_once(
@@ -597,6 +597,29 @@ def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: py
     updates = run(scenario())
     assert [(u.state.source, u.state.native) for u in updates if u.state] == [("squeue", "RUNNING")]
     assert accounting.calls == [["1"]]
+
+
+def test_a_final_state_without_its_end_record_does_not_confirm_a_marker(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job that ended while slurmdbd was down: once slurmdbd is back, its row shows the final state a
+    moment before the end record arrives, with exit code 0:0 and no End. Only the full row confirms."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
+    ends = FakeEnds([[marker("1", code=3)], []])
+    accounting = FakeAccounting(
+        [OSError("slurmdbd down"), {"1": ended("1", "FAILED", 0, end=None)}, {"1": ended("1", "FAILED", 3)}]
+    )
+
+    async def scenario() -> list[PollUpdate]:
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+        queue = poller.subscribe("1", 3600, end_dir="/r/ends")
+        await asyncio.sleep(0.3)
+        poller.unsubscribe("1", queue)
+        return [queue.get_nowait() for _ in range(queue.qsize())]
+
+    updates = run(scenario())
+    sent = [(u.state.source, u.state.native, u.state.exit_code) for u in updates if u.state]
+    assert sent == [("squeue", "RUNNING", None), ("sacct", "FAILED", 3)]
+    assert len(accounting.calls) == 3
 
 
 def test_no_marker_reads_without_an_ends_directory() -> None:

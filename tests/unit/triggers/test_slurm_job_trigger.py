@@ -44,8 +44,12 @@ def squeue(native: str, reason: str | None = None) -> dict[str, JobState]:
     return {JOB: state_from_native(JOB, native, source="squeue", reason=reason, node_list="n1")}
 
 
-def sacct(native: str, exit_code: int = 0, signal: int = 0) -> dict[str, JobState]:
-    return {JOB: state_from_native(JOB, native, source="sacct", exit_code=exit_code, signal=signal, node_list="n1")}
+def sacct(
+    native: str, exit_code: int = 0, signal: int = 0, end: str | None = "2026-12-04T05:08:30"
+) -> dict[str, JobState]:
+    return {
+        JOB: state_from_native(JOB, native, source="sacct", exit_code=exit_code, signal=signal, node_list="n1", end=end)
+    }
 
 
 class FakeHook:
@@ -193,6 +197,19 @@ def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: FakeHook) ->
     assert event["state"]["source"] == "sacct"
     assert (event["state"]["exit_code"], event["state"]["signal"]) == (3, 0)
     assert [t["state"] for t in event["transitions"]] == ["RUNNING", "ERROR"]
+
+
+def test_a_final_state_without_its_end_record_waits_for_the_full_row(hook: FakeHook) -> None:
+    """slurmdbd back after an outage: the row shows FAILED before slurmctld's end record (exit 0:0, no End)."""
+    hook.script = [squeue("RUNNING"), sacct("FAILED", 0, end=None), sacct("FAILED", 0, end=None), sacct("FAILED", 3)]
+
+    (event,) = run(all_events(make()))
+
+    assert (event["state"]["native"], event["state"]["exit_code"], event["state"]["end"]) == (
+        "FAILED",
+        3,
+        "2026-12-04T05:08:30",
+    )
 
 
 def test_terminal_state_from_squeue_is_used_when_accounting_never_answers(
