@@ -88,6 +88,11 @@ NATIVE_TO_TAO: Mapping[str, TaoState] = MappingProxyType({k: v[0] for k, v in _N
 #: Native states that are infrastructure failures whatever the logs say.
 INFRA_NATIVE_STATES = frozenset({"NODE_FAIL", "BOOT_FAIL"})
 
+#: How long a terminal state without accounting's full row (:attr:`JobState.accounted`: a state only
+#: squeue shows, or a sacct row with no End yet) waits for it: that row carries the exit code (sacct
+#: lags squeue by seconds; without accounting the state at hand is used after this).
+ACCOUNTING_SETTLE_S = 30.0
+
 #: ``squeue -h -o SQUEUE_FORMAT``: id, name, state (long), reason, nodes, start, end.
 SQUEUE_FORMAT = "%i|%j|%T|%r|%N|%S|%e"
 #: ``sacct -X -n -P -o SACCT_FIELDS`` (allocation rows only, ``|``-separated, no padding).

@@ -130,6 +130,7 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         self._streams: list[LineStream] = []
         self._first_missing: float | None = None
         self._strange_since: float | None = None
+        self._unaccounted_since: float | None = None
 
     @property
     def lifecycle(self) -> JobLifecycle:
@@ -426,12 +427,17 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
                     f"this provider does not know, for {now - self._strange_since:.0f} s; check `scontrol show job "
                     f"{handle.slurm_job_id}` and cancel it if it should not run",
                 )
+            elif state.is_terminal and self._awaits_accounting(state, now):
+                self.log.info(
+                    "SLURM job %s ended %s; waiting for accounting's exit code", handle.slurm_job_id, state.native
+                )
             elif state.is_terminal:
                 self._follow()
                 event = JobEvent(
                     EventStatus.TERMINAL, handle.slurm_job_id, handle.job_id, state, log_offsets=self._shown_offsets()
                 )
             else:
+                self._unaccounted_since = None
                 self.log.info("SLURM job %s: %s %s", handle.slurm_job_id, state.native, state.reason or "")
                 if state.tao_state is not TaoState.PENDING:
                     self._follow()
@@ -441,9 +447,19 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)
             self._current = outcome
+            self._unaccounted_since = None
             self._streams = self._line_streams(self._live_streams(context, outcome), self._secret_values(outcome))
             return False
         return PokeReturnValue(is_done=True, xcom_value=outcome)
+
+    def _awaits_accounting(self, state: JobState, now: float) -> bool:
+        """Whether a terminal state without accounting's full row (:attr:`JobState.accounted`) still waits for it."""
+        from airflow_provider_tao_slurm.core.states import ACCOUNTING_SETTLE_S
+
+        if state.accounted:
+            return False
+        self._unaccounted_since = self._unaccounted_since or now
+        return now - self._unaccounted_since < ACCOUNTING_SETTLE_S
 
     def _poke_foreign(self, foreign: dict[str, Any]) -> bool | PokeReturnValue:
         from airflow_provider_tao_slurm.core.states import TaoState
@@ -459,6 +475,8 @@ class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
         if state is not None and state.tao_state is not TaoState.PENDING:
             self._follow()
         if state is None or not state.is_terminal:
+            return False
+        if self._awaits_accounting(state, datetime.now(UTC).timestamp()):
             return False
         event = JobEvent(EventStatus.TERMINAL, slurm_job_id, "", state, log_offsets=self._shown_offsets())
         return PokeReturnValue(is_done=True, xcom_value=self._settle_foreign(foreign, event))

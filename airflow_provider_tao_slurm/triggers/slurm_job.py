@@ -18,7 +18,7 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream
-from airflow_provider_tao_slurm.core.states import TaoState, pending_hint
+from airflow_provider_tao_slurm.core.states import ACCOUNTING_SETTLE_S, TaoState, pending_hint
 from airflow_provider_tao_slurm.lifecycle.events import (
     DEFAULT_NOT_FOUND_GRACE_S,
     DEFAULT_UNRECOGNISED_GRACE_S,
@@ -26,11 +26,6 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     JobEvent,
     Observation,
 )
-
-#: How long a terminal state without accounting's end record (seen only by squeue, or a sacct row
-#: with no End yet) waits for it: that row carries the exit code (sacct lags squeue by seconds;
-#: without accounting the state at hand is used after this).
-ACCOUNTING_SETTLE_S = 30.0
 
 
 class SlurmJobTrigger(BaseTrigger):

@@ -614,6 +614,8 @@ def poke_at(sensor: SlurmJobSensor, *times: float) -> list[Any]:
 
 
 def native(name: str, source: str = "squeue", **kwargs: Any) -> Any:
+    if source == "sacct":
+        kwargs.setdefault("end", "2026-12-04T05:08:30")
     return state_from_native(SLURM_ID, name, source=source, **kwargs)  # type: ignore[arg-type]
 
 
@@ -678,6 +680,34 @@ def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch
     assert done.is_done
     assert (done.xcom_value["terminal_state"], done.xcom_value["job_id"]) == ("COMPLETE", JOB_ID)
     assert hook.commands[-1] == SETTLED_REMOVAL
+
+
+def test_poke_waits_for_accountings_full_row_then_takes_its_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue shows FAILED first, then sacct's row without its End (exit 0:0), then the full row."""
+    hook = FakeHook()
+    script = [
+        native("FAILED"),
+        native("FAILED", "sacct", exit_code=0, signal=0, end=None),
+        native("FAILED", "sacct", exit_code=3, signal=0),
+    ]
+    sensor = poking(hook, script, monkeypatch)
+
+    assert poke_at(sensor, 0, 10) == [False, False]
+    with pytest.raises(JobFailedError):
+        poke_at(sensor, 20)
+
+    assert hook.record()["exit_codes"] == {"job": 3}
+
+
+def test_poke_takes_the_state_at_hand_once_accounting_stays_silent(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = FakeHook()
+    sensor = poking(hook, [native("FAILED"), native("FAILED")], monkeypatch)
+
+    assert poke_at(sensor, 0) == [False]
+    with pytest.raises(JobFailedError):
+        poke_at(sensor, 31)
+
+    assert hook.record()["exit_codes"] == {}
 
 
 def test_poke_resubmission_watches_the_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
