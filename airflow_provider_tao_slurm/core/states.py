@@ -13,6 +13,7 @@ The format constants below are the only place the hook and the parsers agree on 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -275,24 +276,25 @@ def state_from_native(
     )
 
 
-def _rows(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    """Split ``|``-separated rows into dicts; a ``|`` inside the job name is kept in the name.
+def _row(line: str, columns: tuple[str, ...]) -> dict[str, str] | None:
+    """One ``|``-separated row as a dict (a ``|`` inside the job name is kept in the name).
 
-    Blank lines, step rows (``12.batch``, ``12.0``) and lines that are not job rows (too few
-    columns, or no job id first, e.g. noise from shell start-up files) are skipped.
+    ``None`` for a line that is not a job row: blank, a step row (``12.batch``, ``12.0``), too few
+    columns, or no job id first (e.g. noise from shell start-up files).
     """
+    parts = line.split("|")
+    extra = len(parts) - len(columns)
+    if extra < 0:
+        return None
     name_at = columns.index("name")
-    rows = []
-    for line in text.splitlines():
-        parts = line.split("|")
-        extra = len(parts) - len(columns)
-        if extra < 0:
-            continue
-        parts[name_at : name_at + extra + 1] = ["|".join(parts[name_at : name_at + extra + 1])]
-        row = dict(zip(columns, (part.strip() for part in parts), strict=True))
-        if _JOB_ID.fullmatch(row["job_id"]):
-            rows.append(row)
-    return rows
+    parts[name_at : name_at + extra + 1] = ["|".join(parts[name_at : name_at + extra + 1])]
+    row = dict(zip(columns, (part.strip() for part in parts), strict=True))
+    return row if _JOB_ID.fullmatch(row["job_id"]) else None
+
+
+def _rows(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
+    """Every job row of ``text`` (see :func:`_row`)."""
+    return [row for line in text.splitlines() if (row := _row(line, columns)) is not None]
 
 
 def _exit_status(text: str) -> tuple[int | None, int | None]:
@@ -306,22 +308,40 @@ def _exit_status(text: str) -> tuple[int | None, int | None]:
 def parse_squeue(text: str) -> dict[str, JobState]:
     """Parse ``squeue -h -o SQUEUE_FORMAT`` output (any number of jobs).
 
+    A line printed again unchanged (most of them, poll after poll) gives the same :class:`JobState`
+    object without being parsed again (:func:`_squeue_line` keeps the last :data:`SQUEUE_LINE_CACHE`).
+
     :param text: squeue's stdout.
     :returns: job id -> state; the last row wins when an id repeats.
     """
-    return {
-        row["job_id"]: state_from_native(
-            row["job_id"],
-            row["state"],
-            source="squeue",
-            reason=row["reason"],
-            node_list=row["node_list"],
-            start=row["start"],
-            end=row["end"],
-            name=row["name"],
-        )
-        for row in _rows(text, _SQUEUE_COLUMNS)
-    }
+    states = {}
+    for line in text.splitlines():
+        state = _squeue_line(line)
+        if state is not None:
+            states[state.job_id] = state
+    return states
+
+
+#: squeue lines whose parsed state is kept (more than the shared poller's 5000 watched jobs).
+SQUEUE_LINE_CACHE = 8192
+
+
+@functools.lru_cache(maxsize=SQUEUE_LINE_CACHE)
+def _squeue_line(line: str) -> JobState | None:
+    """The state one squeue line gives (``None`` for a line that is no job row); states are immutable."""
+    row = _row(line, _SQUEUE_COLUMNS)
+    if row is None:
+        return None
+    return state_from_native(
+        row["job_id"],
+        row["state"],
+        source="squeue",
+        reason=row["reason"],
+        node_list=row["node_list"],
+        start=row["start"],
+        end=row["end"],
+        name=row["name"],
+    )
 
 
 def parse_sacct(text: str) -> dict[str, JobState]:

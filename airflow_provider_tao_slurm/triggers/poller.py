@@ -430,9 +430,9 @@ class StatusPoller:
                     error is None
                     and not new
                     and state is not None
+                    and ((sent := self._sent.get(queue)) is state or sent == state)
                     and not state.is_terminal
                     and state.tao_state is not TaoState.UNKNOWN
-                    and self._sent.get(queue) == state
                 ):
                     continue  # nothing new for this subscriber: it is not woken
                 if state is not None:

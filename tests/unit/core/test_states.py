@@ -224,6 +224,15 @@ def test_parse_squeue(job_id: str, expected: dict[str, object]) -> None:
     assert (state.job_id, state.source, state.exit_code, state.signal) == (job_id, "squeue", None, None)
 
 
+def test_parse_squeue_reuses_the_state_of_a_line_printed_again() -> None:
+    first = parse_squeue("7|tao-a|PENDING|JobHeldUser||N/A|N/A\n8|tao-b|RUNNING|None|n1|2026-12-04T05:00:00|N/A")
+    again = parse_squeue("8|tao-b|RUNNING|None|n1|2026-12-04T05:00:00|N/A\n7|tao-a|PENDING|Priority||N/A|N/A")
+
+    assert again["8"] is first["8"]
+    assert again["7"] is not first["7"]
+    assert (again["7"].reason, first["7"].reason) == ("Priority", "JobHeldUser")
+
+
 def test_parse_squeue_returns_every_job_once() -> None:
     assert list(parse_squeue(SQUEUE_TEXT)) == [
         "101",
