@@ -389,7 +389,16 @@ def measured_commit() -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout
 
     commit = git("rev-parse", "HEAD").strip() or "unknown (not a git checkout)"
-    dirty = git("status", "--porcelain", "--", "benchmarks", "airflow_provider_tao_slurm").strip()
+    # The figures themselves (results/, RESULTS.md) are not what is measured.
+    dirty = git(
+        "status",
+        "--porcelain",
+        "--",
+        "benchmarks",
+        "airflow_provider_tao_slurm",
+        ":!benchmarks/results",
+        ":!benchmarks/RESULTS.md",
+    ).strip()
     return f"{commit}{' + local changes' if dirty else ''}"
 
 
