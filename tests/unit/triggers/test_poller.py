@@ -579,6 +579,15 @@ def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marke
     ]
 
 
+async def watch_one_marked_job(ends: FakeEnds, accounting: FakeAccounting) -> list[PollUpdate]:
+    """Job 1 watched with its ends directory for 0.3 s (scheduler queries far apart): every update sent."""
+    poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+    queue = poller.subscribe("1", 3600, end_dir="/r/ends")
+    await asyncio.sleep(0.3)
+    poller.unsubscribe("1", queue)
+    return [queue.get_nowait() for _ in range(queue.qsize())]
+
+
 def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Accounting shows NODE_FAIL beside a marker (the node died; SLURM may requeue the job, which squeue
     knows first): the marker is dropped at once, nothing is sent, and accounting is not asked again."""
@@ -587,14 +596,7 @@ def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: py
     ends = FakeEnds([[marker("1", code=129)]])
     accounting = FakeAccounting([{"1": ended("1", "NODE_FAIL", 0)}])
 
-    async def scenario() -> list[PollUpdate]:
-        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
-        queue = poller.subscribe("1", 3600, end_dir="/r/ends")
-        await asyncio.sleep(0.3)
-        poller.unsubscribe("1", queue)
-        return [queue.get_nowait() for _ in range(queue.qsize())]
-
-    updates = run(scenario())
+    updates = run(watch_one_marked_job(ends, accounting))
     assert [(u.state.source, u.state.native) for u in updates if u.state] == [("squeue", "RUNNING")]
     assert accounting.calls == [["1"]]
 
@@ -609,14 +611,7 @@ def test_a_final_state_without_its_end_record_does_not_confirm_a_marker(monkeypa
         [OSError("slurmdbd down"), {"1": ended("1", "FAILED", 0, end=None)}, {"1": ended("1", "FAILED", 3)}]
     )
 
-    async def scenario() -> list[PollUpdate]:
-        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
-        queue = poller.subscribe("1", 3600, end_dir="/r/ends")
-        await asyncio.sleep(0.3)
-        poller.unsubscribe("1", queue)
-        return [queue.get_nowait() for _ in range(queue.qsize())]
-
-    updates = run(scenario())
+    updates = run(watch_one_marked_job(ends, accounting))
     sent = [(u.state.source, u.state.native, u.state.exit_code) for u in updates if u.state]
     assert sent == [("squeue", "RUNNING", None), ("sacct", "FAILED", 3)]
     assert len(accounting.calls) == 3
