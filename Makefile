@@ -47,7 +47,7 @@ reliability: venv cluster-up
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py
 
-# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 7 minutes.
+# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 25 minutes on 2 cores.
 bench: venv cluster-up
 	rm -rf "$${BENCH_OUT:-/tmp/tao-slurm-bench}"
 	$(BIN)/python benchmarks/poller.py
