@@ -21,10 +21,11 @@ directories over the same connection, and ONE ``sacct`` (slurmdbd; slurmctld is 
 the jobs whose marker appeared: a job accounting shows ended (its final state with its end time) the
 way its script's own exit ends it (:data:`ENDED_BY_ITS_SCRIPT`) gets accounting's state and its last
 log lines at once, so a job's end reaches its trigger within seconds while the scheduler is asked
-once per interval (30 s suits a real cluster), for what no trap can report: cancellation, preemption, requeue, a node
-failure, a killed step. A marker is only a reason to ask accounting early: a run that received
-SIGTERM leaves none, a run that SLURM requeued after its script ended is not ended in accounting,
-and with accounting down nothing is confirmed, so the scheduler queries decide as without markers.
+once per interval (30 s suits a real cluster), for what no trap can report: cancellation,
+preemption, requeue, a node failure, a killed step. A marker is only a reason to ask accounting
+early: a run that received SIGTERM leaves none, a run that SLURM requeued after its script ended is
+not ended in accounting, and with accounting down nothing is confirmed, so the scheduler queries
+decide as without markers.
 """
 
 from __future__ import annotations
