@@ -116,6 +116,16 @@ def node_usable(ssh_run: SshRun, node: str) -> bool:
     return bool(state) and not state.startswith(("down", "drain", "fail", "unknown", "not_responding"))
 
 
+def steps_running(slurm_id: str) -> bool:
+    """Whether a ``slurmstepd`` of the job still runs (both test nodes' slurmd run on this machine)."""
+    title = f"slurmstepd: [{slurm_id}.".encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if cmdline.read_bytes().startswith(title):
+                return True
+    return False
+
+
 def harness(*args: str) -> None:
     """Run a harness fault-injection command (as root, like the harness expects)."""
     subprocess.run([sys.executable, str(HARNESS), *args], check=True, capture_output=True, timeout=60)
@@ -452,6 +462,9 @@ def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str,
 
     def release_requeued(slurm_id: str) -> None:
         wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T|%r") == "PENDING|BeginTime", "job requeued")
+        # Released while the first run's slurmstepd still winds down on n2, SLURM would start the job
+        # there again, and slurmd would refuse it ("Duplicate jobid") and drain n2 for good.
+        wait_until(lambda: not steps_running(slurm_id), "the first run's steps gone", timeout=90)
         # SLURM holds a requeued job for two minutes (BeginTime); its owner may end that wait.
         rc, _, err = ssh_run(f"scontrol update jobid={quote(slurm_id)} StartTime=now")
         assert rc == 0, err
