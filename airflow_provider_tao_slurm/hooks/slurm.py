@@ -21,6 +21,7 @@ import random
 import re
 import selectors
 import shlex
+import socket
 import stat
 import tarfile
 import time
@@ -248,6 +249,20 @@ def _check_pinned_key(client: paramiko.SSHClient, host: str, host_key: str) -> N
         raise paramiko.BadHostKeyException(host, offered, pinned)
 
 
+def _send_without_delay(client: paramiko.SSHClient) -> None:
+    """Turn off Nagle's algorithm on the connection's TCP socket, as asyncssh and OpenSSH do.
+
+    paramiko leaves it on. A command is several small SSH packets in a row (channel open, exec
+    request, stdin, EOF); with Nagle each waits for the server's ACK of the one before, which the
+    server delays (40 ms on Linux), so every command cost 40-90 ms of waiting however fast it ran.
+    A connection through a ProxyCommand has no socket of ours and is left as it is.
+    """
+    transport = client.get_transport()
+    sock = getattr(transport, "sock", None)
+    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 def _no_host_answered(
     cluster_name: str, failures: Sequence[tuple[str, str]], kinds: set[type[SlurmConnectionError]]
 ) -> SlurmConnectionError:
@@ -371,6 +386,7 @@ class SlurmHook(BaseHook):
             client = self._ssh_hook(host).get_conn()
             if s.host_key:
                 _check_pinned_key(client, host, s.host_key)
+            _send_without_delay(client)
             return client
         except (OSError, paramiko.SSHException, EOFError) as exc:
             message, kind = _describe_connect_error(host, s.port, exc, timeout=s.conn_timeout, pinned=bool(s.host_key))

@@ -273,6 +273,18 @@ def test_a_login_host_behind_a_bastion_is_reached_through_proxy_command(
     wait_until(lambda: bastion_logins(cluster) == before + 1 or None, "the bastion's log of the forwarded login", 10)
 
 
+def test_the_sync_connection_sends_each_packet_without_waiting_for_an_ack(slurm_settings: ClusterSettings) -> None:
+    """Nagle's algorithm is off on the paramiko socket (asyncssh turns it off itself): with it on, a
+    command's small packets waited for the login host's delayed ACK, 40-90 ms per command."""
+    hook = SlurmHook(settings=slurm_settings)
+    try:
+        sock = hook.get_conn().get_transport().sock  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert hook.run("echo ok").stdout == "ok\n"
+    finally:
+        hook.close()
+
+
 @pytest.mark.parametrize("side", ["sync", "async"])
 def test_a_dead_bastion_fails_naming_the_login_host(
     slurm_settings: ClusterSettings, cluster: ClusterEnv, side: str

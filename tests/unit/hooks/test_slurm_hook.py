@@ -46,6 +46,7 @@ from airflow_provider_tao_slurm.hooks.slurm import (
     _needs_sacct,
     _no_host_answered,
     _pinned_host_key,
+    _send_without_delay,
     _utf8_complete,
     check_key_file,
 )
@@ -251,6 +252,38 @@ def test_open_key_file_is_refused_before_any_connection(tmp_path: Path, quiet_li
         hook.run("true") if side == "sync" else asyncio.run(hook.a_run("true"))
     with pytest.raises(BlockingIOError):
         quiet_listener.accept()
+
+
+# ---------------------------------------------------------------------- Nagle
+
+
+class _Client:
+    """The one thing ``_send_without_delay`` asks of a paramiko client: its transport's ``sock``."""
+
+    def __init__(self, sock: object) -> None:
+        self.transport = type("Transport", (), {"sock": sock})()
+
+    def get_transport(self) -> Any:
+        return self.transport
+
+
+def test_nagle_is_turned_off_on_a_tcp_connection() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server, socket.create_connection(server.getsockname()) as sock:
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        _send_without_delay(_Client(sock))  # type: ignore[arg-type]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_a_connection_without_a_tcp_socket_of_ours_is_left_alone() -> None:
+    proxy = paramiko.ProxyCommand("cat")
+    left, right = socket.socketpair()
+    try:
+        for sock in (proxy, left, None):
+            _send_without_delay(_Client(sock))  # type: ignore[arg-type]
+    finally:
+        proxy.close()
+        left.close()
+        right.close()
 
 
 # ---------------------------------------------------------------------- pinned host key
