@@ -21,7 +21,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -161,6 +163,27 @@ def airflow_settings(cluster: Mapping[str, Any], home: Path) -> dict[str, str]:
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "AIRFLOW_CONN_SLURM_DEFAULT": connection_uri_json(cluster),
     }
+
+
+#: Listening ports for the Airflow servers a test starts are picked here, below Linux's ephemeral range
+#: (32768-60999 by default): a port picked from that range can become the source port of any outgoing
+#: connection before the server binds it ("address already in use", seen in CI).
+LISTEN_PORTS = range(24000, 32000)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, outside the ephemeral range (for an Airflow server to bind)."""
+    harness_ports = {int(v) for k, v in json.loads(CLUSTER_JSON.read_text()).items() if k.endswith("_port")}
+    for port in random.sample(LISTEN_PORTS, 200):
+        if port in harness_ports:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {LISTEN_PORTS}")
 
 
 def prepare_airflow(

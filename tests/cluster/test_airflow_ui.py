@@ -46,7 +46,6 @@ import select
 import shlex
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import tempfile
@@ -59,7 +58,7 @@ from urllib.parse import quote as url_quote
 
 import httpx
 import pytest
-from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json, prepare_airflow, stage_assets
+from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json, free_port, prepare_airflow, stage_assets
 
 from airflow_provider_tao_slurm.core.states import pending_hint
 
@@ -119,12 +118,6 @@ CONNECTION_FIELDS = {
 }
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _session_pids(sid: int) -> list[int]:
     """PIDs of the processes in session ``sid`` (field 6 of ``/proc/PID/stat``)."""
     pids = []
@@ -167,7 +160,7 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
     """Start ``airflow standalone`` against the test cluster; stop it (and every child) afterwards."""
     info = dataclasses.asdict(cluster)
     stage_assets(info)
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     connection = json.loads(connection_uri_json(info))
     connection["extra"]["log_url_template"] = LOG_URL_TEMPLATE
@@ -189,8 +182,8 @@ def stack(cluster: ClusterEnv) -> Iterator[Stack]:
                 "AIRFLOW__API__BASE_URL": url,
                 "AIRFLOW__API__DEFAULT_WRAP": "True",
                 "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
-                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port()),
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
             },
         )
         # standalone starts its components as `airflow` from PATH: it must be this environment's.

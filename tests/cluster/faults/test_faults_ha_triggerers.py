@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -29,7 +28,7 @@ from urllib.parse import quote as url_quote
 
 import httpx
 import pytest
-from demo import DAG_ID, airflow_bin, connection_uri_json, prepare_airflow, stage_assets
+from demo import DAG_ID, airflow_bin, connection_uri_json, free_port, prepare_airflow, stage_assets
 
 from airflow_provider_tao_slurm.core.shell import quote
 
@@ -46,12 +45,6 @@ TRAIN = "python3 /srv/lustre/demo/tao_like_train.py --spec {config_path} --resul
 CONF = {"spec": {"epochs": 10, "batch_size": 4, "learning_rate": 0.001}, "command": TRAIN}
 START_TIMEOUT_S = 120.0
 RUN_TIMEOUT_S = 240.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _psql(cluster: ClusterEnv, sql: str, database: str = "postgres") -> str:
@@ -150,7 +143,7 @@ def ha(cluster: ClusterEnv) -> Iterator[HA]:
     stage_assets(info)
     db = f"airflow_ha_{uuid.uuid4().hex[:8]}"
     _psql(cluster, f"CREATE DATABASE {db}")
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     processes: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="tao-airflow-ha-") as tmp:
@@ -173,7 +166,7 @@ def ha(cluster: ClusterEnv) -> Iterator[HA]:
                     "AIRFLOW__API__PORT": str(port),
                     "AIRFLOW__API__BASE_URL": url,
                     "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
-                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(_free_port()),
+                    "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__TRIGGERER__CAPACITY": str(CAPACITY),
                     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
                     "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "10",
@@ -189,7 +182,7 @@ def ha(cluster: ClusterEnv) -> Iterator[HA]:
                 processes.append(_start(name, argv, env, home))
             triggerers = {
                 name: _start(
-                    name, ["triggerer"], {**env, "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(_free_port())}, home
+                    name, ["triggerer"], {**env, "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port())}, home
                 )
                 for name in ("triggerer-a", "triggerer-b")
             }
