@@ -64,6 +64,7 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,12 @@ PG_DATA = STATE / "pgdata"
 #: A login sshd whose sessions see a clock :data:`LOGIN_CLOCK_SKEW` ahead (libfaketime, ``faketime`` package).
 SKEWED_PORT = 22028
 LOGIN_CLOCK_SKEW = "+10m"
+#: The semaphore and shared memory every skewed session's libfaketime uses (``FAKETIME_SHARED``). Without
+#: them each process creates its own pair named after its pid and removes it at exit; a process that
+#: never exits normally (killed, or exec'd by its shell) leaves its pair behind, and a later process
+#: given that pid again dies ("sem_open failed and recreation attempts failed"), seen in CI.
+FAKETIME_SEM = "/tao_slurmtest_faketime_sem"
+FAKETIME_SHM = "/tao_slurmtest_faketime_shm"
 FIRST_CLOSED_PORT = 22029
 DB_PORT = 3307
 CTLD_PORT = 6817
@@ -693,6 +700,35 @@ def libfaketime() -> str:
     return str(found[0])
 
 
+def ensure_faketime_shared(user: pwd.struct_passwd) -> None:
+    """Create the skewed sessions' libfaketime semaphore and shared memory afresh, owned by the cluster user.
+
+    The shared memory is libfaketime 0.9.10's ``struct ft_shared_s`` as its own ``ft_shm_create`` leaves
+    it: no ticks, no file index, start times unset (``tv_nsec = -1``). Stale per-pid pairs that earlier
+    sessions left in ``/dev/shm`` are removed.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.sem_open.restype = ctypes.c_void_p
+    libc.sem_open.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_uint]
+    shm = Path("/dev/shm")
+    stale = [p for p in shm.glob("*faketime_s[eh]m_*") if p.stat().st_uid == user.pw_uid]
+    for path in (*stale, shm / f"sem.{FAKETIME_SEM[1:]}", shm / FAKETIME_SHM[1:]):
+        path.unlink(missing_ok=True)
+    sem = libc.sem_open(FAKETIME_SEM.encode(), os.O_CREAT | os.O_EXCL, 0o600, 1)
+    if not sem:
+        fail(f"sem_open {FAKETIME_SEM}: {os.strerror(ctypes.get_errno())}")
+    libc.sem_close(ctypes.c_void_p(sem))
+    unset = -1
+    layout = struct.pack("<QQ8q", 0, 0, 0, unset, 0, unset, 0, unset, 0, 0)
+    (shm / FAKETIME_SHM[1:]).write_bytes(layout)
+    for path in (shm / f"sem.{FAKETIME_SEM[1:]}", shm / FAKETIME_SHM[1:]):
+        os.chown(path, user.pw_uid, user.pw_gid)
+        os.chmod(path, 0o600)
+    step(f"faketime: shared semaphore and memory for the skewed sessions (removed {len(stale)} stale)")
+
+
 def write_configs() -> None:
     """Write every configuration file; report which ones changed."""
     files: list[tuple[Path, str, int, str]] = [
@@ -741,7 +777,7 @@ def write_configs() -> None:
                 RUN / "sshd-skewed.pid",
                 [
                     f"SetEnv LD_PRELOAD={libfaketime()} FAKETIME={LOGIN_CLOCK_SKEW} FAKETIME_DONT_FAKE_MONOTONIC=1 "
-                    "FAKETIME_NO_CACHE=1"
+                    f'FAKETIME_NO_CACHE=1 "FAKETIME_SHARED={FAKETIME_SEM} {FAKETIME_SHM}"'
                 ],
             ),
             0o600,
@@ -1567,6 +1603,7 @@ def cmd_up() -> int:
     ensure_login_cut()
     build_plugin()
     ensure_ssh_keys(user)
+    ensure_faketime_shared(user)
     table = daemons()
     for key in ("munged", "mariadb"):
         ensure_daemon(table[key])
