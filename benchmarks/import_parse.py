@@ -8,9 +8,12 @@ The provider's modules are byte-compiled first, as ``pip install`` does for an i
 - Parse: every ``dags/*.py`` against a trivial one-task DAG, timed the way Airflow's DAG processor
   pays for it (a child forked from a parent that has the parsing machinery and the file's
   ``airflow.*`` imports loaded; see ``_parse_probe.py``), plus a cold figure (a fresh interpreter
-  doing the same parse, wall time) for context. A diagnostic row parses each example again with
-  its DAG-level ``params=`` removed (written beside the trivial DAG), to show what its typed
-  ``Param`` s cost: Airflow validates every Param of every task with jsonschema while serialising.
+  doing the same parse, wall time) for context. Two diagnostic rows parse each example again
+  (variants written beside the trivial DAG): with its ``params=`` removed, to show what its typed
+  ``Param`` s cost (Airflow validates every Param of every task with jsonschema while serialising),
+  and with Airflow's ``EmptyOperator`` in place of every provider operator and sensor (same task
+  ids, dependencies and params), to show what Airflow pays for a DAG of that shape without the
+  provider.
 
 Usage: ``python benchmarks/import_parse.py [--rounds 7]``.
 """
@@ -55,6 +58,36 @@ def without_params(source: str) -> str | None:
             removed += len(node.keywords) - len(kept)
             node.keywords = kept
     return ast.unparse(tree) if removed else None
+
+
+def with_airflow_operators(source: str) -> str | None:
+    """``source`` with every provider operator and sensor replaced by Airflow's ``EmptyOperator``.
+
+    Task ids, dependencies, task groups and ``params=`` stay; the provider's classes are no longer
+    imported. ``None`` when the file uses no provider operator.
+    """
+    tree = ast.parse(source)
+    replaced_names = set()
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("airflow_provider_tao_slurm."):
+            classes = [alias for alias in node.names if alias.name.endswith(("Operator", "Sensor"))]
+            replaced_names |= {alias.asname or alias.name for alias in classes}
+            node.names = [alias for alias in node.names if alias not in classes]
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.ImportFrom) and not node.names)]
+    replaced = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in replaced_names:
+            node.func.id = "EmptyOperator"
+            node.args = []
+            node.keywords = [keyword for keyword in node.keywords if keyword.arg == "task_id"]
+            replaced += 1
+    if not replaced:
+        return None
+    first_import = next(i for i, node in enumerate(tree.body) if isinstance(node, ast.ImportFrom | ast.Import))
+    tree.body.insert(
+        first_import + 1, ast.parse("from airflow.providers.standard.operators.empty import EmptyOperator").body[0]
+    )
+    return ast.unparse(tree)
 
 
 def provider_modules() -> list[str]:
@@ -119,13 +152,18 @@ def main() -> None:
         trivial.write_text(TRIVIAL_DAG)
         files = [(str(trivial.parent), str(trivial))] + [(str(DAGS), str(f)) for f in dag_files]
         stripped: dict[str, str] = {}
+        same_shape: dict[str, str] = {}
         for dag_file in dag_files:
-            variant = without_params(dag_file.read_text())
-            if variant is not None:
-                path = Path(tmp) / f"{dag_file.stem}_without_params.py"
-                path.write_text(variant)
-                stripped[str(dag_file)] = str(path)
-                files.append((tmp, str(path)))
+            for suffix, make_variant, variants in (
+                ("without_params", without_params, stripped),
+                ("with_airflow_operators", with_airflow_operators, same_shape),
+            ):
+                variant = make_variant(dag_file.read_text())
+                if variant is not None:
+                    path = Path(tmp) / f"{dag_file.stem}_{suffix}.py"
+                    path.write_text(variant)
+                    variants[str(dag_file)] = str(path)
+                    files.append((tmp, str(path)))
         specs = [f"{bundle}={path}" for bundle, path in files]
         forked = probe("parse", str(args.rounds), "-", *specs)
         preloaded = probe("parse", str(args.rounds), ",".join(modules), *specs)
@@ -183,6 +221,20 @@ def main() -> None:
                     f"trivial DAG {base_forked * 1000:.0f} ms",
                 )
             )
+        if path in same_shape:
+            figures.append(
+                Figure(
+                    "  diagnostic: processor-style, the same DAG with Airflow's EmptyOperator for every provider "
+                    "task (same ids, order, params)",
+                    f"{parse_s(same_shape[path]) * 1000:.0f} ms, {parse_s(same_shape[path]) / base_forked:.2f}x",
+                    f"trivial DAG {base_forked * 1000:.0f} ms; the example is "
+                    f"{parse_s(path) / parse_s(same_shape[path]):.2f}x it",
+                )
+            )
+        for variant in (stripped.get(path), same_shape.get(path)):
+            runs = forked[variant] if variant else []
+            if any("error" in r or r.get("errors") or not r.get("dags") for r in runs):
+                problems[Path(variant).name] = sorted({str(r.get("error") or r.get("errors")) for r in runs})
     if problems:
         figures.append(
             Figure("DAG files with import errors, no DAG or SSH imports", json.dumps(problems), "", "none", False)
