@@ -8,8 +8,11 @@ stdin, submit held + create the log dir + release, write the record), then the b
 same with the OpenSSH client. One warm-up round is not counted. SSH round trips are the commands the
 hook sends (one channel each), connections the hook's logins; both are counted by wrapping the
 hook's internals. The baseline turns Nagle's algorithm off as the hook does (like for like); the
-same command over paramiko's defaults is measured too, for reference. Every job is cancelled at the
-end and the staged files are removed.
+same command over paramiko's defaults is measured too, for reference. A diagnostic times the first
+command on a fresh connection, plain and over a socket that acknowledges every read at once
+(``TCP_QUICKACK``): sshd holds its channel-open confirmation until the client acknowledges the
+packets it sent right after the login, which the client's kernel delays. Every job is cancelled at
+the end and the staged files are removed.
 
 Usage: ``python benchmarks/submit.py [--rounds 7]``.
 """
@@ -143,6 +146,49 @@ def bare_round(script_path: str, *, nodelay: bool) -> dict[str, Any]:
     return {"wall_s": time.perf_counter() - started, "job_id": out.strip().split(";")[0]}
 
 
+def first_command_s(*, quick_ack: bool) -> float:
+    """Seconds of the first command (``true``) on a fresh paramiko connection with Nagle's algorithm off.
+
+    :param quick_ack: read through a socket that sets ``TCP_QUICKACK`` after every read, so the
+        client acknowledges at once what the server sends right after the login (a diagnostic of
+        where the first command's wait comes from).
+    """
+    import socket
+
+    import paramiko
+
+    class QuickAckSocket(socket.socket):
+        def recv(self, bufsize: int, flags: int = 0) -> bytes:
+            data = super().recv(bufsize, flags)
+            self.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+            return data
+
+    c = _common.CLUSTER
+    sock = socket.create_connection((c["host"], c["port"]), timeout=30)
+    if quick_ack:
+        sock = QuickAckSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    client = paramiko.SSHClient()
+    client.load_host_keys(c["known_hosts"])
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        client.connect(
+            c["host"],
+            port=c["port"],
+            username=c["user"],
+            key_filename=c["key_file"],
+            look_for_keys=False,
+            allow_agent=False,
+            sock=sock,
+        )
+        started = time.perf_counter()
+        _stdin, stdout, _stderr = client.exec_command("true")
+        stdout.channel.recv_exit_status()
+        return time.perf_counter() - started
+    finally:
+        client.close()
+
+
 def openssh_round(script_path: str) -> dict[str, Any]:
     """``ssh <host> sbatch --parsable <script>`` with the OpenSSH client (for reference)."""
     started = time.perf_counter()
@@ -179,6 +225,8 @@ def main() -> None:
                         "openssh": openssh,
                         "ratio": ours["wall_s"] / bare["wall_s"],
                         "ratio_default": ours["wall_s"] / default["wall_s"],
+                        "first_command_s": first_command_s(quick_ack=False),
+                        "first_command_quick_ack_s": first_command_s(quick_ack=True),
                     }
                 )
     finally:
@@ -221,6 +269,12 @@ def main() -> None:
         Figure("  of which: SSH login (paramiko), median", f"{connect_s:.3f} s"),
         Figure("  of which: remote commands, median", f"{remote_s:.3f} s"),
         Figure("  of which: local work (validate, render, bash -n, record), median", f"{local_s:.3f} s"),
+        Figure(
+            "  diagnostic: first command (true) on a fresh paramiko connection, Nagle off, median",
+            f"{_common.median([r['first_command_s'] for r in rounds]) * 1000:.1f} ms",
+            "the same over a socket that sets TCP_QUICKACK after every read "
+            f"{_common.median([r['first_command_quick_ack_s'] for r in rounds]) * 1000:.1f} ms",
+        ),
     ]
     title = f"Submission overhead, {len(rounds)} rounds (benchmarks/submit.py)"
     _common.print_figures(title, figures)
