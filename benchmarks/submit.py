@@ -113,18 +113,11 @@ def operator_round(image: str, index: int) -> dict[str, Any]:
     }
 
 
-def bare_round(script_path: str, *, nodelay: bool) -> dict[str, Any]:
-    """``sbatch --parsable <script>`` over a fresh paramiko connection (the operator's client library).
-
-    :param nodelay: turn Nagle's algorithm off as the hook does (the like-for-like baseline); without
-        it, paramiko's default, the command waits for the login host's delayed ACK.
-    """
-    import socket
-
+def _paramiko_login(sock: Any = None) -> Any:
+    """A fresh paramiko client logged in to the test cluster's login host (over ``sock`` when given)."""
     import paramiko
 
     c = _common.CLUSTER
-    started = time.perf_counter()
     client = paramiko.SSHClient()
     client.load_host_keys(c["known_hosts"])
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
@@ -136,9 +129,27 @@ def bare_round(script_path: str, *, nodelay: bool) -> dict[str, Any]:
             key_filename=c["key_file"],
             look_for_keys=False,
             allow_agent=False,
+            sock=sock,
         )
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+def bare_round(script_path: str, *, nodelay: bool) -> dict[str, Any]:
+    """``sbatch --parsable <script>`` over a fresh paramiko connection (the operator's client library).
+
+    :param nodelay: turn Nagle's algorithm off as the hook does (the like-for-like baseline); without
+        it, paramiko's default, the command waits for the login host's delayed ACK.
+    """
+    import socket
+
+    started = time.perf_counter()
+    client = _paramiko_login()
+    try:
         if nodelay:
-            client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[union-attr]
+            client.get_transport().sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         _stdin, stdout, _stderr = client.exec_command(join(["sbatch", "--parsable", script_path]))
         out = stdout.read().decode()
     finally:
@@ -155,8 +166,6 @@ def first_command_s(*, quick_ack: bool) -> float:
     """
     import socket
 
-    import paramiko
-
     class QuickAckSocket(socket.socket):
         def recv(self, bufsize: int, flags: int = 0) -> bytes:
             data = super().recv(bufsize, flags)
@@ -168,19 +177,8 @@ def first_command_s(*, quick_ack: bool) -> float:
     if quick_ack:
         sock = QuickAckSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    client = paramiko.SSHClient()
-    client.load_host_keys(c["known_hosts"])
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client = _paramiko_login(sock)
     try:
-        client.connect(
-            c["host"],
-            port=c["port"],
-            username=c["user"],
-            key_filename=c["key_file"],
-            look_for_keys=False,
-            allow_agent=False,
-            sock=sock,
-        )
         started = time.perf_counter()
         _stdin, stdout, _stderr = client.exec_command("true")
         stdout.channel.recv_exit_status()
