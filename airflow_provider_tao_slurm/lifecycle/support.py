@@ -41,6 +41,23 @@ class SlurmHookMixin:
         return SlurmHook(self.slurm_conn_id)
 
 
+class SerializeParamsOnceMixin:
+    """Leaves ``params`` out of Airflow's generic field loop when a task is serialised.
+
+    Airflow 3.3's ``OperatorSerialization`` walks every serialised field of a task: for ``params`` it
+    compares the ``ParamsDict`` with the client default and then stringifies it, and each of the two
+    validates every Param against its JSON Schema. It then throws that string away and writes
+    ``params`` again with ``_serialize_params_dict``. A DAG file whose typed Params every task carries
+    pays for that on every parse, for nothing. Without ``params`` in the loop the serialised DAG is the
+    same, byte for byte, and Param validation at parse time runs once per DAG, not twice per task.
+    """
+
+    @classmethod
+    def get_serialized_fields(cls) -> frozenset[str]:
+        """Airflow's serialised fields of the class, without ``params`` (serialised separately)."""
+        return frozenset(super().get_serialized_fields() - {"params"})  # type: ignore[misc]
+
+
 def default_deferrable() -> bool:
     """Airflow's ``[operators] default_deferrable`` (False unless set), read as the official providers do."""
     return conf.getboolean("operators", "default_deferrable", fallback=False)

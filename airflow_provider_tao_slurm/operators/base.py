@@ -7,10 +7,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
-from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin
+from airflow_provider_tao_slurm.lifecycle.support import SerializeParamsOnceMixin, SlurmHookMixin
 
 
-class SlurmBaseOperator(SlurmHookMixin, BaseOperator):
+class SlurmBaseOperator(SlurmHookMixin, SerializeParamsOnceMixin, BaseOperator):
     """Base class: every operator takes ``slurm_conn_id`` and talks to the cluster through :attr:`hook`.
 
     :param slurm_conn_id: the ``tao_slurm`` connection (default ``slurm_default``).

@@ -29,7 +29,12 @@ from airflow_provider_tao_slurm.core.defaults import (
     DEFAULT_UNRECOGNISED_GRACE_S,
 )
 from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
-from airflow_provider_tao_slurm.lifecycle.support import SlurmHookMixin, default_deferrable, resolve_secret
+from airflow_provider_tao_slurm.lifecycle.support import (
+    SerializeParamsOnceMixin,
+    SlurmHookMixin,
+    default_deferrable,
+    resolve_secret,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.logstream import LineStream
@@ -60,7 +65,7 @@ def _epoch(text: str | None) -> float | None:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if text else None
 
 
-class SlurmJobSensor(SlurmHookMixin, BaseSensorOperator):
+class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperator):
     """Wait until a job submitted by :class:`SbatchSubmitOperator` is terminal; return its final record.
 
     The sensor waits and settles; the job's life (record, resubmission, cancel, sidecar) is
