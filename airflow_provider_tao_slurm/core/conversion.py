@@ -119,6 +119,40 @@ class ConversionJob:
     sbatch_extra: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class ConversionPlan:
+    """Where and how one image is converted, decided before anything is submitted.
+
+    :param image: the registry image.
+    :param target: absolute ``.sqsh`` path on shared storage.
+    :param lock: the target's lock directory (:func:`lock_dir`).
+    :param partition: the CPU partition(s), comma-separated, or ``None`` before they are chosen.
+    :param account: the SLURM account, or ``None`` for the user's default.
+    :param results_dir: the connection's shared base directory (scripts and logs go under it).
+    """
+
+    image: ImageRef
+    target: str
+    lock: str
+    partition: str | None
+    account: str | None
+    results_dir: str
+
+
+@dataclass(frozen=True)
+class SubmittedConversion:
+    """A conversion job this run submitted or adopted from the lock's owner.
+
+    :param job_id: the SLURM job id.
+    :param job_name: ``tao-enroot-<owner>``.
+    :param submitted_at: when it was submitted (epoch seconds; an adopted job's age is subtracted).
+    """
+
+    job_id: str
+    job_name: str
+    submitted_at: float
+
+
 def _positive(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ResourceError(f"{name}={display_value(value)} must be a whole number of at least 1")

@@ -18,12 +18,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.exceptions import ValidationError
 from airflow_provider_tao_slurm.probes.nccl_probe import FAILED_MARKER, OK_MARKER, SETUP_ERROR_MARKER
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.resources import Resources
 
 #: Tried in order when the operator is given no ``candidate_envs``: nothing, then NCCL without
 #: peer-to-peer transport, then also without InfiniBand and with sockets off loopback/docker.
@@ -82,6 +86,43 @@ class CachedEnv:
     slurm_job_id: str
     nodes: int
     gpus_per_node: int
+
+
+@dataclass(frozen=True)
+class ProbeAttempt:
+    """One candidate environment and the job that tries it.
+
+    :param index: the candidate's position in ``candidate_envs``.
+    :param env: the NCCL environment it tries.
+    :param layout: where the probe job's script, logs and exit code live.
+    :param script: the rendered batch script.
+    """
+
+    index: int
+    env: dict[str, str]
+    layout: JobLayout
+    script: str
+
+    @property
+    def job_name(self) -> str:
+        """The probe job's name (its layout's job id)."""
+        return self.layout.job_id
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    """Everything the probe needs, computed without SSH (and again, identically, on resume)."""
+
+    resources: Resources
+    cluster: str
+    scope: str
+    cache_path: str
+    attempts: tuple[ProbeAttempt, ...]
+
+    @property
+    def world_size(self) -> int:
+        """How many GPUs the probe spans."""
+        return self.resources.total_gpus
 
 
 def candidate_envs(given: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:

@@ -14,7 +14,7 @@ import math
 import secrets
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.lifecycle.support import (
@@ -27,6 +27,7 @@ from airflow_provider_tao_slurm.lifecycle.support import (
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.conversion import ConversionPlan, SubmittedConversion
     from airflow_provider_tao_slurm.core.images import ImageRef
 
 #: Bytes of each conversion log quoted in a failure message.
@@ -35,23 +36,6 @@ LOG_TAIL_BYTES = 4096
 LOCK_POLL_S = 2.0
 #: How :meth:`EnrootImportOperator._sqsh_problem` describes a file that is not there.
 MISSING = "the file does not exist"
-
-
-@dataclass(frozen=True)
-class _Plan:
-    image: ImageRef
-    target: str
-    lock: str
-    partition: str | None
-    account: str | None
-    results_dir: str
-
-
-@dataclass(frozen=True)
-class _Job:
-    job_id: str
-    job_name: str
-    submitted_at: float
 
 
 class EnrootImportOperator(SlurmBaseOperator):
@@ -267,8 +251,8 @@ class EnrootImportOperator(SlurmBaseOperator):
             )
         return image
 
-    def _plan(self, image: ImageRef) -> _Plan:
-        from airflow_provider_tao_slurm.core.conversion import lock_dir, sqsh_target
+    def _plan(self, image: ImageRef) -> ConversionPlan:
+        from airflow_provider_tao_slurm.core.conversion import ConversionPlan, lock_dir, sqsh_target
         from airflow_provider_tao_slurm.core.images import sqsh_cache_path
         from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
         from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
@@ -287,7 +271,7 @@ class EnrootImportOperator(SlurmBaseOperator):
                 self.containers_dir or f"{results_dir}/containers", param="containers_dir"
             )
             target = sqsh_cache_path(image, containers)
-        return _Plan(
+        return ConversionPlan(
             image=image,
             target=target,
             lock=lock_dir(target),
@@ -325,11 +309,12 @@ class EnrootImportOperator(SlurmBaseOperator):
         self.log.info("Using the existing image %s", path)
         return path
 
-    def _start(self, plan: _Plan, script: str, owner: str) -> str | _Job:
+    def _start(self, plan: ConversionPlan, script: str, owner: str) -> str | SubmittedConversion:
         """Reuse a valid file, or submit the conversion, or adopt the conversion another run started."""
         from airflow_provider_tao_slurm.core.conversion import (
             LOCK_SUBMIT_GRACE_S,
             LockAction,
+            SubmittedConversion,
             acquire_lock,
             conversion_job_name,
             held_lock_action,
@@ -356,7 +341,7 @@ class EnrootImportOperator(SlurmBaseOperator):
                 self.log.info(
                     "Another run is converting %s with SLURM job %s: waiting for it", plan.target, lock.job_id
                 )
-                return _Job(lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds)
+                return SubmittedConversion(lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds)
             if action is LockAction.WAIT:
                 time.sleep(LOCK_POLL_S)
                 continue
@@ -375,9 +360,13 @@ class EnrootImportOperator(SlurmBaseOperator):
             f"conversion of this image is running (squeue --me), remove it by hand (rm -rf {plan.lock}) and retry"
         )
 
-    def _convert(self, plan: _Plan, script: str, owner: str) -> str | _Job:
+    def _convert(self, plan: ConversionPlan, script: str, owner: str) -> str | SubmittedConversion:
         """Holding the lock: check the target once more, then stage and submit the conversion job."""
-        from airflow_provider_tao_slurm.core.conversion import conversion_job_name, record_lock_job
+        from airflow_provider_tao_slurm.core.conversion import (
+            SubmittedConversion,
+            conversion_job_name,
+            record_lock_job,
+        )
         from airflow_provider_tao_slurm.core.images import needs_conversion
         from airflow_provider_tao_slurm.core.layout import JobLayout
 
@@ -408,7 +397,7 @@ class EnrootImportOperator(SlurmBaseOperator):
             job_id,
             plan.partition,
         )
-        return _Job(job_id, job_name, time.time())
+        return SubmittedConversion(job_id, job_name, time.time())
 
     def _read_event(self, event: Any) -> tuple[str, str, str | None]:
         """``(job id, job name, failure description or None)`` from a trigger event."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
@@ -29,41 +29,12 @@ from airflow_provider_tao_slurm.lifecycle.support import (
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 if TYPE_CHECKING:
-    from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.nccl import ProbeAttempt, ProbePlan
     from airflow_provider_tao_slurm.core.resources import Resources
 
 #: Bytes of the end of each probe log that are judged (and shown on failure).
 LOG_TAIL_BYTES = 65536
 SHOWN_LOG_BYTES = 4096
-
-
-@dataclass(frozen=True)
-class _Attempt:
-    """One candidate environment and the job that tries it."""
-
-    index: int
-    env: dict[str, str]
-    layout: JobLayout
-    script: str
-
-    @property
-    def job_name(self) -> str:
-        return self.layout.job_id
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """Everything the probe needs, computed without SSH (and again, identically, on resume)."""
-
-    resources: Resources
-    cluster: str
-    scope: str
-    cache_path: str
-    attempts: tuple[_Attempt, ...]
-
-    @property
-    def world_size(self) -> int:
-        return self.resources.total_gpus
 
 
 def _probe_program() -> bytes:
@@ -356,12 +327,14 @@ class NcclProbeOperator(SlurmBaseOperator):
             )
         return names
 
-    def _plan(self, resources_: Resources, job_names: Sequence[str]) -> _Plan:
+    def _plan(self, resources_: Resources, job_names: Sequence[str]) -> ProbePlan:
         """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
         from airflow_provider_tao_slurm.core.images import parse_image
         from airflow_provider_tao_slurm.core.layout import JobLayout
         from airflow_provider_tao_slurm.core.nccl import (
             PROBE_FILE,
+            ProbeAttempt,
+            ProbePlan,
             cache_path,
             candidate_envs,
             probe_command,
@@ -431,8 +404,8 @@ class NcclProbeOperator(SlurmBaseOperator):
                 )
             except ValidationError as exc:
                 raise ValidationError(f"candidate_envs[{index}] cannot be used: {exc}") from None
-            attempts.append(_Attempt(index=index, env=env, layout=layout, script=script))
-        return _Plan(
+            attempts.append(ProbeAttempt(index=index, env=env, layout=layout, script=script))
+        return ProbePlan(
             resources=resources_,
             cluster=settings.cluster_name,
             scope=scope,
@@ -442,7 +415,7 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     # ------------------------------------------------------------------ on the cluster
 
-    def _cached(self, plan: _Plan) -> dict[str, str] | None:
+    def _cached(self, plan: ProbePlan) -> dict[str, str] | None:
         from airflow_provider_tao_slurm.core.nccl import parse_cache
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
@@ -469,7 +442,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         )
         return entry.env
 
-    def _submit(self, context: Any, plan: _Plan, index: int, outcomes: list[str]) -> dict[str, str]:
+    def _submit(self, context: Any, plan: ProbePlan, index: int, outcomes: list[str]) -> dict[str, str]:
         """Stage and submit the probe of candidate ``index``, then wait until it ends (deferred or in the worker)."""
         from airflow_provider_tao_slurm.core.nccl import PROBE_FILE
         from airflow_provider_tao_slurm.core.records import check_slurm_job_id
@@ -525,7 +498,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             kwargs={"job_names": job_names, "outcomes": outcomes},
         )
 
-    def _log_tail(self, attempt: _Attempt, slurm_job_id: str) -> str:
+    def _log_tail(self, attempt: ProbeAttempt, slurm_job_id: str) -> str:
         """The last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
@@ -303,13 +302,16 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return NGC_LOGIN, value
 
 
-@dataclass
 class _Findings:
-    """What the checks found: a line per passed check, and every problem with its fix."""
+    """What the checks found: a line per passed check, and every problem with its fix.
 
-    cluster: str
-    checks: dict[str, str] = field(default_factory=dict)
-    problems: list[str] = field(default_factory=list)
+    A plain class, not a dataclass: building a dataclass costs every DAG parse about a millisecond.
+    """
+
+    def __init__(self, cluster: str) -> None:
+        self.cluster = cluster
+        self.checks: dict[str, str] = {}
+        self.problems: list[str] = []
 
     def run(self, name: str, check: Callable[[], tuple[bool, str]]) -> bool:
         """Run one check and record its outcome; a lost connection ends the preflight."""

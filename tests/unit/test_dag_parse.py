@@ -161,6 +161,25 @@ def module_level_imports(source: str) -> list[str]:
     return found
 
 
+def dataclasses_built(source: str) -> list[str]:
+    """The classes ``source`` builds with a code-generating decorator (``dataclass``, ``attrs``) at import."""
+    generators = {"dataclass", "define", "frozen", "attrs", "s"}
+    found: list[str] = []
+
+    def visit(statements: list[ast.stmt]) -> None:
+        for node in statements:
+            if isinstance(node, ast.ClassDef):
+                for decorator in node.decorator_list:
+                    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+                    name = target.attr if isinstance(target, ast.Attribute) else getattr(target, "id", "")
+                    if name in generators:
+                        found.append(node.name)
+                visit(node.body)
+
+    visit(ast.parse(source).body)
+    return found
+
+
 def lazily_imported(source: str) -> list[str]:
     """The :data:`LAZY_LIBRARIES` that ``source`` imports at module level."""
     return sorted({name for name in module_level_imports(source) if name.split(".")[0] in LAZY_LIBRARIES})
@@ -230,6 +249,29 @@ DAG_FACING_SOURCES = sorted(
 @pytest.mark.parametrize("path", DAG_FACING_SOURCES, ids=lambda path: str(path.relative_to(PACKAGE)))
 def test_dag_facing_modules_import_runtime_libraries_lazily(path: Path) -> None:
     assert lazily_imported(path.read_text()) == []
+
+
+@pytest.mark.parametrize("path", DAG_FACING_SOURCES, ids=lambda path: str(path.relative_to(PACKAGE)))
+def test_dag_facing_modules_build_no_dataclass(path: Path) -> None:
+    # Building a dataclass generates and compiles its methods: about a millisecond of every DAG parse.
+    # Plans and other run-time records live in the core modules, which load when a task runs.
+    assert dataclasses_built(path.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "found"),
+    [
+        pytest.param("@dataclass\nclass A:\n    x: int", ["A"], id="bare"),
+        pytest.param("@dataclass(frozen=True)\nclass A:\n    x: int", ["A"], id="call"),
+        pytest.param("@dataclasses.dataclass\nclass A:\n    x: int", ["A"], id="attribute"),
+        pytest.param("@attrs.define\nclass A:\n    x: int", ["A"], id="attrs"),
+        pytest.param("class A:\n    @dataclass\n    class B:\n        x: int", ["B"], id="class-body"),
+        pytest.param("def f():\n    @dataclass\n    class A:\n        x: int", [], id="in-function"),
+        pytest.param("@staticmethod\ndef f(): ...\nclass A:\n    x: int = 1", [], id="plain"),
+    ],
+)
+def test_dataclass_check_bites(source: str, found: list[str]) -> None:
+    assert dataclasses_built(source) == found
 
 
 @pytest.mark.parametrize(
