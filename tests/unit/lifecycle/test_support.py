@@ -79,6 +79,25 @@ def test_example_serialises_exactly_as_airflow_would(example: Path, monkeypatch:
     assert serialised(parse(example)) == ours
 
 
+def mapped_and_task_params_dag() -> DAG:
+    """Mapped provider tasks, and a task with Params of its own on top of the DAG's."""
+    with DAG("mapped_params", schedule=None, params=PARAMS) as dag:
+        StageDatasetCheckOperator.partial(task_id="check").expand(paths=[{"a": "/lustre/a"}, {"b": "/lustre/b"}])
+        SlurmJobSensor.partial(task_id="watch").expand(slurm_job_id=["41", "42"])
+        StageDatasetCheckOperator(
+            task_id="own", paths={"a": "/lustre/a"}, params={"split": Param("val", enum=["train", "val"])}
+        )
+    return dag
+
+
+def test_mapped_tasks_and_task_params_serialise_exactly_as_airflow_would(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = serialised({"dag": mapped_and_task_params_dag()})
+    monkeypatch.delattr(SerializeParamsOnceMixin, "get_serialized_fields")
+    assert serialised({"dag": mapped_and_task_params_dag()}) == ours
+    own = next(task for task in DagSerialization.from_dict(json.loads(ours["dag"])).tasks if task.task_id == "own")
+    assert set(own.params) == {*PARAMS, "split"}
+
+
 def test_typed_params_are_not_validated_per_task_while_serialising(monkeypatch: pytest.MonkeyPatch) -> None:
     assert count_validations(typed_dag()) == 0
     monkeypatch.delattr(SerializeParamsOnceMixin, "get_serialized_fields")
