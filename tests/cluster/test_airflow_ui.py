@@ -75,6 +75,8 @@ RUN_TIMEOUT_S = 150.0
 LOG_TIMEOUT_S = 90.0
 PAGE_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 30.0
+#: How long a try's log may answer 404 while the try moves to the task-instance history.
+TRY_LOG_GRACE_S = 15.0
 SCREEN_SIZE = (1600, 1000)
 #: The window height while the connection dialog is captured: the form with every field is taller than a screen.
 FORM_HEIGHT = 2600
@@ -308,13 +310,31 @@ def _wait_handle(stack: Stack, run_id: str) -> dict[str, Any]:
     return _handle(stack, run_id)
 
 
+def _try_log(stack: Stack, path: str) -> Any:
+    """GET one try's log; a 404 is asked again for up to :data:`TRY_LOG_GRACE_S`.
+
+    Airflow's log endpoint looks the try up in ``task_instance``, then in ``task_instance_history``, in
+    two queries; a try being moved between them while the scheduler starts the next one (the retry
+    every task gets here) is in neither for a moment (seen once in CI: 404 for the first try of a
+    failed sensor).
+    """
+    deadline = time.monotonic() + TRY_LOG_GRACE_S
+    while True:
+        try:
+            return stack.get(path)
+        except httpx.HTTPStatusError as exc:
+            if exc.response.status_code != 404 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
 def _log_text(stack: Stack, run_id: str, task_id: str) -> str:
     """Every try's log of ``task_id`` so far (trigger lines included), one event per line, an exception
     as ``type: message`` after its event."""
     path = f"{_run_path(run_id)}/taskInstances/{task_id}"
     lines = []
     for attempt in range(1, int(stack.get(path)["try_number"]) + 1):
-        for item in stack.get(f"{path}/logs/{attempt}")["content"]:
+        for item in _try_log(stack, f"{path}/logs/{attempt}")["content"]:
             lines.append(str(item.get("event", "")))
             details = item.get("error_detail")
             for detail in details if isinstance(details, list) else ():
