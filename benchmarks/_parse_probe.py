@@ -5,8 +5,9 @@ It imports nothing of the provider before it starts timing. Modes (one JSON line
 - ``import MODULE...``: seconds for ``import airflow.sdk``, then for importing the given modules on
   top of it, and which SSH libraries are loaded after each step.
 - ``parse ROUNDS PRELOAD BUNDLE=FILE...``: what Airflow's DAG processor pays per file. Like the
-  processor's manager, this process imports the parsing machinery and pre-imports the ``airflow.*``
-  modules each file imports (``[dag_processor] parsing_pre_import_modules``), plus the
+  processor's manager, this process imports the parsing machinery, freezes its heap (``gc.freeze()``)
+  and pre-imports the ``airflow.*`` modules each file imports
+  (``[dag_processor] parsing_pre_import_modules``), plus the
   comma-separated ``PRELOAD`` modules (``-`` for none; a diagnostic); then, per round and file, it
   forks a child which builds a ``BundleDagBag`` for the file and serialises its DAGs, timed inside
   the child.
@@ -85,9 +86,14 @@ def _in_child(bundle: str, path: str) -> dict[str, Any]:
 
 def probe_parse(rounds: int, preload: list[str], files: list[tuple[str, str]]) -> dict[str, list[dict[str, Any]]]:
     """Processor-style parse of every file, ``rounds`` times, interleaved."""
-    import airflow.dag_processing.processor  # noqa: F401 - the manager process has it imported
+    import gc
+
+    import airflow.dag_processing.manager  # noqa: F401 - the manager process has it imported
     from airflow.utils.file import iter_airflow_imports
 
+    # The manager freezes its heap before its parsing loop, so that parsing children forked from it
+    # do not copy the pages that a garbage collection would touch (``DagFileProcessorManager.before_run``).
+    gc.freeze()
     for _, path in files:
         for module in iter_airflow_imports(path):
             importlib.import_module(module)
