@@ -202,6 +202,13 @@ def main() -> None:
     def ratio_of(path: str, parents: list[dict[str, list[dict[str, Any]]]] = forked) -> float:
         return _common.median(ratios(path, parents))
 
+    def child_cost(path: str) -> str:
+        """What the forked children spent on ``path``: medians of CPU time and minor page faults."""
+        runs = [r for results in forked for r in results[path] if "s" in r]
+        user, system = (_common.median([r[key] for r in runs]) * 1000 for key in ("user_s", "system_s"))
+        faults = _common.median([r["page_faults"] for r in runs])
+        return f"user {user:.0f} ms + system {system:.0f} ms, {faults:.0f} page faults"
+
     base_forked, base_cold = parse_s(str(trivial)), _common.median(cold[str(trivial)])
     base_preloaded = parse_s(str(trivial), preloaded)
     problems: dict[str, Any] = {}
@@ -232,6 +239,11 @@ def main() -> None:
                 f"trivial DAG {base_cold:.2f} s",
                 "<= 1.3x",
                 cold_ratio <= 1.3 and parsed,
+            ),
+            Figure(
+                "  diagnostic: processor-style, CPU time and page faults of the forked child, median",
+                child_cost(path),
+                f"trivial DAG {child_cost(str(trivial))}",
             ),
             Figure(
                 "  diagnostic: processor-style with the provider pre-imported in the parent",
