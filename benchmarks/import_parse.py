@@ -8,10 +8,9 @@ The provider's modules are byte-compiled first, as ``pip install`` does for an i
 - Parse: every ``dags/*.py`` against a trivial one-task DAG, timed the way Airflow's DAG processor
   pays for it (a child forked from a parent that has the parsing machinery imported, its heap frozen
   and the file's ``airflow.*`` imports loaded; see ``_parse_probe.py``), plus a cold figure (a fresh
-  interpreter doing the same parse, wall time) for context. A forked child pays for every page of
-  the parent it writes to, so its time depends on how the parent's heap happens to be laid out: one
-  parent process gives a steady figure that another parent process does not reproduce (the same
-  file measured 1.25x in one parent and 1.85x in the next). So the parse runs in several parent
+  interpreter doing the same parse, wall time) for context. A forked child's time depends on the
+  parent it was forked from: one parent process gives a steady figure that another parent process
+  does not reproduce (the same file measured 1.25x in one parent and 1.85x in the next). So the parse runs in several parent
   processes (``--parents``), each forking a few rounds per file, interleaved; the verdict is the
   median of the per-parent ratios (file median against trivial-DAG median in the same parent), and
   the row shows their range. Two diagnostic rows parse each example again
