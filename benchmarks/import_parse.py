@@ -10,10 +10,11 @@ The provider's modules are byte-compiled first, as ``pip install`` does for an i
   and the file's ``airflow.*`` imports loaded; see ``_parse_probe.py``), plus a cold figure (a fresh
   interpreter doing the same parse, wall time) for context. A forked child's time depends on the
   parent it was forked from: one parent process gives a steady figure that another parent process
-  does not reproduce (the same file measured 1.25x in one parent and 1.85x in the next). So the parse runs in several parent
-  processes (``--parents``), each forking a few rounds per file, interleaved; the verdict is the
-  median of the per-parent ratios (file median against trivial-DAG median in the same parent), and
-  the row shows their range. Two diagnostic rows parse each example again
+  does not reproduce (the same file measured 1.25x in one parent and 1.85x in the next). So the
+  parse runs in several parent processes (``--parents``), each forking a few rounds per file,
+  interleaved; the verdict is the median of the per-parent ratios (file median against trivial-DAG
+  median in the same parent), and the row shows their range. A diagnostic row gives the forked
+  child's user and system CPU time and page faults. Two more parse each example again
   (variants written beside the trivial DAG): with its ``params=`` removed, to show what its typed
   ``Param`` s cost (Airflow copies and serialises the DAG's Params into every task), and with
   Airflow's ``EmptyOperator`` in place of every provider operator and sensor (same task ids,
