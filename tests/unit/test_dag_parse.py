@@ -99,6 +99,20 @@ for module in sys.argv[1:]:
 print(json.dumps({"ssh": _ssh_loaded(), "provider": _provider_loaded()}))
 """
 
+#: The ``airflow_local_settings.py`` the docs recommend, to load the operator classes before the DAG
+#: processor forks its parsing processes.
+LOCAL_SETTINGS = REPO / "docs" / "airflow_local_settings.py"
+
+START_AIRFLOW = """
+sys.path.insert(0, sys.argv[1])
+import airflow  # every Airflow process starts so; it imports airflow_local_settings
+print(json.dumps({
+    "settings": getattr(sys.modules.get("airflow_local_settings"), "__file__", None),
+    "ssh": _ssh_loaded(),
+    "provider": _provider_loaded(),
+}))
+"""
+
 
 def run_guarded(code: str, *args: str) -> dict[str, Any]:
     """Run ``GUARD + code`` in a fresh interpreter; return the JSON it printed last."""
@@ -222,6 +236,21 @@ def test_dag_facing_modules_import_no_ssh_library() -> None:
     modules = dag_facing_modules()
     assert "airflow_provider_tao_slurm.operators.sbatch_submit" in modules
     assert run_guarded(IMPORT, *modules)["ssh"] == []
+
+
+def test_recommended_local_settings_load_every_operator_class_and_nothing_a_task_needs(tmp_path: Path) -> None:
+    (tmp_path / "airflow_local_settings.py").write_text(LOCAL_SETTINGS.read_text())
+    result = run_guarded(START_AIRFLOW, str(tmp_path))
+    assert result["settings"] == str(tmp_path / "airflow_local_settings.py")
+    public = {
+        f"{ROOT}.{path.parent.name}.{path.stem}"
+        for path in [*(PACKAGE / "operators").glob("*.py"), *(PACKAGE / "sensors").glob("*.py")]
+        if path.stem not in ("__init__", "base", "links")
+    }
+    assert f"{ROOT}.operators.sbatch_submit" in public
+    assert sorted(public - set(result["provider"])) == []
+    assert result["ssh"] == []
+    assert unexpected_at_parse_time(result["provider"]) == []
 
 
 def test_ssh_check_sees_ssh_libraries() -> None:
