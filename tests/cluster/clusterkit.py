@@ -1,4 +1,4 @@
-"""Shared helpers and fixtures of the fault and security suites (``tests/cluster/faults``, ``tests/cluster/security``).
+"""Shared helpers and fixtures of the cluster suites (the fault and security suites, submit-and-watch, watch-live ...).
 
 Everything runs against the local SLURM test cluster (``tests/cluster/harness.py``). The helpers ask the
 cluster through real OpenSSH (``ssh_run``), never through the provider, so what they report is

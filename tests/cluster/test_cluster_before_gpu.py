@@ -10,17 +10,16 @@ stand-in's pull delay is set to 1 s for the module (restored afterwards).
 
 from __future__ import annotations
 
-import asyncio
-import importlib
 import json
 import threading
 import uuid
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from clusterkit import Triggerer
 from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.images import parse_image, sqsh_cache_name
@@ -33,7 +32,7 @@ from airflow_provider_tao_slurm.exceptions import (
     StoragePathError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
 from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
@@ -46,37 +45,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("slurm_connection_env
 TOKEN = uuid.uuid4().hex[:8]
 CANARY = f"/tmp/tao-canary-{TOKEN}"
 REGISTRY_SECRET = f"robot-key-{TOKEN}-do-not-log"
-
-
-class Triggerer:
-    """One event loop in a background thread, as in a triggerer process: every trigger runs in it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="triggerer", daemon=True)
-        self.thread.start()
-
-    def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
-
-    def first_event(self, trigger: Any, timeout: float = 120) -> dict[str, Any]:
-        """Rebuild ``trigger`` from ``serialize()`` and return the payload of its first event."""
-        classpath, kwargs = trigger.serialize()
-        module, _, name = classpath.rpartition(".")
-        rebuilt = getattr(importlib.import_module(module), name)(**kwargs)
-
-        async def first() -> dict[str, Any]:
-            async for event in rebuilt.run():
-                return dict(event.payload)
-            raise AssertionError("the trigger ended without an event")
-
-        return dict(self.call(first(), timeout))
-
-    def close(self) -> None:
-        self.call(async_pool().close_all(), 10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")

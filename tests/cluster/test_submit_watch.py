@@ -15,19 +15,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import json
-import subprocess
-import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from clusterkit import (
+    POLL_S,
+    SHOW_SECRET,
+    conn,
+    dag_id,
+    digest,
+    final_state,
+    harness,
+    image,
+    job_names,
+    record_of,
+    remote_text,
+    secret_value,
+    sensor_for,
+    sidecar_mode,
+    squeue_field,
+    submit,
+    submit_op,
+)
 from deferral import context, defer, first_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.shell import join, quote
@@ -40,31 +55,16 @@ from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 if TYPE_CHECKING:
     from airflow.triggers.base import TriggerEvent
 
-    from tests.cluster.conftest import ClusterEnv, SshRun
+    from tests.cluster.conftest import SshRun
 
 pytestmark = pytest.mark.cluster
 
-TOKEN = uuid.uuid4().hex[:6]
-HARNESS = Path(__file__).resolve().parent / "harness.py"
-IMAGE_NAME = "submit-watch.sqsh"
-SECRET_SOURCE = "TAO_SW_TEST_SECRET"
-SECRET_VALUE = f"sw-{uuid.uuid4().hex}"
-SECRET_DIGEST = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()[:16]
-# Prints a digest of the secret the job received: proves it arrived without ever printing it.
-SHOW_SECRET = 'echo "secret-digest=$(printf %s "$SW_TOKEN" | sha256sum | cut -c1-16)"'
-POLL_S = 1.0
-LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"}
+__all__ = ["conn", "dag_id", "image", "secret_value"]
 
-T = TypeVar("T")
+LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"}
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def squeue_field(ssh_run: SshRun, slurm_id: str, field: str) -> str:
-    """One ``squeue -t all`` column (``%T``, ``%N``, ``%r`` ...) of a job; empty when squeue forgot it."""
-    _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", field]))
-    return out.strip()
 
 
 def scontrol_fields(ssh_run: SshRun, slurm_id: str) -> dict[str, str]:
@@ -72,41 +72,6 @@ def scontrol_fields(ssh_run: SshRun, slurm_id: str) -> dict[str, str]:
     rc, out, err = ssh_run(join(["scontrol", "show", "job", slurm_id]))
     assert rc == 0, err
     return dict(word.split("=", 1) for word in out.split() if "=" in word)
-
-
-def final_state(ssh_run: SshRun, slurm_id: str) -> str:
-    """The job's state as sacct has it (first word: ``CANCELLED by 1001`` -> ``CANCELLED``)."""
-    _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", "State", "--starttime=now-1days"]))
-    words = out.split()
-    return words[0] if words else ""
-
-
-def jobs_with_prefix(ssh_run: SshRun, prefix: str) -> dict[str, str]:
-    """``{slurm id: name}`` of every job (live or recently finished) whose name starts with ``prefix``."""
-    command = (
-        join(["squeue", "-h", "-t", "all", "--me", "-o", "%i|%j"])
-        + " ; "
-        + join(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,JobName", "--starttime=now-1days"])
-    )
-    _, out, _ = ssh_run(command)
-    found: dict[str, str] = {}
-    for line in out.splitlines():
-        slurm_id, _, name = line.partition("|")
-        if name.startswith(prefix):
-            found[slurm_id.strip()] = name
-    return found
-
-
-def remote_text(ssh_run: SshRun, path: str) -> str:
-    """A file's content on the cluster ('' when it does not exist)."""
-    _, out, _ = ssh_run(f"cat -- {quote(path)} 2>/dev/null")
-    return out
-
-
-def sidecar_mode(ssh_run: SshRun, path: str) -> str:
-    """``stat -c %a`` of the sidecar, or ``gone``."""
-    _, out, _ = ssh_run(f"stat -c %a -- {quote(path)} 2>/dev/null || echo gone")
-    return out.strip()
 
 
 def node_usable(ssh_run: SshRun, node: str) -> bool:
@@ -126,11 +91,6 @@ def steps_running(slurm_id: str) -> bool:
     return False
 
 
-def harness(*args: str) -> None:
-    """Run a harness fault-injection command (as root, like the harness expects)."""
-    subprocess.run([sys.executable, str(HARNESS), *args], check=True, capture_output=True, timeout=60)
-
-
 @contextlib.contextmanager
 def blocker_on(ssh_run: SshRun, node: str, name: str) -> Iterator[str]:
     """Hold ``node`` with an exclusive job so the job under test lands on the other node."""
@@ -146,74 +106,11 @@ def blocker_on(ssh_run: SshRun, node: str, name: str) -> Iterator[str]:
         ssh_run(join(["scancel", slurm_id]))
 
 
-def record_of(ssh_run: SshRun, path: str) -> dict[str, Any]:
-    """The job record on the cluster, parsed."""
-    text = remote_text(ssh_run, path)
-    assert text, f"no record at {path}"
-    return dict(json.loads(text))
-
-
-# ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="module")
-def image(cluster: ClusterEnv, ssh_run: SshRun) -> str:
-    """A real squashfs made once by the Enroot stand-in (reused while its magic is right)."""
-    path = f"{cluster.containers_dir}/{IMAGE_NAME}"
-    _, magic, _ = ssh_run(f"head -c 4 -- {quote(path)} 2>/dev/null")
-    if magic != "hsqs":
-        ssh_run(f"rm -f -- {quote(path)}")
-        rc, _, err = ssh_run(join(["enroot", "import", "-o", path, "docker://nvcr.io#nvidia/x:1"]), timeout=120)
-        assert rc == 0, err
-    return path
-
-
-@pytest.fixture
-def conn(slurm_connection_env: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The ``slurm_default`` connection, plus the worker-side variable the secret is read from."""
-    monkeypatch.setenv(SECRET_SOURCE, SECRET_VALUE)
-    return slurm_connection_env
-
-
-@pytest.fixture
-def dag_id(request: pytest.FixtureRequest) -> str:
-    """A DAG id unique to this test and run (it is part of every job name)."""
-    return f"sw{TOKEN}-{hashlib.sha256(request.node.name.encode()).hexdigest()[:8]}"
-
-
-def submit_op(image: str, command: str, **kwargs: Any) -> SbatchSubmitOperator:
-    """A small, fast job: one GPU, one CPU, six minutes (three for the program)."""
-    kwargs.setdefault("secret_env", {"SW_TOKEN": f"env:{SECRET_SOURCE}"})
-    return SbatchSubmitOperator(
-        task_id="submit",
-        image=image,
-        command=command,
-        gpus_per_node=kwargs.pop("gpus_per_node", 1),
-        cpus_per_task=1,
-        time_hours=0.1,
-        timeout_hours=0.05,
-        **kwargs,
-    )
-
-
-def submit(op: SbatchSubmitOperator, ctx: dict[str, Any]) -> dict[str, Any]:
-    """``op.execute(ctx)``, closing the operator's SSH connection afterwards."""
-    try:
-        return dict(op.execute(ctx))
-    finally:
-        op.hook.close()
-
-
-def sensor_for(handle: dict[str, Any]) -> SlurmJobSensor:
-    """The sensor on a job handle, polling every second."""
-    return SlurmJobSensor(task_id="wait", job=handle, poke_interval=POLL_S)
-
-
-def assert_no_secret(ssh_run: SshRun, handle: dict[str, Any]) -> None:
-    """The secret value is in none of the staged files, the record, the logs or the handle."""
-    assert SECRET_VALUE not in json.dumps(handle)
+def assert_no_secret(ssh_run: SshRun, handle: dict[str, Any], secret: str) -> None:
+    """The ``secret`` value is in none of the staged files, the record, the logs or the handle."""
+    assert secret not in json.dumps(handle)
     _, out, _ = ssh_run(
-        f"grep -rlF -e {quote(SECRET_VALUE)} -- {quote(handle['job_dir'])} {quote(handle['record_path'])} "
+        f"grep -rlF -e {quote(secret)} -- {quote(handle['job_dir'])} {quote(handle['record_path'])} "
         f"{quote(handle['log_dir'])} | grep -vF .secrets.env || true"
     )
     assert out.strip() == "", f"secret value found in {out.strip()}"
@@ -222,21 +119,23 @@ def assert_no_secret(ssh_run: SshRun, handle: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------- tests
 
 
-def test_success_sidecar_and_retried_submit_adopts_its_job(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+def test_success_sidecar_and_retried_submit_adopts_its_job(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str
+) -> None:
     ctx = context(dag_id, "submit", "r1")
     op = submit_op(image, f"{SHOW_SECRET}; sleep 4")
     handle = submit(op, ctx)
     slurm_id = handle["slurm_job_id"]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "600"
     script = remote_text(ssh_run, handle["script_path"])
-    assert "SW_TOKEN" in remote_text(ssh_run, handle["sidecar_path"])
-    assert SECRET_VALUE not in script
-    assert_no_secret(ssh_run, handle)
+    assert "RL_TOKEN" in remote_text(ssh_run, handle["sidecar_path"])
+    assert secret_value not in script
+    assert_no_secret(ssh_run, handle, secret_value)
 
     retried = submit(submit_op(image, f"{SHOW_SECRET}; sleep 4"), context(dag_id, "submit", "r1", try_number=2))
     assert retried["slurm_job_id"] == slurm_id
     assert retried["job_id"] == handle["job_id"]
-    assert list(jobs_with_prefix(ssh_run, handle["job_id"])) == [slurm_id]
+    assert list(job_names(ssh_run, handle["job_id"])) == [slurm_id]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "600"
 
     sensor = sensor_for(retried)
@@ -249,11 +148,11 @@ def test_success_sidecar_and_retried_submit_adopts_its_job(conn: str, image: str
     assert result["backend_ref"] == slurm_id
     assert result["exit_codes"] == {"job": 0}
     assert record_of(ssh_run, handle["record_path"])["terminal_state"] == "COMPLETE"
-    assert f"secret-digest={SECRET_DIGEST}" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+    assert f"secret-digest={digest(secret_value)}" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
-    assert_no_secret(ssh_run, handle)
-    assert SECRET_VALUE not in json.dumps(result)
-    assert list(jobs_with_prefix(ssh_run, handle["job_id"])) == [slurm_id]
+    assert_no_secret(ssh_run, handle, secret_value)
+    assert secret_value not in json.dumps(result)
+    assert list(job_names(ssh_run, handle["job_id"])) == [slurm_id]
 
 
 def test_program_failure_fails_the_task_without_resubmission(
@@ -275,7 +174,7 @@ def test_program_failure_fails_the_task_without_resubmission(
     assert record["exit_codes"] == {"job": 3}
     assert "ExitCode=3" in record["transitions"][-1]["message"]
     prefix = handle["job_id"].rsplit("-", 1)[0] + "-"
-    assert list(jobs_with_prefix(ssh_run, prefix)) == [handle["slurm_job_id"]]
+    assert list(job_names(ssh_run, prefix)) == [handle["slurm_job_id"]]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
 
 
@@ -358,7 +257,7 @@ def test_triggerer_restart_keeps_the_job_and_a_new_trigger_finishes_it(
 
     assert result["terminal_state"] == "COMPLETE"
     assert result["backend_ref"] == slurm_id
-    assert list(jobs_with_prefix(ssh_run, handle["job_id"].rsplit("-", 1)[0] + "-")) == [slurm_id]
+    assert list(job_names(ssh_run, handle["job_id"].rsplit("-", 1)[0] + "-")) == [slurm_id]
 
 
 @dataclass
@@ -379,7 +278,7 @@ def through_node_failure(
     ``then(slurm_id)`` runs (in a thread) after the node went down, while the trigger keeps watching.
     Returns once the trigger fired; n2 is back in service and the blocker gone by then.
     """
-    with blocker_on(ssh_run, "n1", f"sw{TOKEN}-blocker"):
+    with blocker_on(ssh_run, "n1", f"{ctx['ti'].dag_id}-blocker"):
         handle = submit(op, ctx)
         slurm_id = handle["slurm_job_id"]
         sensor = sensor_for(handle)
@@ -413,7 +312,7 @@ def resubmission(ssh_run: SshRun, failure: NodeFailure, ctx: dict[str, Any]) -> 
 
 
 def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
-    conn: str, image: str, dag_id: str, ssh_run: SshRun
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str
 ) -> None:
     ctx = context(dag_id, "submit", "r1")
     failure = through_node_failure(ssh_run, submit_op(image, "sleep 8", requeue=False), ctx)
@@ -438,12 +337,14 @@ def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
     assert result["backend_ref"] == second_id
     assert record_of(ssh_run, retry["record_path"])["terminal_state"] == "COMPLETE"
     prefix = handle["job_id"].rsplit("-", 1)[0] + "-"
-    assert sorted(jobs_with_prefix(ssh_run, prefix), key=int) == [first_id, second_id]
+    assert sorted(job_names(ssh_run, prefix), key=int) == [first_id, second_id]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
-    assert_no_secret(ssh_run, retry)
+    assert_no_secret(ssh_run, retry, secret_value)
 
 
-def test_secret_env_survives_a_node_failure_resubmission(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+def test_secret_env_survives_a_node_failure_resubmission(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str
+) -> None:
     ctx = context(dag_id, "submit", "r1")
     failure = through_node_failure(ssh_run, submit_op(image, f"{SHOW_SECRET}; sleep 8", requeue=False), ctx)
     sidecar_after_failure = sidecar_mode(ssh_run, failure.handle["sidecar_path"])
@@ -453,7 +354,7 @@ def test_secret_env_survives_a_node_failure_resubmission(conn: str, image: str, 
     assert result["terminal_state"] == "COMPLETE"
     assert sidecar_mode(ssh_run, failure.handle["sidecar_path"]) == "gone"
     out = remote_text(ssh_run, f"{deferred.kwargs['job']['log_dir']}/main.out")
-    assert (sidecar_after_failure, f"secret-digest={SECRET_DIGEST}" in out) == ("600", True)
+    assert (sidecar_after_failure, f"secret-digest={digest(secret_value)}" in out) == ("600", True)
 
 
 def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
@@ -482,7 +383,7 @@ def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str,
     assert ("PENDING", "trigger") in states[running:], states
     assert scontrol_fields(ssh_run, slurm_id)["Restarts"] == "1"
     assert "rerun" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
-    assert list(jobs_with_prefix(ssh_run, handle["job_id"].rsplit("-", 1)[0] + "-")) == [slurm_id]
+    assert list(job_names(ssh_run, handle["job_id"].rsplit("-", 1)[0] + "-")) == [slurm_id]
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
 
 
