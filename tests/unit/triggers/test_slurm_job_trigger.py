@@ -348,25 +348,7 @@ def test_a_failed_poll_restarts_the_not_found_clock(hook: FakeHook) -> None:
 
 
 def test_on_kill_records_canceled_with_its_source(hook: FakeHook) -> None:
-    from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
-    from airflow_provider_tao_slurm.core.states import TaoState
-
-    record = open_record(
-        job_id=NAME,
-        cluster="c",
-        image="/x.sqsh",
-        network_arch="custom",
-        action="train",
-        results_dir="/lustre/u/results/x",
-        job_dir="/lustre/u/jobs/x",
-        log_dir="/lustre/u/logs",
-        job_name=NAME,
-        now="2026-01-01T00:00:00Z",
-    )
-    record = mark(
-        record, TaoState.RUNNING, now="2026-01-01T00:00:01Z", message="submitted", source="submit", backend_ref=JOB
-    )
-    hook.files["/lustre/u/records/r.json"] = to_json(record)
+    hook.files["/lustre/u/records/r.json"] = running_record()
 
     run(make(sidecar_path=SIDECAR, record_path="/lustre/u/records/r.json").on_kill())
 
@@ -380,7 +362,8 @@ def test_on_kill_records_canceled_with_its_source(hook: FakeHook) -> None:
 # ---------------------------------------------------------------------- typed events, unknown states, failed polls
 
 
-def running_record(path: str = RECORD) -> str:
+def running_record() -> str:
+    """The JSON of a job record that is RUNNING as SLURM job ``JOB``."""
     record = open_record(
         job_id=NAME,
         cluster="c",
