@@ -20,7 +20,9 @@ The provider's modules are byte-compiled first, as ``pip install`` does for an i
   (variants written beside the trivial DAG): with its ``params=`` removed, to show what its typed
   ``Param`` s cost (Airflow copies and serialises the DAG's Params into every task), and with
   Airflow's ``EmptyOperator`` in place of every provider operator and sensor (same task ids,
-  dependencies and params), to show what Airflow pays for a DAG of that shape without the provider.
+  dependencies and params), to show what Airflow pays for a DAG of that shape without the provider;
+  a last one does both (``EmptyOperator`` s, no ``params=``): what Airflow alone pays for a DAG with
+  that many tasks, against which the example without its ``params=`` shows the provider's share.
 
 Usage: ``python benchmarks/import_parse.py [--rounds 7] [--parents 9] [--parse-rounds 4]``: fresh
 interpreters (import, cold parse) are slow and get ``--rounds``; forked parses take tens of
@@ -85,11 +87,11 @@ def with_airflow_operators(source: str) -> str | None:
             node.names = [alias for alias in node.names if alias not in classes]
     tree.body = [node for node in tree.body if not (isinstance(node, ast.ImportFrom) and not node.names)]
     replaced = 0
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in replaced_names:
-            node.func.id = "EmptyOperator"
-            node.args = []
-            node.keywords = [keyword for keyword in node.keywords if keyword.arg == "task_id"]
+    for call in ast.walk(tree):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in replaced_names:
+            call.func.id = "EmptyOperator"
+            call.args = []
+            call.keywords = [keyword for keyword in call.keywords if keyword.arg == "task_id"]
             replaced += 1
     if not replaced:
         return None
@@ -98,6 +100,15 @@ def with_airflow_operators(source: str) -> str | None:
         first_import + 1, ast.parse("from airflow.providers.standard.operators.empty import EmptyOperator").body[0]
     )
     return ast.unparse(tree)
+
+
+def with_airflow_operators_without_params(source: str) -> str | None:
+    """``source`` with every ``params=`` removed and every provider task made an ``EmptyOperator``.
+
+    ``None`` when the file passes no ``params=`` (its ``with_airflow_operators`` variant is that DAG already).
+    """
+    stripped = without_params(source)
+    return with_airflow_operators(stripped) if stripped is not None else None
 
 
 def provider_modules() -> list[str]:
@@ -165,17 +176,19 @@ def main() -> None:
         files = [(str(trivial.parent), str(trivial))] + [(str(DAGS), str(f)) for f in dag_files]
         stripped: dict[str, str] = {}
         same_shape: dict[str, str] = {}
+        bare_shape: dict[str, str] = {}
         for dag_file in dag_files:
             for suffix, make_variant, variants in (
                 ("without_params", without_params, stripped),
                 ("with_airflow_operators", with_airflow_operators, same_shape),
+                ("with_airflow_operators_without_params", with_airflow_operators_without_params, bare_shape),
             ):
                 variant = make_variant(dag_file.read_text())
                 if variant is not None:
-                    path = Path(tmp) / f"{dag_file.stem}_{suffix}.py"
-                    path.write_text(variant)
-                    variants[str(dag_file)] = str(path)
-                    files.append((tmp, str(path)))
+                    variant_file = Path(tmp) / f"{dag_file.stem}_{suffix}.py"
+                    variant_file.write_text(variant)
+                    variants[str(dag_file)] = str(variant_file)
+                    files.append((tmp, str(variant_file)))
         specs = [f"{bundle}={path}" for bundle, path in files]
         # What docs/airflow_local_settings.py loads in every Airflow process: the DAG-facing packages.
         dag_facing = ",".join(m for m in modules if m.split(".")[1] in ("operators", "sensors"))
@@ -274,8 +287,18 @@ def main() -> None:
                     f"{ratio / ratio_of(same_shape[path]):.2f}x it",
                 )
             )
-        for variant in (stripped.get(path), same_shape.get(path)):
-            runs = [r for results in forked for r in results[variant]] if variant else []
+        if path in bare_shape and path in stripped:
+            figures.append(
+                Figure(
+                    "  diagnostic: processor-style, Airflow's EmptyOperator for every provider task and no params= "
+                    "(what Airflow alone pays for a DAG of that many tasks)",
+                    f"{parse_s(bare_shape[path]) * 1000:.0f} ms, {ratio_of(bare_shape[path]):.2f}x",
+                    f"trivial DAG {base_forked * 1000:.0f} ms; the example without its params= is "
+                    f"{ratio_of(stripped[path]) / ratio_of(bare_shape[path]):.2f}x it",
+                )
+            )
+        for variant in (variants[path] for variants in (stripped, same_shape, bare_shape) if path in variants):
+            runs = [r for results in forked for r in results[variant]]
             if any("error" in r or r.get("errors") or not r.get("dags") for r in runs):
                 problems[Path(variant).name] = sorted({str(r.get("error") or r.get("errors")) for r in runs})
     if problems:
