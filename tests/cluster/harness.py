@@ -15,6 +15,9 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
   ``stop-slurmctld``, ``start-slurmctld`` (waits until both nodes have registered again),
   ``node-down NODE``, ``node-resume NODE``, ``drain NODE``, ``rotate-host-key`` (gives the "rotating"
   sshd a new host key and restarts it; its open sessions stay up, as with a real sshd restart).
+- ``min-job-age SECONDS`` (or ``default``): slurmctld's ``MinJobAge`` (SLURM's default 300 s), the time a
+  finished job stays known to squeue; slurm.conf is rewritten and slurmctld reconfigured. ``up`` sets the
+  default again.
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
 127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
@@ -115,6 +118,8 @@ LOCK_FILE = Path("/run/slurmtest-harness.lock")
 SHARED = Path("/srv/lustre")
 CONTAINERS = SHARED / "containers"
 ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
+#: Written by ``min-job-age``: the ``MinJobAge`` slurm.conf sets (absent: SLURM's default, 300 s).
+MIN_JOB_AGE = STATE / "min-job-age"
 FAULT_SWITCH = SHARED / ".harness" / "faults"
 TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
 TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
@@ -557,6 +562,7 @@ def slurm_conf() -> str:
         "KillWait=5",
         "EnforcePartLimits=ALL",
         "JobRequeue=1",
+        *([f"MinJobAge={MIN_JOB_AGE.read_text().strip()}"] if MIN_JOB_AGE.exists() else []),
         "MailProg=/bin/true",
         f"TaskProlog={TASK_PROLOG}",
         "AccountingStorageType=accounting_storage/slurmdbd",
@@ -729,8 +735,8 @@ def ensure_faketime_shared(user: pwd.struct_passwd) -> None:
     step(f"faketime: shared semaphore and memory for the skewed sessions (removed {len(stale)} stale)")
 
 
-def write_configs() -> None:
-    """Write every configuration file; report which ones changed."""
+def write_configs() -> list[str]:
+    """Write every configuration file; report and return the ones that changed."""
     files: list[tuple[Path, str, int, str]] = [
         (SLURM_CONF, slurm_conf(), 0o644, "root"),
         (GRES_CONF, gres_conf(), 0o644, "root"),
@@ -798,6 +804,7 @@ def write_configs() -> None:
         write_file(ENROOT_KNOBS, "DELAY=2\nPAD_KIB=0\n")
         changed.append(str(ENROOT_KNOBS))
     step("config: " + (f"wrote {', '.join(changed)}" if changed else f"{len(files) + 1} files unchanged"))
+    return changed
 
 
 def build_plugin() -> None:
@@ -1599,7 +1606,8 @@ def cmd_up() -> int:
     ensure_torch_faults()
     ensure_gpu_devices()
     ensure_munge_key()
-    write_configs()
+    MIN_JOB_AGE.unlink(missing_ok=True)
+    changed = write_configs()
     ensure_login_cut()
     build_plugin()
     ensure_ssh_keys(user)
@@ -1612,6 +1620,8 @@ def cmd_up() -> int:
     ensure_accounting()
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
+    if str(SLURM_CONF) in changed:  # a slurmctld that was running still has the old settings
+        reconfigure()
     ensure_nodes_ready()
     for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "sshd-limits", "sshd-skewed", "black-hole"):
         ensure_daemon(table[key])
@@ -1622,6 +1632,32 @@ def cmd_up() -> int:
     step(f"up: cluster ready in {time.monotonic() - started:.1f} s")
     write_env()
     return 0
+
+
+def reconfigure() -> None:
+    """Have slurmctld (and the slurmds) read slurm.conf again."""
+    run(["scontrol", "reconfigure"])
+    step("slurmctld: reconfigured")
+
+
+def set_min_job_age(value: str) -> None:
+    """Set slurmctld's ``MinJobAge`` to ``value`` seconds (``default``: SLURM's 300 s) and check that it took."""
+    if value == "default":
+        MIN_JOB_AGE.unlink(missing_ok=True)
+    elif value.isdigit() and int(value) >= 2:
+        write_file(MIN_JOB_AGE, f"{int(value)}\n")
+    else:
+        fail(f"min-job-age {value!r}: give whole seconds (at least 2, SLURM's minimum) or 'default'")
+    write_file(SLURM_CONF, slurm_conf())
+    reconfigure()
+    expected = "300" if value == "default" else str(int(value))
+    shown = {
+        key.strip(): val.strip()
+        for key, _, val in (line.partition("=") for line in run(["scontrol", "show", "config"]).stdout.splitlines())
+    }.get("MinJobAge", "")
+    if shown.split()[:1] != [expected]:
+        fail(f"slurmctld reports MinJobAge {shown!r} after the reconfigure, not {expected} s")
+    step(f"slurmctld: MinJobAge {shown}")
 
 
 def cancel_all_jobs() -> None:
@@ -1692,6 +1728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.add_parser(name)
     for name in ("node-down", "node-resume", "drain"):
         commands.add_parser(name).add_argument("node", choices=list(NODES))
+    commands.add_parser("min-job-age").add_argument("seconds", help="whole seconds, or 'default' (300)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         fail("run the harness as root (it installs packages and starts system daemons)")
@@ -1733,6 +1770,8 @@ def run_command(args: argparse.Namespace) -> int:
         cut_login(head=args.command == "cut-login-head")
     elif args.command == "restore-login":
         restore_login()
+    elif args.command == "min-job-age":
+        set_min_job_age(args.seconds)
     else:
         update_node(args.node, {"node-down": "down", "node-resume": "resume", "drain": "drain"}[args.command])
     return 0
