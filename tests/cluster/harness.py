@@ -1230,11 +1230,16 @@ def stop_daemon(daemon: Daemon) -> int | None:
     return pid
 
 
+def runs_current_config(daemon: Daemon) -> bool:
+    """Whether the daemon runs and was started with its config files as they are now."""
+    recorded = hash_file(daemon).read_text() if hash_file(daemon).exists() else ""
+    return pid_of(daemon) is not None and recorded == config_hash(daemon)
+
+
 def ensure_daemon(daemon: Daemon) -> None:
     """Start a daemon unless it runs with its current config; restart it when the config changed."""
     pid = pid_of(daemon)
-    recorded = hash_file(daemon).read_text() if hash_file(daemon).exists() else ""
-    if pid is not None and recorded == config_hash(daemon):
+    if runs_current_config(daemon):
         wait_until(daemon.key, daemon.ready, daemon.logs)
         step(f"{daemon.key}: running (pid {pid})")
         return
@@ -1618,9 +1623,12 @@ def cmd_up() -> int:
     ensure_database()
     ensure_daemon(table["slurmdbd"])
     ensure_accounting()
+    # slurm.conf is back to what slurmctld was started with, but slurmctld was reconfigured since
+    # (min-job-age of a run that did not finish): it keeps running, so have it read the file again.
+    reread = str(SLURM_CONF) in changed and runs_current_config(table["slurmctld"])
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
-    if str(SLURM_CONF) in changed:  # a slurmctld that was running still has the old settings
+    if reread:
         reconfigure()
     ensure_nodes_ready()
     for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "sshd-limits", "sshd-skewed", "black-hole"):
