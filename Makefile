@@ -39,7 +39,7 @@ unit: venv
 test: venv lint docs cluster-up
 	$(BIN)/pytest
 
-# RELIABILITY.md from the fault and security suites and the tests they cite, about 10 minutes
+# RELIABILITY.md from the fault and security suites and the tests they cite, about 15 minutes
 # (make test regenerates it too, from the same tests in its full run).
 reliability: venv cluster-up
 	$(BIN)/python tests/cluster/reliability_report.py
