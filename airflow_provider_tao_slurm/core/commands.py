@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from airflow_provider_tao_slurm.core.images import SQSH_HEADER_BYTES
+from airflow_provider_tao_slurm.core.partitions import SINFO_FORMAT
 from airflow_provider_tao_slurm.core.records import check_job_id, check_slurm_job_id
 from airflow_provider_tao_slurm.core.shell import join, quote, storage_now
 from airflow_provider_tao_slurm.core.states import (
@@ -45,8 +46,6 @@ _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 _INDEXED_RE = re.compile(r"(OK|MISSING) (\d+)")
 _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
 _SQSH_RE = re.compile(rf"SQSH (\d+)(?: ([0-9a-f]{{0,{2 * SQSH_HEADER_BYTES}}}))?")
-_SLURM_TIME_RE = re.compile(r"(?:(\d+)-)?(\d+):(\d{2}):(\d{2})")
-_UNLIMITED = frozenset({"infinite", "unlimited"})
 
 
 # ------------------------------------------------------------------ validation
@@ -422,8 +421,11 @@ def scancel(job_ids: Sequence[str], *, name: str | None = None, user: str | None
 
 
 def sinfo_partitions() -> str:
-    """``sinfo -h -o '%P|%l'``: every partition and its time limit; read it with :func:`parse_sinfo_partitions`."""
-    return join(["sinfo", "-h", "-o", "%P|%l"])
+    """``sinfo -a -h -o '%P|%l|%G'``: every partition (hidden ones too), its time limit and its nodes' GRES.
+
+    Read it with :func:`~airflow_provider_tao_slurm.core.partitions.parse_sinfo_partitions`.
+    """
+    return join(["sinfo", "-a", "-h", "-o", SINFO_FORMAT])
 
 
 def sinfo_partitions_cached(cache_path: str | None, max_age_s: int, base: str | None = None) -> str:
@@ -461,51 +463,6 @@ def sinfo_partitions_cached(cache_path: str | None, max_age_s: int, base: str | 
     )
 
 
-@dataclass(frozen=True)
-class Partition:
-    """A partition as ``sinfo`` shows it.
-
-    :param name: partition name (without sinfo's ``*`` default marker).
-    :param max_time_seconds: wall-time limit, ``None`` when unlimited.
-    :param is_default: ``True`` for the cluster's default partition.
-    """
-
-    name: str
-    max_time_seconds: int | None
-    is_default: bool
-
-
-def _slurm_time(text: str) -> int | None:
-    if text.lower() in _UNLIMITED:
-        return None
-    match = _SLURM_TIME_RE.fullmatch(text)
-    if match is None:
-        raise RemoteCommandError(
-            f"sinfo printed time limit {text!r}, expected [D-]H:MM:SS or infinite; check the SLURM version"
-        )
-    days, hours, minutes, seconds = (int(part or 0) for part in match.groups())
-    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
-
-
-def parse_sinfo_partitions(stdout: str) -> list[Partition]:
-    """Parse :func:`sinfo_partitions` output (``PARTITION|TIMELIMIT`` lines).
-
-    :param stdout: sinfo's stdout; blank lines are skipped, repeated partitions kept once.
-    :returns: the partitions in sinfo's order.
-    :raises RemoteCommandError: for a line that is not ``name|limit``.
-    """
-    found: dict[str, Partition] = {}
-    for line in stdout.splitlines():
-        if not line.strip():
-            continue
-        name, sep, limit = line.strip().partition("|")
-        if not sep or not name.rstrip("*"):
-            raise RemoteCommandError(f"sinfo printed {line!r}, expected 'PARTITION|TIMELIMIT'")
-        partition = Partition(name.rstrip("*"), _slurm_time(limit.strip()), name.endswith("*"))
-        found.setdefault(partition.name, partition)
-    return list(found.values())
-
-
 def sacctmgr_assoc(user: str, account: str | None = None) -> str:
     """``sacctmgr -n -P show associations where user=U [account=A] format=...``.
 
@@ -527,17 +484,19 @@ def sacctmgr_assoc(user: str, account: str | None = None) -> str:
 # ------------------------------------------------------------------ per-item checks
 
 
-def _indexed_checks(condition: str, items: list[str]) -> str:
+def _indexed_checks(condition: str, items: list[str], prefix: str = "") -> str:
+    """``OK <prefix><i>`` or ``MISSING <prefix><i>`` per item, in order (``prefix`` tells two lists apart)."""
     return (
-        f'i=0; for x in {join(items)}; do if {condition}; then echo "OK $i"; else echo "MISSING $i"; fi; '
-        "i=$((i+1)); done"
+        f'i=0; for x in {join(items)}; do if {condition}; then echo "OK {prefix}$i"; else echo "MISSING {prefix}$i"; '
+        "fi; i=$((i+1)); done"
     )
 
 
-def _parse_indexed(stdout: str, items: Sequence[str], what: str) -> list[str]:
+def _parse_indexed(stdout: str, items: Sequence[str], what: str, prefix: str = "") -> list[str]:
+    pattern = re.compile(rf"(OK|MISSING) {re.escape(prefix)}(\d+)") if prefix else _INDEXED_RE
     seen: dict[int, bool] = {}
     for line in stdout.splitlines():
-        match = _INDEXED_RE.fullmatch(line.strip())
+        match = pattern.fullmatch(line.strip())
         if match and int(match.group(2)) < len(items):
             seen[int(match.group(2))] = match.group(1) == "OK"
     if len(seen) != len(items):
@@ -960,11 +919,113 @@ def srun_probe(partition: str, command: Sequence[str], *, account: str | None = 
     :returns: the command line.
     :raises ValidationError: for a bad partition, account, command word or wait time.
     """
+    return join([*_srun_step(partition, account, wait_seconds), *_names(command, _TOOL_RE, "command word")])
+
+
+def _srun_step(partition: str, account: str | None, wait_seconds: int) -> list[str]:
+    """``srun`` and its options for :func:`srun_probe` and :func:`node_probe` (no GPU is requested)."""
     options = [f"--partition={_names([partition], _SLURM_NAME_RE, 'partition')[0]}"]
     if account is not None:
         options.append(f"--account={_names([account], _SLURM_NAME_RE, 'SLURM account name')[0]}")
     options += ["--nodes=1", "--ntasks=1", "--time=1", f"--immediate={_count(wait_seconds, 'wait_seconds', 1)}"]
-    return join(["srun", *options, "--input=none", *_names(command, _TOOL_RE, "command word")])
+    return ["srun", *options, "--input=none"]
+
+
+#: Run on a node by :func:`node_probe`: the node's name, whether its SPANK plugin configuration (the
+#: ``PlugStackConfig`` file and the files it includes) loads Pyxis, Enroot's version, then the indexed checks.
+_NODE_PROBE = (
+    'echo "NODE $(hostname)"; '
+    "config=$(scontrol show config 2>/dev/null); "
+    "conf=$(printf '%s\\n' \"$config\" | sed -n 's/^PlugStackConfig *= *//p'); "
+    'case $conf in ""|"(null)") '
+    "conf=$(printf '%s\\n' \"$config\" | sed -n 's/^SLURM_CONF *= *//p'); "
+    'conf=$(dirname -- "${conf:-/etc/slurm/slurm.conf}")/plugstack.conf;; esac; '
+    'dir=$(dirname -- "$conf"); files=$conf; '
+    "for inc in $(sed -n 's/^[[:space:]]*include[[:space:]][[:space:]]*//p' \"$conf\" 2>/dev/null); do "
+    'case $inc in /*) ;; *) inc=$dir/$inc;; esac; files="$files $inc"; done; '
+    "if cat $files 2>/dev/null | grep -v '^[[:space:]]*#' | grep -qi pyxis; then echo 'PYXIS yes'; "
+    'else echo "PYXIS no $conf"; fi; '
+    'if command -v enroot >/dev/null 2>&1; then echo "ENROOT $(enroot version 2>/dev/null | tail -n 1)"; '
+    "else echo 'ENROOT missing'; fi"
+)
+
+
+def node_probe(
+    partition: str,
+    writable: Sequence[str],
+    readable: Sequence[str] = (),
+    *,
+    account: str | None = None,
+    wait_seconds: int = 60,
+) -> str:
+    """Check on a node of ``partition`` what a GPU job there needs, in one short CPU-only step.
+
+    The step (no GPU requested, one minute) prints the node's name, whether the node's own SPANK
+    plugin configuration loads Pyxis (a login host's ``srun --help`` only shows the login host's),
+    Enroot's version there, and whether each ``writable`` directory is a writable directory and
+    each ``readable`` path is readable *on that node* (shared storage mounted there). Read it with
+    :func:`parse_node_probe`.
+
+    :param partition: the GPU partition whose node is checked.
+    :param writable: absolute directories the job writes (the results directory).
+    :param readable: absolute paths the job reads (dataset roots).
+    :param account: the SLURM account to charge, or ``None`` for the user's default.
+    :param wait_seconds: how long srun may wait for a node (at least 1).
+    :returns: the command line.
+    :raises ValidationError: for a bad partition, account, wait time or a relative path.
+    """
+    checks = [_NODE_PROBE]
+    if writable:
+        checks.append(_indexed_checks('[ -d "$x" ] && [ -w "$x" ]', _absolute_all(writable), "W"))
+    if readable:
+        checks.append(_indexed_checks('[ -r "$x" ]', _absolute_all(readable), "R"))
+    script = "; ".join(checks)
+    return join([*_srun_step(partition, account, wait_seconds), "sh", "-c", script])
+
+
+@dataclass(frozen=True)
+class NodeProbe:
+    """What :func:`node_probe` found on a node.
+
+    :param node: the node's name.
+    :param pyxis: the node's SPANK plugin configuration loads Pyxis.
+    :param plugstack: the configuration file read when it does not (for the message).
+    :param enroot: Enroot's version there, ``None`` when it is not installed.
+    :param unwritable: the ``writable`` directories the node cannot write.
+    :param unreadable: the ``readable`` paths the node cannot read.
+    """
+
+    node: str
+    pyxis: bool
+    plugstack: str
+    enroot: str | None
+    unwritable: list[str]
+    unreadable: list[str]
+
+
+def parse_node_probe(stdout: str, writable: Sequence[str], readable: Sequence[str] = ()) -> NodeProbe:
+    """Read :func:`node_probe` output.
+
+    :raises RemoteCommandError: when a line is missing (the step did not run to its end).
+    """
+    found: dict[str, str] = {}
+    for line in stdout.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if key in ("NODE", "PYXIS", "ENROOT"):
+            found[key] = value.strip()
+    if set(found) != {"NODE", "PYXIS", "ENROOT"}:
+        raise RemoteCommandError(
+            f"the node check printed {stdout.strip()[-300:]!r}; it did not run to its end: run the preflight again"
+        )
+    pyxis, _, plugstack = found["PYXIS"].partition(" ")
+    return NodeProbe(
+        node=found["NODE"],
+        pyxis=pyxis == "yes",
+        plugstack=plugstack,
+        enroot=None if found["ENROOT"] in ("missing", "") else found["ENROOT"],
+        unwritable=_parse_indexed(stdout, writable, "writable directory", "W") if writable else [],
+        unreadable=_parse_indexed(stdout, readable, "readable path", "R") if readable else [],
+    )
 
 
 @dataclass(frozen=True)

@@ -19,5 +19,8 @@ DEFAULT_BYTES_PER_POLL = 16384
 DEFAULT_NOT_FOUND_GRACE_S = 300.0
 #: How long the scheduler may report a state this provider does not know before the task fails.
 DEFAULT_UNRECOGNISED_GRACE_S = 600.0
+#: Default wall time of an image conversion job (``EnrootImportOperator(time_hours=...)``); the preflight
+#: picks a conversion partition that allows it.
+CONVERSION_TIME_HOURS = 2.0
 #: The Pyxis options of ``srun`` that the provider's batch scripts rely on (checked by the preflight).
 PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")

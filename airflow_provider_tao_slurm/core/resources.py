@@ -2,11 +2,14 @@
 
 TAO conventions: 1 node, 4 GPUs, at most 8 GPUs per node, 16 CPUs per task, a 4 h wall limit and a
 3.8 h program timeout (the program must stop before SLURM kills the job), requeue on. At 8 GPUs per
-node a job asks for exclusive nodes, and a total GPU count above 8 is laid out as whole 8-GPU nodes.
+node a job asks for exclusive nodes. A total GPU count is laid out as whole nodes of the partition's
+own shape (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`; 8 GPUs only where its nodes
+have 8).
 
 Nothing here knows a site: no partition name is built in. The partition comes from the operator or
 the connection, else it is the cluster's default partition; the time limit checked is the requested
-partition's own ``MaxTime`` as ``sinfo`` reports it (:func:`check_partition_limits`), and the
+partition's own ``MaxTime`` as ``sinfo`` reports it
+(:func:`~airflow_provider_tao_slurm.core.partitions.check_partition_limits`), and the
 connection's ``max_time_hours`` is an optional stricter site rule. The sbatch options sites rely on
 (QOS, constraint, reservation, GPU type, a validated mapping of the rest) become ``#SBATCH`` lines
 (:func:`site_options`).
@@ -38,7 +41,7 @@ _NODE_RE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(?:\[([0-9]+(?:-[0-9]+)?(?:,
 _LIST_SPLIT_RE = re.compile(r",(?![^\[]*\])")
 _RANGE_RE = re.compile(r"([0-9]+)-([0-9]+)")
 _DIGITS_RE = re.compile(r"[0-9]+")
-_UNLIMITED = frozenset({"UNLIMITED", "INFINITE"})
+_UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "NONE"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Resources:
     mem_mb: int | None = None
     gpu_type: str | None = None
     sbatch_extra: tuple[str, ...] = ()
+    #: A ``total_gpus`` request still to be laid out on the partition's node shape (``None``: laid out).
+    layout_total: int | None = None
 
     @property
     def total_gpus(self) -> int:
@@ -172,26 +177,44 @@ def _node(item: object) -> str:
     return match.group()
 
 
-def _layout(total_gpus: object, num_nodes: int, gpus_per_node: int) -> tuple[int, int]:
-    """Derive ``(num_nodes, gpus_per_node)`` from a total GPU count."""
+def layout_gpus(total: int, per_node: int, *, where: str = "") -> tuple[int, int]:
+    """Lay ``total`` GPUs out as ``(num_nodes, gpus_per_node)`` on nodes of ``per_node`` GPUs.
+
+    Up to ``per_node`` GPUs go on one node; above that the job takes whole nodes, so ``total`` must
+    be a multiple of ``per_node``.
+
+    :param where: the partitions' shape for the error (e.g. ``on polar (4 h, 4 GPUs/node)``).
+    :raises ResourceError: for a total that does not fill whole nodes, naming the totals that do.
+    """
+    if total <= per_node:
+        return 1, total
+    if total % per_node:
+        lower = total // per_node * per_node
+        raise ResourceError(
+            f"total_gpus={total} cannot be laid out on whole {per_node}-GPU nodes{' ' + where if where else ''}: "
+            f"above {per_node} GPUs a job takes whole nodes; ask for a multiple of {per_node} "
+            f"(total_gpus={lower} or {lower + per_node}) or set num_nodes and gpus_per_node"
+        )
+    return total // per_node, per_node
+
+
+def _layout(total_gpus: object, num_nodes: int, gpus_per_node: int) -> tuple[int, int, int | None]:
+    """``(num_nodes, gpus_per_node, total to lay out on the cluster)`` for a ``total_gpus`` request.
+
+    Explicit ``num_nodes`` x ``gpus_per_node`` that multiply to the total are kept as given; with
+    both left at their defaults the total is laid out on the partition's node shape later
+    (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); until then the seed's 8-GPU
+    shape stands in.
+    """
     total = _count("total_gpus", total_gpus)
-    if total <= MAX_GPUS_PER_NODE:
-        layout = (1, total)
-    elif total % MAX_GPUS_PER_NODE:
-        lower = total // MAX_GPUS_PER_NODE * MAX_GPUS_PER_NODE
-        raise ResourceError(
-            f"total_gpus={total} cannot be laid out on whole nodes: above {MAX_GPUS_PER_NODE} GPUs a job takes "
-            f"exclusive {MAX_GPUS_PER_NODE}-GPU nodes; ask for a multiple of {MAX_GPUS_PER_NODE} "
-            f"(total_gpus={lower} or {lower + MAX_GPUS_PER_NODE}) or set num_nodes and gpus_per_node"
-        )
-    else:
-        layout = (total // MAX_GPUS_PER_NODE, MAX_GPUS_PER_NODE)
-    if (num_nodes, gpus_per_node) not in ((DEFAULT_NUM_NODES, DEFAULT_GPUS_PER_NODE), layout):
-        raise ResourceError(
-            f"total_gpus={total} conflicts with num_nodes={num_nodes} x gpus_per_node={gpus_per_node}; "
-            "give either total_gpus or num_nodes and gpus_per_node"
-        )
-    return layout
+    if (num_nodes, gpus_per_node) != (DEFAULT_NUM_NODES, DEFAULT_GPUS_PER_NODE):
+        if num_nodes * gpus_per_node != total:
+            raise ResourceError(
+                f"total_gpus={total} conflicts with num_nodes={num_nodes} x gpus_per_node={gpus_per_node}; "
+                "give either total_gpus or num_nodes and gpus_per_node"
+            )
+        return num_nodes, gpus_per_node, None
+    return -(-total // MAX_GPUS_PER_NODE), min(total, MAX_GPUS_PER_NODE), total
 
 
 def build_resources(
@@ -214,8 +237,9 @@ def build_resources(
     """Validate a resource request and apply the TAO layout rules.
 
     :param num_nodes: nodes to allocate.
-    :param gpus_per_node: GPUs per node, at most :data:`MAX_GPUS_PER_NODE`; at that maximum the
-        nodes are requested exclusively.
+    :param gpus_per_node: GPUs per node (what the partition's nodes can hold is checked against the
+        cluster by :func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); from
+        :data:`MAX_GPUS_PER_NODE` on the nodes are requested exclusively.
     :param cpus_per_task: CPUs per task (one task per node).
     :param time_hours: SLURM wall limit in hours; must not exceed ``max_time_hours``.
     :param timeout_hours: program timeout in hours; must be lower than ``time_hours``.
@@ -223,12 +247,12 @@ def build_resources(
         default": resolve it with :func:`resolve_partitions` before rendering.
     :param account: SLURM account, or ``None`` for the user's default.
     :param max_time_hours: a site's own wall-time rule, stricter than the partition (``None``: none);
-        the partition's limit is checked by :func:`check_partition_limits`.
+        the partition's limit is checked against the cluster.
     :param requeue: let SLURM requeue the job after a node failure or preemption.
     :param exclude_nodes: nodes to avoid: a list, or comma separated names and ``prefix[1-3,5]`` ranges.
-    :param total_gpus: if given, decides the layout: up to 8 GPUs on one node, above that whole
-        8-GPU nodes (a multiple of 8 is required). ``num_nodes``/``gpus_per_node`` must then be left
-        at their defaults or agree with it.
+    :param total_gpus: if given, decides the layout: with ``num_nodes``/``gpus_per_node`` at their
+        defaults it is laid out on whole nodes of the partition's GPU count when the partition is
+        known (``layout_total``); explicit values must multiply to it.
     :param mem_mb: memory per node in MB, or ``None`` for the partition default.
     :param gpu_type: the GPU type (``--gres=gpu:<type>:<n>``), or ``None`` for any.
     :param sbatch_extra: further ``#SBATCH`` options from :func:`site_options`.
@@ -237,13 +261,9 @@ def build_resources(
     """
     num_nodes = _count("num_nodes", num_nodes)
     gpus_per_node = _count("gpus_per_node", gpus_per_node)
-    if gpus_per_node > MAX_GPUS_PER_NODE:
-        raise ResourceError(
-            f"gpus_per_node={gpus_per_node} is more than the {MAX_GPUS_PER_NODE} GPUs of a node; ask for at most "
-            f"{MAX_GPUS_PER_NODE} per node and more nodes (e.g. total_gpus={2 * MAX_GPUS_PER_NODE} for two full nodes)"
-        )
+    layout_total = None
     if total_gpus is not None:
-        num_nodes, gpus_per_node = _layout(total_gpus, num_nodes, gpus_per_node)
+        num_nodes, gpus_per_node, layout_total = _layout(total_gpus, num_nodes, gpus_per_node)
     cpus_per_task = _count("cpus_per_task", cpus_per_task)
     time_s = _seconds("time_hours", time_hours)
     timeout_s = _seconds("timeout_hours", timeout_hours)
@@ -275,67 +295,8 @@ def build_resources(
         mem_mb=None if mem_mb is None else _count("mem_mb", mem_mb),
         gpu_type=None if gpu_type is None else _name("gpu_type", gpu_type),
         sbatch_extra=tuple(sbatch_extra),
+        layout_total=layout_total,
     )
-
-
-# ------------------------------------------------------------------ the cluster's partitions
-
-
-@dataclass(frozen=True)
-class PartitionLimit:
-    """A partition and its wall-time limit as the cluster reports it.
-
-    :param name: partition name.
-    :param max_time_hours: ``MaxTime`` in hours, ``None`` when unlimited.
-    :param is_default: the cluster's default partition.
-    """
-
-    name: str
-    max_time_hours: float | None
-    is_default: bool = False
-
-
-def resolve_partitions(requested: Sequence[str], known: Sequence[PartitionLimit], cluster: str) -> tuple[str, ...]:
-    """The partitions a job asks for: ``requested``, else the cluster's default partition.
-
-    :raises ResourceError: for a partition the cluster does not have (listing those it has), or when
-        nothing was requested and the cluster has no default partition.
-    """
-    names = [p.name for p in known]
-    if not requested:
-        default = next((p.name for p in known if p.is_default), None)
-        if default is None:
-            raise ResourceError(
-                f"no partition given and cluster {cluster!r} has no default partition; pass partition=... or set "
-                f"the connection's partition extra (partitions: {', '.join(names) or 'none visible'})"
-            )
-        return (default,)
-    unknown = [name for name in requested if name not in names]
-    if unknown:
-        raise ResourceError(
-            f"partition {', '.join(unknown)} does not exist on cluster {cluster!r} (sinfo shows: "
-            f"{', '.join(names) or 'none'}); fix partition (or the connection's partition extra)"
-        )
-    return tuple(requested)
-
-
-def check_partition_limits(
-    time_hours: float, partitions: Sequence[str], known: Sequence[PartitionLimit], param: str = "time_hours"
-) -> None:
-    """Refuse a wall time over the ``MaxTime`` of any requested partition (SLURM would refuse it at submit).
-
-    :raises ResourceError: naming the partition, its limit and the partitions that would allow it.
-    """
-    limits = {p.name: p.max_time_hours for p in known}
-    for name in partitions:
-        limit = limits.get(name)
-        if limit is not None and time_hours > limit + 1e-9:
-            longer = [p.name for p in known if p.max_time_hours is None or p.max_time_hours >= time_hours]
-            hint = f"; partitions that allow it: {', '.join(longer)}" if longer else ""
-            raise ResourceError(
-                f"partition {name} allows at most {limit:g} h, but {param}={time_hours:g}: lower {param} or pick "
-                f"a partition with a longer limit{hint}"
-            )
 
 
 # ------------------------------------------------------------------ site options

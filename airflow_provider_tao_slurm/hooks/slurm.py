@@ -43,7 +43,7 @@ from airflow_provider_tao_slurm.core.config import (
 )
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
 from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
-from airflow_provider_tao_slurm.core.resources import PartitionLimit
+from airflow_provider_tao_slurm.core.partitions import Partition, parse_sinfo_partitions
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
     SQUEUE_UNKNOWN_JOB,
@@ -89,6 +89,9 @@ RECONCILE_INTERVAL_S = 2.0
 STAGING_FAILED = "#tao-slurm-staging-failed"
 #: How long one sinfo answer about the partitions serves every worker of a cluster.
 PARTITION_CACHE_S = 600
+#: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
+#: cached by a version that asked sinfo for other fields is never read as this one's.
+PARTITION_CACHE_NAME = "partitions-a-gres"
 #: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
 ASYNC_MAX_SESSIONS = 8
 
@@ -737,16 +740,18 @@ class SlurmHook(BaseHook):
         if job_ids:
             _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
 
-    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
-        """The cluster's partitions with their ``MaxTime`` and the default one, as sinfo reports them.
+    def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
+        """The cluster's partitions (hidden ones too) with their ``MaxTime``, default flag and GPU shape.
 
-        One sinfo answer is kept for :data:`PARTITION_CACHE_S` seconds on shared storage (under
-        ``results_dir``) and serves every worker; ``fresh`` asks sinfo again.
+        One ``sinfo -a`` answer is kept for :data:`PARTITION_CACHE_S` seconds on shared storage (under
+        ``results_dir``) and serves every worker; ``fresh`` asks sinfo again. A partition whose line
+        cannot be read is named in a warning and kept with its ``problem``: only a job that asks for
+        it is refused.
 
         :raises RemoteCommandError: when sinfo failed (e.g. the controller is down).
         """
         base = self.settings.results_dir
-        cache = f"{base}/.tao-slurm/partitions" if base else None
+        cache = f"{base}/.tao-slurm/{PARTITION_CACHE_NAME}" if base else None
         result = self.run(
             commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S, base),
             what="reading the partitions",
@@ -758,10 +763,18 @@ class SlurmHook(BaseHook):
                 rc=result.rc,
                 stderr=result.stderr,
             )
-        return [
-            PartitionLimit(p.name, None if p.max_time_seconds is None else p.max_time_seconds / 3600, p.is_default)
-            for p in commands.parse_sinfo_partitions(result.stdout)
-        ]
+        partitions, unreadable = parse_sinfo_partitions(result.stdout)
+        for partition in partitions:
+            if partition.problem is not None:
+                self.log.warning(
+                    "Partition %s on cluster %s cannot be read (%s); jobs on other partitions are not affected",
+                    partition.name,
+                    self.settings.cluster_name,
+                    partition.problem,
+                )
+        for line in unreadable:
+            self.log.warning("sinfo printed %r, which names no partition; the line is ignored", line)
+        return partitions
 
     def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
         """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""

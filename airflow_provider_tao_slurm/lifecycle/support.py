@@ -21,6 +21,8 @@ from airflow.sdk.configuration import conf
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.images import ImageRef
+    from airflow_provider_tao_slurm.core.partitions import Partition
+    from airflow_provider_tao_slurm.core.resources import Resources
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 SECRET_SOURCES = ("env", "conn", "var")
@@ -190,22 +192,50 @@ def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, p
     return list(commands.enroot_credential_machines(host))
 
 
+def _chosen_partitions(
+    hook: SlurmHook, requested: object, time_hours: float, param: str, cpu_only: bool
+) -> tuple[tuple[str, ...], list[Partition]]:
+    from airflow_provider_tao_slurm.core.partitions import check_partition_limits, cpu_partition, resolve_partitions
+    from airflow_provider_tao_slurm.core.resources import parse_partitions
+
+    wanted = parse_partitions(requested)  # type: ignore[arg-type]
+    known = hook.partition_limits()
+    if any(name not in {p.name for p in known} for name in wanted):
+        known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
+    cluster = hook.settings.cluster_name
+    if cpu_only and not wanted:
+        chosen: tuple[str, ...] = (cpu_partition(known, cluster, time_hours),)
+    else:
+        chosen = resolve_partitions(wanted, known, cluster)
+    check_partition_limits(time_hours, chosen, known, param)
+    return chosen, known
+
+
 def partitions_for(
-    hook: SlurmHook, requested: object, time_hours: float, *, param: str = "time_hours"
+    hook: SlurmHook, requested: object, time_hours: float, *, param: str = "time_hours", cpu_only: bool = False
 ) -> tuple[str, ...]:
     """The partitions a job goes to (``requested``, else the cluster's default), checked against their MaxTime.
 
     :param requested: partition name(s) from the operator or the connection (None or empty: the default).
     :param time_hours: the wall time asked for.
     :param param: the parameter named in the error.
-    :raises ResourceError: for an unknown partition, no default partition, or a time over a partition's limit.
+    :param cpu_only: a CPU job (image conversion): with nothing requested it goes to a partition whose
+        nodes have no GPUs, never to a default partition with GPUs.
+    :raises ResourceError: for an unknown partition, no default partition (no CPU partition with
+        ``cpu_only``), or a time over a partition's limit.
     """
-    from airflow_provider_tao_slurm.core.resources import check_partition_limits, parse_partitions, resolve_partitions
+    return _chosen_partitions(hook, requested, time_hours, param, cpu_only)[0]
 
-    wanted = parse_partitions(requested)  # type: ignore[arg-type]
-    known = hook.partition_limits()
-    if any(name not in {p.name for p in known} for name in wanted):
-        known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
-    chosen = resolve_partitions(wanted, known, hook.settings.cluster_name)
-    check_partition_limits(time_hours, chosen, known, param)
-    return chosen
+
+def place_on_cluster(hook: SlurmHook, resources: Resources, *, param: str = "time_hours") -> Resources:
+    """A GPU request placed on the cluster: partitions resolved and checked, GPUs laid out on their nodes.
+
+    :param resources: the validated request (its ``partition`` as requested; empty: the default).
+    :param param: the parameter named in a time-limit error.
+    :returns: ``resources`` with ``partition`` resolved and the layout fitted to the partitions' nodes.
+    :raises ResourceError: for an unknown partition, a time over its limit, or GPUs no node can hold.
+    """
+    from airflow_provider_tao_slurm.core.partitions import fit_gpus
+
+    chosen, known = _chosen_partitions(hook, resources.partition, resources.time_hours, param, False)
+    return fit_gpus(resources, chosen, known)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao_slurm.core.defaults import CONVERSION_TIME_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
     default_deferrable,
     install_registry_credentials,
@@ -55,7 +56,8 @@ class EnrootImportOperator(SlurmBaseOperator):
     :param sqsh_path: where to write the converted image (absolute, ending in ``.sqsh``); templated.
     :param force_reconvert_latest: convert a ``:latest`` image again even if a valid file exists.
     :param partition: the CPU partition of the conversion job (default: the connection's
-        ``conversion_partition``); templated.
+        ``conversion_partition``, else a partition of the cluster whose nodes have no GPUs: a
+        conversion never goes to a GPU default partition); templated.
     :param account: the SLURM account (default: the connection's); templated.
     :param cpus_per_task: CPUs of the conversion job (formerly ``cpus``, still accepted with a
         deprecation warning for one release).
@@ -97,7 +99,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         account: str | None = None,
         cpus_per_task: int = 4,
         mem_mb: int = 7200,
-        time_hours: float = 2.0,
+        time_hours: float = CONVERSION_TIME_HOURS,
         deferrable: bool = default_deferrable(),
         containers_dir: str | None = None,
         poll_interval: float = 10.0,
@@ -111,7 +113,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         cpus_per_task = renamed_parameter(kwargs, "cpus", "cpus_per_task", cpus_per_task, 4)
         poll_interval = renamed_parameter(kwargs, "poke_interval", "poll_interval", poll_interval, 10.0)
         if "time_minutes" in kwargs:
-            minutes = renamed_parameter(kwargs, "time_minutes", "time_hours", time_hours, 2.0)
+            minutes = renamed_parameter(kwargs, "time_minutes", "time_hours", time_hours, CONVERSION_TIME_HOURS)
             time_hours = minutes / 60 if isinstance(minutes, int | float) and not isinstance(minutes, bool) else minutes
         super().__init__(**kwargs)
         self.qos = qos
@@ -160,7 +162,7 @@ class EnrootImportOperator(SlurmBaseOperator):
             qos=self.qos, constraint=self.constraint, reservation=self.reservation, sbatch_options=self.sbatch_options
         )
         plan = self._plan(image)
-        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_hours, param="time_hours"))
+        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_hours, cpu_only=True))
         plan = replace(plan, partition=partition)
         script = render_conversion_script(
             ConversionJob(

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.lifecycle.support import (
     default_deferrable,
     lint_bash,
-    partitions_for,
+    place_on_cluster,
     renamed_parameter,
     utc_now,
 )
@@ -378,14 +377,10 @@ class NcclProbeOperator(SlurmBaseOperator):
             )
             for layout in layouts
         ]
-        # Only now, with every input checked, ask the cluster for the partition and its limit.
-        chosen = partitions_for(
-            self.hook,
-            resources_.partition,
-            resources_.time_hours,
-            param="the probe's wall time (timeout_seconds + grace, in hours)",
+        # Only now, with every input checked, ask the cluster for the partition, its limit and its GPUs.
+        resources_ = place_on_cluster(
+            self.hook, resources_, param="the probe's wall time (timeout_seconds + grace, in hours)"
         )
-        resources_ = replace(resources_, partition=",".join(chosen))
         attempts = []
         for index, (env, name, layout, command) in enumerate(zip(envs, job_names, layouts, commands_, strict=True)):
             try:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
+from airflow_provider_tao_slurm.core.defaults import CONVERSION_TIME_HOURS, PYXIS_SRUN_OPTIONS
 from airflow_provider_tao_slurm.lifecycle.support import (
     NGC_LOGIN,
     install_registry_credentials,
@@ -54,13 +54,17 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         ``$oauthtoken``), as an alternative to ``registry_conn_id``.
     :param pyxis_options: the ``srun`` options Pyxis must provide.
     :param check_enroot: run the ``enroot version`` step on the conversion partition.
-    :param enroot_wait_seconds: how long that step may wait for a free node.
+    :param check_gpu_node: run one short CPU-only step on a node of the (first) GPU partition: Pyxis
+        in that node's SPANK plugin configuration, Enroot there, ``results_dir`` writable and
+        ``dataset_paths`` readable from that node.
+    :param dataset_paths: dataset roots the jobs read (absolute, ``lustre:///`` or ``slurm://``); templated.
+    :param enroot_wait_seconds: how long each of those steps may wait for a free node.
     :rtype: dict[str, Any]
     :returns: a report: ``cluster``, ``login_host``, ``user`` and ``checks`` (check name to what was found).
     :raises PreflightError: listing every problem and its fix (``.problems``).
     """
 
-    template_fields = ("partitions", "conversion_partition", "account", "results_dir", "image")
+    template_fields = ("partitions", "conversion_partition", "account", "results_dir", "image", "dataset_paths")
 
     def __init__(
         self,
@@ -74,6 +78,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         registry_secret_env: str | None = None,
         pyxis_options: Sequence[str] = PYXIS_SRUN_OPTIONS,
         check_enroot: bool = True,
+        check_gpu_node: bool = True,
+        dataset_paths: Sequence[str] | None = None,
         enroot_wait_seconds: int = 60,
         **kwargs: Any,
     ) -> None:
@@ -87,6 +93,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         self.registry_secret_env = registry_secret_env
         self.pyxis_options = pyxis_options
         self.check_enroot = check_enroot
+        self.check_gpu_node = check_gpu_node
+        self.dataset_paths = dataset_paths
         self.enroot_wait_seconds = enroot_wait_seconds
 
     def execute(self, context: Any) -> dict[str, Any]:
@@ -95,7 +103,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         from airflow_provider_tao_slurm.core.resources import parse_partitions
         from airflow_provider_tao_slurm.exceptions import KeyFilePermissionError, SlurmConnectionError
 
-        image = self._validate()
+        image, datasets = self._validate()
         settings = self.hook.settings
         partitions = parse_partitions(self.partitions or settings.partitions)
         conversion = parse_partitions(self.conversion_partition or settings.conversion_partition)
@@ -123,6 +131,11 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         conversion_name = resolved.get("conversion") or (conversion[0] if conversion else None)
         if self.check_enroot and tools_ok and conversion_name is not None:
             found.run("enroot", lambda: self._enroot(conversion_name, account if account_ok else None))
+        gpu_name = resolved.get("gpu")  # the partitions check found it
+        if self.check_gpu_node and tools_ok and gpu_name is not None and results_dir:
+            found.run(
+                "gpu_node", lambda: self._gpu_node(gpu_name, account if account_ok else None, results_dir, datasets)
+            )
         if image is not None:
             found.run("credentials", lambda: self._credentials(image))
         if found.problems:
@@ -138,12 +151,12 @@ class SlurmPreflightOperator(SlurmBaseOperator):
 
     # ------------------------------------------------------------------ validation (no SSH)
 
-    def _validate(self) -> ImageRef | None:
-        """Check every explicit input before the hook is created; returns the parsed image."""
+    def _validate(self) -> tuple[ImageRef | None, list[str]]:
+        """Check every explicit input before the hook is created; returns the parsed image and dataset paths."""
         from airflow_provider_tao_slurm.core import commands
         from airflow_provider_tao_slurm.core.images import parse_image
         from airflow_provider_tao_slurm.core.resources import parse_partitions
-        from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
+        from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path, resolve_paths
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
         if self.partitions:
@@ -153,8 +166,11 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         if self.results_dir is not None:
             resolve_cluster_path(self.results_dir, param="results_dir")
         commands.missing_srun_options("", self.pyxis_options)
-        if not isinstance(self.check_enroot, bool):
-            raise ValidationError(f"check_enroot={display_value(self.check_enroot)} must be True or False")
+        for flag in ("check_enroot", "check_gpu_node"):
+            if not isinstance(getattr(self, flag), bool):
+                raise ValidationError(f"{flag}={display_value(getattr(self, flag))} must be True or False")
+        resolved = [] if self.dataset_paths is None else resolve_paths(self.dataset_paths, param="dataset_paths")
+        datasets = list(resolved.values()) if isinstance(resolved, dict) else resolved
         commands.srun_probe("any", ["enroot", "version"], account=self.account, wait_seconds=self.enroot_wait_seconds)
         if self.registry_conn_id is not None and self.registry_secret_env is not None:
             raise ValidationError("give registry_conn_id or registry_secret_env, not both")
@@ -162,7 +178,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
             raise ValidationError(
                 f"registry_secret_env={display_value(self.registry_secret_env)} is not an environment variable name"
             )
-        return None if self.image is None else parse_image(self.image)
+        return (None if self.image is None else parse_image(self.image)), datasets
 
     # ------------------------------------------------------------------ checks: (ok, what was found or the problem)
 
@@ -208,27 +224,45 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     def _partitions(
         self, gpu: tuple[str, ...], conversion: tuple[str, ...], resolved: dict[str, str]
     ) -> tuple[bool, str]:
-        """The GPU and conversion partitions exist (a missing setting means the cluster's default one)."""
-        from airflow_provider_tao_slurm.core.resources import resolve_partitions
+        """The GPU partitions exist and have GPUs; the conversion partition exists (chosen without GPUs if unset)."""
+        from airflow_provider_tao_slurm.core.partitions import cpu_partition, resolve_partitions
         from airflow_provider_tao_slurm.exceptions import ResourceError
 
         known = self.hook.partition_limits(fresh=True)
         cluster = self.hook.settings.cluster_name
         try:
             gpu_names = resolve_partitions(gpu, known, cluster)
-            conversion_names = resolve_partitions(conversion, known, cluster)
+            conversion_names = (
+                resolve_partitions(conversion, known, cluster)
+                if conversion
+                else (cpu_partition(known, cluster, CONVERSION_TIME_HOURS),)
+            )
         except ResourceError as exc:
             return False, f"{exc}; fix partition / conversion_partition on the connection or the operator"
         resolved["conversion"] = conversion_names[0]
-        limits = {p.name: p.max_time_hours for p in known}
-
-        def shown(names: tuple[str, ...], given: tuple[str, ...]) -> str:
-            text = ", ".join(
-                f"{n} (max {limits[n]:g} h)" if limits[n] is not None else f"{n} (no limit)" for n in names
+        resolved["gpu"] = gpu_names[0]
+        by_name = {p.name: p for p in known}
+        without = [name for name in gpu_names if not by_name[name].has_gpus]
+        if without:
+            return False, (
+                f"partition {', '.join(without)} has no GPUs (sinfo shows no gpu GRES on its nodes); set partition on "
+                "the connection or the operator to a GPU partition: "
+                + ("; ".join(p.describe() for p in known if p.has_gpus) or "none visible")
             )
-            return text if given else f"{text}, the cluster's default"
 
-        return True, f"ok: GPU jobs on {shown(gpu_names, gpu)}; conversion on {shown(conversion_names, conversion)}"
+        def shown(names: tuple[str, ...], given: tuple[str, ...], default: str) -> str:
+            text = ", ".join(by_name[name].describe() for name in names)
+            return text if given else f"{text}, {default}"
+
+        gpu_text = shown(gpu_names, gpu, "the cluster's default")
+        conversion_text = shown(conversion_names, conversion, "chosen as a partition without GPUs")
+        if any(by_name[name].has_gpus for name in conversion_names):
+            self.log.warning(
+                "The conversion partition %s has GPU nodes: image conversion holds one of them for minutes without "
+                "using its GPUs; prefer a CPU partition for conversion_partition",
+                ", ".join(conversion_names),
+            )
+        return True, (f"ok: GPU jobs on {gpu_text}; conversion on {conversion_text}")
 
     def _account(self, account: str | None, command: str | None) -> tuple[bool, str]:
         from airflow_provider_tao_slurm.core import commands
@@ -237,7 +271,9 @@ class SlurmPreflightOperator(SlurmBaseOperator):
             return True, "ok: none set, jobs use the user's default account"
         result = self.hook.run(command, what="sacctmgr")
         if result.rc != 0:
-            return True, f"not verified: sacctmgr failed ({result.stderr.strip()[-200:]})"
+            text = f"not verified: sacctmgr failed ({result.stderr.strip()[-200:]})"
+            self.log.warning("Preflight on cluster %s: account %s %s", self.hook.settings.cluster_name, account, text)
+            return True, text
         user = self.hook.settings.user
         if not commands.parse_sacctmgr_assoc(result.stdout):
             return False, (
@@ -260,6 +296,45 @@ class SlurmPreflightOperator(SlurmBaseOperator):
                 "partition whose nodes have it (on a busy partition, run the preflight again later)"
             )
         return True, f"ok: enroot {lines[-1]} on partition {partition}"
+
+    def _gpu_node(self, partition: str, account: str | None, results_dir: str, datasets: list[str]) -> tuple[bool, str]:
+        """What a GPU job needs, checked on a node of its partition (the login host's view is not the node's)."""
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
+
+        results = [resolve_cluster_path(results_dir, param="results_dir")]
+        wait = self.enroot_wait_seconds
+        command = commands.node_probe(partition, results, datasets, account=account, wait_seconds=wait)
+        result = self.hook.run(command, what="GPU node check", timeout=wait + 120)
+        if result.rc != 0:
+            return False, (
+                f"the check step did not run on partition {partition} (exit status {result.rc}: "
+                f"{result.stderr.strip()[-500:]}); it asks for one CPU and no GPU for a minute: on a busy partition "
+                "run the preflight again later"
+            )
+        probe = commands.parse_node_probe(result.stdout, results, datasets)
+        where = f"on node {probe.node} of partition {partition}"
+        problems = []
+        if not probe.pyxis:
+            problems.append(
+                f"Pyxis is not in the SPANK plugin configuration {where} ({probe.plugstack} and the files it "
+                "includes), though the login host's srun offers its options: a GPU job there would run its command "
+                "outside the container; ask the cluster admins to install Pyxis on the GPU nodes"
+            )
+        if probe.enroot is None:
+            problems.append(f"enroot is not installed {where} (Pyxis needs it); ask the cluster admins to install it")
+        problems += [
+            f"{path} is not a writable directory {where} (shared storage not mounted there?); fix results_dir"
+            for path in probe.unwritable
+        ]
+        problems += [
+            f"{path} cannot be read {where} (shared storage not mounted there?); fix dataset_paths or the mounts"
+            for path in probe.unreadable
+        ]
+        if problems:
+            return False, "; ".join(problems)
+        seen = ", ".join([f"{results[0]} writable", *(f"{path} readable" for path in datasets)])
+        return True, f"ok: {where}: Pyxis configured, enroot {probe.enroot}, {seen}"
 
     def _credentials(self, image: ImageRef) -> tuple[bool, str]:
         from airflow_provider_tao_slurm.core import commands

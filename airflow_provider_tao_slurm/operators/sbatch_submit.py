@@ -14,7 +14,7 @@ from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
     lint_bash,
-    partitions_for,
+    place_on_cluster,
     resolve_secret,
     secret_references,
     utc_now,
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
     from airflow_provider_tao_slurm.core.execution import Execution
     from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.resources import Resources
 
 #: Stands for "the cluster's default partition" while the script is checked before asking the cluster.
 _DEFAULT_PARTITION_PLACEHOLDER = "cluster-default"
@@ -374,10 +375,10 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         env = {key: bind_text(value, values) for key, value in checked["env"].items()}
         spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
 
-        def render(partition: str) -> str:
+        def render(resources: Resources) -> str:
             return render_sbatch(
                 SbatchSpec(
-                    **{**resource_fields(requested), "partition": partition},
+                    **resource_fields(resources),
                     job_name=job_id,
                     log_dir=layout.log_dir,
                     job_dir=layout.job_dir,
@@ -395,7 +396,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
         # Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
         # partitions the cluster confirms (its default one when none was given), with their MaxTime.
-        script = render(requested.partition or _DEFAULT_PARTITION_PLACEHOLDER)
+        script = render(dataclasses.replace(requested, partition=requested.partition or _DEFAULT_PARTITION_PLACEHOLDER))
         spec_text = yaml.safe_dump(spec, sort_keys=False) if spec is not None else ""
         env_text = json.dumps(env, separators=(",", ":"), sort_keys=True)
         for where, text in (("the rendered sbatch script", script), ("spec", spec_text), ("env", env_text)):
@@ -403,11 +404,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             if any(value in text for value in secret_values):
                 raise SecretLeakError(f"a secret_env value appears in {where}; reference it by name ($NAME) instead")
         lint_bash(script)
-        resources = dataclasses.replace(
-            requested, partition=",".join(partitions_for(self.hook, requested.partition, requested.time_hours))
-        )
-        if resources.partition != requested.partition:
-            script = render(resources.partition)
+        resources = place_on_cluster(self.hook, requested)
+        if resources != requested:
+            script = render(resources)
 
         now = utc_now()
         record = previous or open_record(

@@ -62,10 +62,14 @@ class ClusterEnv:
     gpu_partition: str
     long_partition: str
     cpu_partition: str
+    debug_partition: str
+    short_partition: str
+    hidden_partition: str
     qos: str
     node_features: dict[str, list[str]]
     gpu_types: dict[str, str]
     nodes: tuple[str, ...]
+    cpu_nodes: tuple[str, ...]
     gpus_per_node: int
     state_dir: str
     enroot_conf: str
@@ -99,6 +103,7 @@ def cluster() -> ClusterEnv:
     if missing:
         pytest.fail(f"{NOT_UP} ({CLUSTER_JSON} lacks {', '.join(missing)})", pytrace=False)
     data["nodes"] = tuple(data["nodes"])
+    data["cpu_nodes"] = tuple(data["cpu_nodes"])
     env = ClusterEnv(**{field.name: data[field.name] for field in fields(ClusterEnv)})
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(2)

@@ -18,12 +18,18 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``min-job-age SECONDS`` (or ``default``): slurmctld's ``MinJobAge`` (SLURM's default 300 s), the time a
   finished job stays known to squeue; slurm.conf is rewritten and slurmctld reconfigured. ``up`` sets the
   default again.
+- ``pyxis-off NODE`` / ``pyxis-on NODE``: hide (show) the Pyxis stand-in from the job steps of one node
+  while the login host's srun keeps offering its options, as on a site whose GPU nodes lack Pyxis
+  (see :func:`node_pyxis`); ``up`` shows it on every node.
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
-127.0.0.1:3307) + ``munged``; two ``slurmd`` nodes ``n1``/``n2`` in their own UTS namespaces, each with
-four fake GPUs (char devices, typed GRES: ``a100`` on n1, ``h100`` on n2) and node features (n1
-``a100,ib``, n2 ``h100,ib``); partitions ``polar`` (default, 4 h), ``polar_long`` (48 h, same nodes) and
-``cpu_long`` (7 days); a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
+127.0.0.1:3307) + ``munged``; three ``slurmd`` nodes in their own UTS and mount namespaces: GPU nodes
+``n1``/``n2``, each with four fake GPUs (char devices, typed GRES: ``a100`` on n1, ``h100`` on n2) and
+node features (n1 ``a100,ib``, n2 ``h100,ib``), and the CPU node ``n3`` (no GPUs, feature ``cpu``).
+Shaped unlike a seed site: GPU partitions ``polar`` (the default, 4 h), ``polar_long`` (48 h),
+``debug`` (30 minutes: sinfo prints ``30:00``), ``polar_1m`` (one minute: ``1:00``) and the hidden
+``polar_hidden`` (24 h, ``Hidden=YES``: only ``sinfo -a`` lists it), all on n1/n2 with 4 GPUs a node;
+``cpu_long`` (7 days) on n3 alone; a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
 may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (another person on
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
@@ -137,12 +143,24 @@ CLUSTER = "mini"
 ACCOUNT = "gpu_proj"
 GPU_PARTITION = "polar"
 LONG_PARTITION = "polar_long"
+#: The CPU partition: its node has no GPUs (sinfo's GRES says so), as conversion partitions on real sites.
 CPU_PARTITION = "cpu_long"
+#: A GPU debug partition under an hour (sinfo prints ``30:00``), as most sites have one.
+DEBUG_PARTITION = "debug"
+DEBUG_MAX_TIME = "30"
+#: A GPU partition with a one-minute limit (sinfo prints ``1:00``): slices of long trainings end fast here.
+SHORT_PARTITION = "polar_1m"
+SHORT_MAX_TIME = "1"
+#: A partition with ``Hidden=YES``: plain ``sinfo`` does not list it, ``sinfo -a`` does.
+HIDDEN_PARTITION = "polar_hidden"
 QOS = "long_qos"
-NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832)}
-#: Each node's GPU type (typed GRES) and its features (``--constraint``), as on a mixed site.
+NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832), "n3": ("127.0.1.3", 6833)}
+#: Each GPU node's GPU type (typed GRES) and its features (``--constraint``), as on a mixed site.
 GPU_TYPES = {"n1": "a100", "n2": "h100"}
-NODE_FEATURES = {"n1": ("a100", "ib"), "n2": ("h100", "ib")}
+GPU_NODES = tuple(GPU_TYPES)
+#: Nodes without GPUs (no GRES), for the CPU partition.
+CPU_NODES = ("n3",)
+NODE_FEATURES = {"n1": ("a100", "ib"), "n2": ("h100", "ib"), "n3": ("cpu",)}
 GPUS_PER_NODE = 4
 GPU_MAJOR = 195
 HOST = "127.0.0.1"
@@ -575,13 +593,17 @@ def slurm_conf() -> str:
         "GresTypes=gpu",
         *(
             f"NodeName={node} NodeHostname={node} NodeAddr={addr} Port={port} CPUs=8 RealMemory=8192 "
-            f"Gres=gpu:{GPU_TYPES[node]}:{GPUS_PER_NODE} Features={','.join(NODE_FEATURES[node])} State=UNKNOWN"
+            + (f"Gres=gpu:{GPU_TYPES[node]}:{GPUS_PER_NODE} " if node in GPU_TYPES else "")
+            + f"Features={','.join(NODE_FEATURES[node])} State=UNKNOWN"
             for node, (addr, port) in NODES.items()
         ),
-        f"PartitionName={GPU_PARTITION} Nodes={','.join(NODES)} Default=YES MaxTime=04:00:00 "
+        f"PartitionName={GPU_PARTITION} Nodes={','.join(GPU_NODES)} Default=YES MaxTime=04:00:00 "
         "DefaultTime=01:00:00 State=UP",
-        f"PartitionName={LONG_PARTITION} Nodes={','.join(NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00 State=UP",
-        f"PartitionName={CPU_PARTITION} Nodes={','.join(NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
+        f"PartitionName={LONG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00 State=UP",
+        f"PartitionName={CPU_PARTITION} Nodes={','.join(CPU_NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
+        f"PartitionName={DEBUG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={DEBUG_MAX_TIME} State=UP",
+        f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME} State=UP",
+        f"PartitionName={HIDDEN_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=1-00:00:00 Hidden=YES State=UP",
     ]
     return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
 
@@ -589,7 +611,8 @@ def slurm_conf() -> str:
 def gres_conf() -> str:
     """Return gres.conf: four file-backed GPUs of the node's type per node (22.05 drops file-less GPUs)."""
     return "AutoDetect=off\n" + "".join(
-        f"NodeName={node} Name=gpu Type={GPU_TYPES[node]} File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n" for node in NODES
+        f"NodeName={node} Name=gpu Type={GPU_TYPES[node]} File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
+        for node in GPU_NODES
     )
 
 
@@ -1081,7 +1104,12 @@ def daemons() -> dict[str, Daemon]:
                 key=f"slurmd-{node}",
                 comm="slurmd",
                 pidfile=pidfile,
-                argv=("unshare", "--uts", "/bin/sh", "-c", f"hostname {node} && exec /usr/sbin/slurmd -N {node}"),
+                # Its own mount namespace too (mounts of the machine still reach it): ``pyxis-off`` hides the
+                # node's SPANK plugin configuration there, as on a site whose nodes lack Pyxis.
+                argv=(
+                    *("unshare", "--uts", "--mount", "--propagation", "slave"),
+                    *("/bin/sh", "-c", f"hostname {node} && exec /usr/sbin/slurmd -N {node}"),
+                ),
                 configs=(SLURM_CONF, GRES_CONF, PLUGSTACK_CONF, PLUGIN_SO),
                 logs=(LOG / "slurm" / f"slurmd-{node}.log",),
                 ready=lambda pidfile=pidfile: pidfile.exists(),
@@ -1378,6 +1406,31 @@ def nodes_responding() -> bool:
     )
 
 
+#: Mounted over the SPANK plugin directory in a node's mount namespace by ``pyxis-off``: an empty directory.
+NO_PYXIS_DIR = STATE / "no-pyxis"
+
+
+def node_pyxis(node: str, *, on: bool) -> None:
+    """Show or hide Pyxis (the stand-in's plugstack.conf.d entry) to the job steps of ``node``.
+
+    The node's slurmd runs in its own mount namespace; an empty directory mounted over
+    plugstack.conf.d there leaves the login host's srun with Pyxis' options and the node without the
+    plugin, so a step with ``--container-image`` runs its command outside any container, as on a
+    site whose GPU nodes lack Pyxis. ``up`` shows it again on every node.
+    """
+    pid = pid_of(daemons()[f"slurmd-{node}"])
+    if pid is None:
+        fail(f"pyxis: slurmd-{node} is not running")
+    target = str(PLUGSTACK_CONF.parent)
+    hidden = any(line.split()[4] == target for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
+    if on and hidden:
+        run(["nsenter", f"--target={pid}", "--mount", "--", "umount", target])
+    elif not on and not hidden:
+        NO_PYXIS_DIR.mkdir(mode=0o755, exist_ok=True)
+        run(["nsenter", f"--target={pid}", "--mount", "--", "mount", "--bind", str(NO_PYXIS_DIR), target])
+    step(f"node {node}: Pyxis {'loaded' if on else 'hidden'} in its job steps")
+
+
 def update_node(node: str, state: str) -> None:
     """Set a node's state with ``scontrol update`` (down and drain need a reason)."""
     reason = [f"reason=harness {state}"] if state in ("down", "drain") else []
@@ -1570,10 +1623,14 @@ def cluster_env() -> dict[str, object]:
         "gpu_partition": GPU_PARTITION,
         "long_partition": LONG_PARTITION,
         "cpu_partition": CPU_PARTITION,
+        "debug_partition": DEBUG_PARTITION,
+        "short_partition": SHORT_PARTITION,
+        "hidden_partition": HIDDEN_PARTITION,
         "qos": QOS,
         "node_features": {node: list(features) for node, features in NODE_FEATURES.items()},
         "gpu_types": dict(GPU_TYPES),
-        "nodes": list(NODES),
+        "nodes": list(GPU_NODES),
+        "cpu_nodes": list(CPU_NODES),
         "gpus_per_node": GPUS_PER_NODE,
         "state_dir": str(STATE),
         "enroot_conf": str(ENROOT_KNOBS),
@@ -1630,6 +1687,8 @@ def cmd_up() -> int:
         ensure_daemon(table[key])
     if reread:
         reconfigure()
+    for node in NODES:
+        node_pyxis(node, on=True)
     ensure_nodes_ready()
     for key in ("sshd", "sshd-fault", "sshd-bastion", "sshd-rotating", "sshd-limits", "sshd-skewed", "black-hole"):
         ensure_daemon(table[key])
@@ -1734,7 +1793,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "restore-login",
     ):
         commands.add_parser(name)
-    for name in ("node-down", "node-resume", "drain"):
+    for name in ("node-down", "node-resume", "drain", "pyxis-off", "pyxis-on"):
         commands.add_parser(name).add_argument("node", choices=list(NODES))
     commands.add_parser("min-job-age").add_argument("seconds", help="whole seconds, or 'default' (300)")
     args = parser.parse_args(argv)
@@ -1780,6 +1839,8 @@ def run_command(args: argparse.Namespace) -> int:
         restore_login()
     elif args.command == "min-job-age":
         set_min_job_age(args.seconds)
+    elif args.command in ("pyxis-off", "pyxis-on"):
+        node_pyxis(args.node, on=args.command == "pyxis-on")
     else:
         update_node(args.node, {"node-down": "down", "node-resume": "resume", "drain": "drain"}[args.command])
     return 0

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from clusterkit import Triggerer
+from clusterkit import Triggerer, connection_json, harness
 from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.images import parse_image, sqsh_cache_name
@@ -161,6 +161,8 @@ def importer(cluster: ClusterEnv, image: str, **kwargs: Any) -> EnrootImportOper
 
 def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
     report = SlurmPreflightOperator(task_id="preflight", image=image_name("preflight")).execute({})
+    node = report["checks"]["gpu_node"].split()[3]
+    assert node in cluster.nodes
     assert report["cluster"] == cluster.cluster_name
     assert report["user"] == cluster.user
     assert report["checks"] == {
@@ -168,12 +170,46 @@ def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results_dir} is writable",
-        "partitions": f"ok: GPU jobs on {cluster.gpu_partition} (max 4 h); conversion on {cluster.cpu_partition} "
-        "(max 168 h)",
+        "partitions": f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100); conversion on "
+        f"{cluster.cpu_partition} (168 h, no GPUs)",
         "account": f"ok: {cluster.user} may charge {cluster.account}",
         "enroot": f"ok: enroot 3.4.1 on partition {cluster.cpu_partition}",
+        "gpu_node": f"ok: on node {node} of partition {cluster.gpu_partition}: Pyxis configured, enroot 3.4.1, "
+        f"{cluster.results_dir} writable",
         "credentials": "ok: not needed for this image",
     }
+
+
+@pytest.fixture
+def gpu_nodes_without_pyxis(cluster: ClusterEnv) -> Iterator[None]:
+    """The GPU nodes' job steps lose Pyxis; the login host's srun keeps offering its options."""
+    try:
+        for node in cluster.nodes:
+            harness("pyxis-off", node)
+        yield
+    finally:
+        for node in cluster.nodes:
+            harness("pyxis-on", node)
+
+
+@pytest.mark.usefixtures("gpu_nodes_without_pyxis")
+def test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it(cluster: ClusterEnv) -> None:
+    """The login host's srun offers Pyxis' options (as before), but the GPU nodes do not load it, and one dataset
+    root does not exist. Expected: the login-host check passes and the GPU-node check fails naming the node, the
+    partition and the fix, and the missing dataset root; the conversion partition's check still passes."""
+    absent = f"{cluster.shared_dir}/datasets-{TOKEN}/absent"
+    with pytest.raises(PreflightError) as info:
+        SlurmPreflightOperator(task_id="preflight", dataset_paths=[cluster.results_dir, absent]).execute({})
+    (problem,) = info.value.problems
+    node = problem.split(" on node ", 1)[1].split()[0]
+    assert node in cluster.nodes
+    where = f"on node {node} of partition {cluster.gpu_partition}"
+    assert problem == (
+        f"gpu_node: Pyxis is not in the SPANK plugin configuration {where} (/etc/slurm/plugstack.conf and the files it "
+        "includes), though the login host's srun offers its options: a GPU job there would run its command outside "
+        f"the container; ask the cluster admins to install Pyxis on the GPU nodes; {absent} cannot be read {where} "
+        "(shared storage not mounted there?); fix dataset_paths or the mounts"
+    )
 
 
 BAD_ACCOUNT = {"account": f"noacct{TOKEN}"}
@@ -188,9 +224,9 @@ NO_SUCH_PYXIS_OPTION = {"pyxis_options": ["--container-image", "--container-tao-
     ("kwargs", "problems"),
     [
         (BAD_ACCOUNT, ["account"]),
-        (READ_ONLY_DIR, ["results_dir"]),
+        (READ_ONLY_DIR, ["results_dir", "gpu_node"]),  # not writable from the login host, nor from the GPU node
         (NO_SUCH_PYXIS_OPTION, ["pyxis"]),
-        ({**BAD_ACCOUNT, **READ_ONLY_DIR, **NO_SUCH_PYXIS_OPTION}, ["pyxis", "results_dir", "account"]),
+        ({**BAD_ACCOUNT, **READ_ONLY_DIR, **NO_SUCH_PYXIS_OPTION}, ["pyxis", "results_dir", "account", "gpu_node"]),
     ],
     ids=["wrong-account", "results-dir-not-writable", "pyxis-option-missing", "all-three-at-once"],
 )
@@ -302,7 +338,8 @@ def test_first_import_converts_on_the_cpu_partition_and_the_second_reuses(
 def test_the_conversion_job_carries_the_site_options(cluster: ClusterEnv, ssh_run: SshRun) -> None:
     """The site's QOS and a node-feature constraint reach the conversion job (sacct shows them)."""
     image = image_name("site-options")
-    feature = cluster.node_features["n1"][0]
+    (node,) = cluster.cpu_nodes
+    feature = cluster.node_features[node][0]
     importer(cluster, image, deferrable=False, qos=cluster.qos, constraint=feature).execute({})
     (row,) = imports_of(cluster, image)
     job_id = row[2]
@@ -319,7 +356,39 @@ def test_the_conversion_job_carries_the_site_options(cluster: ClusterEnv, ssh_ru
         timeout=120,
         every=2,
     )
-    assert fields == f"{cluster.qos}|{cluster.cpu_partition}|n1|COMPLETED"
+    assert fields == f"{cluster.qos}|{cluster.cpu_partition}|{node}|COMPLETED"
+
+
+def test_without_a_conversion_partition_conversion_goes_to_a_partition_without_gpus(
+    cluster: ClusterEnv, ssh_run: SshRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection names neither partition nor conversion partition, and the cluster's default partition has
+    GPUs. Expected: the preflight reports the choice, and the conversion runs on the partition whose nodes have
+    no GPUs (sinfo's GRES), on its CPU node, in node-local scratch (``--chdir``); never on the GPU default."""
+    conn_json = json.loads(connection_json(cluster))
+    for extra in ("partition", "conversion_partition"):
+        conn_json["extra"].pop(extra, None)
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", json.dumps(conn_json))
+    report = SlurmPreflightOperator(task_id="preflight", check_enroot=False).execute({})
+    assert report["checks"]["partitions"] == (
+        f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100), the cluster's default; "
+        f"conversion on {cluster.cpu_partition} (168 h, no GPUs), chosen as a partition without GPUs"
+    )
+    image = image_name("no-conversion-partition")
+    importer(cluster, image, deferrable=False).execute({})
+    ((_, host, job_id, _),) = imports_of(cluster, image)
+    assert host in cluster.cpu_nodes
+    fields = wait_until(
+        lambda: (
+            (out := ssh_run(f"sacct -j {job_id} -X -n -P -o Partition,NodeList,WorkDir,State")[1].strip())
+            and out.endswith("|COMPLETED")
+            and out
+        ),
+        f"accounting row of job {job_id}",
+        timeout=120,
+        every=2,
+    )
+    assert fields == f"{cluster.cpu_partition}|{host}|/tmp|COMPLETED"
 
 
 def test_a_truncated_file_at_the_target_is_replaced(cluster: ClusterEnv, ssh_run: SshRun, triggerer: Triggerer) -> None:

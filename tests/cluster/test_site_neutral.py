@@ -30,8 +30,10 @@ from clusterkit import (
 )
 from deferral import context, defer, first_event, resume, run_async, wait_until
 
+from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import JobFailedError, ResourceError, ValidationError
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
@@ -237,3 +239,58 @@ def test_total_gpus_derives_the_layout(conn: str, image: str, dag_id: str, ssh_r
     nnodes, tres = sacct_fields(ssh_run, handle["slurm_job_id"], "NNodes,AllocTRES")
     assert nnodes == "1"
     assert "gres/gpu=2" in tres.split(","), tres
+
+
+def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, cluster: ClusterEnv) -> None:
+    """The cluster has a 30-minute debug partition (sinfo prints ``30:00``), a one-minute one (``1:00``), a hidden
+    one and a CPU partition whose node has no GPUs. Expected: every partition is read with its limit and node
+    shape; none of them makes the others unreadable."""
+    hook = SlurmHook()
+    try:
+        partitions = {p.name: p for p in hook.partition_limits(fresh=True)}
+    finally:
+        hook.close()
+    both = ("a100", "h100")
+    assert partitions == {
+        cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both),
+        cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both),
+        cluster.cpu_partition: Partition(cluster.cpu_partition, 168.0),
+        cluster.debug_partition: Partition(cluster.debug_partition, 0.5, False, 4, both),
+        cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both),
+        cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both),
+    }
+
+
+def test_jobs_run_on_a_sub_hour_partition_and_a_hidden_one(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """A 6-minute job on the 30-minute debug partition, one on the hidden partition, and a 1-hour job on the debug
+    partition. Expected: the first two run to COMPLETE on their partitions (a hidden partition is no "does not
+    exist"); the third is refused before anything is staged, naming the 30-minute limit."""
+    handles = {}
+    for run, partition in (("r1", cluster.debug_partition), ("r2", cluster.hidden_partition)):
+        ctx = context(dag_id, "submit", run)
+        handles[partition] = submit(submit_op(image, "sleep 1", partition=partition), ctx)
+        assert run_to_end(handles[partition], ctx)["terminal_state"] == "COMPLETE"
+    for partition, handle in handles.items():
+        assert sacct_fields(ssh_run, handle["slurm_job_id"], "Partition,Timelimit") == [partition, "00:06:00"]
+    with pytest.raises(ResourceError, match=rf"partition {cluster.debug_partition} allows at most 0.5 h"):
+        submit(
+            submit_op(image, "sleep 1", partition=cluster.debug_partition, time_hours=1, timeout_hours=0.9),
+            context(dag_id, "submit", "r3"),
+        )
+
+
+def test_total_gpus_is_laid_out_on_the_clusters_four_gpu_nodes(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """``total_gpus=8`` on a partition of 4-GPU nodes, and ``gpus_per_node=8`` there. Expected: the first runs as
+    two nodes x four GPUs (the seed's 8-GPU layout could not start here); the second is refused before anything is
+    staged, naming the partition's node shape."""
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1", gpus_per_node=4, total_gpus=8, nccl_env={}), ctx)
+    assert run_to_end(handle, ctx)["terminal_state"] == "COMPLETE"
+    nnodes, tres = sacct_fields(ssh_run, handle["slurm_job_id"], "NNodes,AllocTRES")
+    assert (nnodes, "gres/gpu=8" in tres.split(",")) == ("2", True), tres
+    with pytest.raises(ResourceError, match=rf"gpus_per_node=8 cannot start on {cluster.gpu_partition} \(4 h, 4 GPUs"):
+        submit(submit_op(image, "sleep 1", gpus_per_node=8, nccl_env={}), context(dag_id, "submit", "r2"))

@@ -125,7 +125,13 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
         return seen
 
     idle = dict.fromkeys(cluster.nodes, "idle")
-    wanted = {f"{cluster.gpu_partition}*": idle, cluster.long_partition: idle, cluster.cpu_partition: idle}
+    wanted = {
+        f"{cluster.gpu_partition}*": idle,
+        cluster.long_partition: idle,
+        cluster.cpu_partition: dict.fromkeys(cluster.cpu_nodes, "idle"),
+        cluster.debug_partition: idle,
+        cluster.short_partition: idle,
+    }  # the hidden partition only with -a
     deadline = time.monotonic() + 20  # a job of an earlier run may still be finishing
     while (seen := partitions()) != wanted and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -133,15 +139,22 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
 
 
 def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: ClusterEnv, ssh_run: SshRun) -> None:
-    """The cluster looks like another site: each partition's MaxTime, node features, GPU types, the QOS."""
-    rc, out, err = ssh_run("sinfo -h -o '%P %l'")
+    """The cluster looks like another site: each partition's MaxTime in sinfo's every form (sub-hour ones as M:SS),
+    a hidden partition, a CPU partition without GPUs, node features, GPU types, the QOS."""
+    rc, out, err = ssh_run("sinfo -a -h -o '%P %l %G'")
     assert rc == 0, err
-    limits = dict(line.split() for line in out.splitlines())
-    assert limits == {
+    limits = {partition: (limit, gres) for partition, limit, gres in (line.split() for line in set(out.splitlines()))}
+    assert {name: limit for name, (limit, _) in limits.items()} == {
         f"{cluster.gpu_partition}*": "4:00:00",
         cluster.long_partition: "2-00:00:00",
         cluster.cpu_partition: "7-00:00:00",
+        cluster.debug_partition: "30:00",
+        cluster.short_partition: "1:00",
+        cluster.hidden_partition: "1-00:00:00",
     }
+    assert limits[cluster.cpu_partition][1] == "(null)"
+    rc, out, err = ssh_run("sinfo -h -o '%P'")
+    assert cluster.hidden_partition not in out.split(), "hidden from a plain sinfo"
     rc, out, err = ssh_run("sinfo -h -N -p " + cluster.gpu_partition + " -o '%N %f %G'")
     assert rc == 0, err
     nodes = {node: (features, gres) for node, features, gres in (line.split() for line in out.splitlines())}
@@ -171,7 +184,7 @@ def test_lookup_by_exact_name_only(ssh_run: SshRun, gpu_job: FinishedJob) -> Non
 
 
 def test_srun_on_two_nodes_prints_two_hostnames(cluster: ClusterEnv, ssh_run: SshRun) -> None:
-    rc, out, err = ssh_run(f"srun -N2 -n2 -l -p {cluster.cpu_partition} --input=none hostname")
+    rc, out, err = ssh_run(f"srun -N2 -n2 -l -p {cluster.gpu_partition} --input=none hostname")
     assert rc == 0, err
     hosts = {line.split(": ", 1)[1] for line in out.splitlines()}
     assert hosts == set(cluster.nodes)

@@ -30,9 +30,9 @@ from clusterkit import (
 )
 from deferral import context, defer, first_event, resume, run_async
 
-from airflow_provider_tao_slurm.core import conversion
+from airflow_provider_tao_slurm.core import commands, conversion
 from airflow_provider_tao_slurm.core.shell import join, quote
-from airflow_provider_tao_slurm.hooks.slurm import PARTITION_CACHE_S, SlurmHook, async_pool
+from airflow_provider_tao_slurm.hooks.slurm import PARTITION_CACHE_NAME, PARTITION_CACHE_S, SlurmHook, async_pool
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
@@ -91,11 +91,11 @@ def test_the_partition_cache_written_a_moment_ago_is_used_on_a_login_host_ten_mi
     """The shared partition cache is written now with a marker partition, then the partitions are read through
     the skewed login host. Expected: the cache is fresh (the marker is there); with the login host's clock its
     age would read as 600 s, no longer below the 600 s cache life, and sinfo would be asked again."""
-    cache = f"{cluster.results_dir}/.tao-slurm/partitions"
-    _, real, _ = ssh_run("sinfo -h -o '%P|%l'")
+    cache = f"{cluster.results_dir}/.tao-slurm/{PARTITION_CACHE_NAME}"
+    _, real, _ = ssh_run(commands.sinfo_partitions())
     ssh_run(
         f"mkdir -p -- {quote(cache.rsplit('/', 1)[0])} && "
-        f"printf '%s\\n' {quote(real.strip())} 'skewmark|1:00:00' > {quote(cache)}"
+        f"printf '%s\\n' {quote(real.strip())} 'skewmark|1:00:00|(null)' > {quote(cache)}"
     )
     hook = SlurmHook(skewed)
     try:

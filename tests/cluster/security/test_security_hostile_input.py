@@ -38,7 +38,7 @@ from airflow_provider_tao_slurm.exceptions import (
     TemplateRenderError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.hooks.slurm import PARTITION_CACHE_NAME, SlurmHook
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
 from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
@@ -487,7 +487,7 @@ def test_accepted_values_arrive_byte_exact(
     _, listing, _ = ssh_run(f"cd -- {quote(results_base)} && find . -mindepth 1")
     paths = [line.removeprefix("./") for line in listing.splitlines()]
     # + the sinfo cache; ends/ holds no marker once the job settled
-    provider = ("jobs", "results", "logs", "records", "ends", ".tao-slurm", ".tao-slurm/partitions")
+    provider = ("jobs", "results", "logs", "records", "ends", ".tao-slurm", f".tao-slurm/{PARTITION_CACHE_NAME}")
     strays = [p for p in paths if p not in provider and not p.startswith(allowed)]
     record_property("detail", f"{len(paths)} paths under the results base, all the job's")
     assert paths

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.commands import Partition, TailChunk
+from airflow_provider_tao_slurm.core.commands import TailChunk
 from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
 from airflow_provider_tao_slurm.core.states import parse_jobs_by_name
 from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError, ValidationError
@@ -138,7 +138,7 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
         lambda: commands.scancel(["12"], name="tao-x", user="alice"),
         "scancel -Q --name=tao-x --user=alice 12",
     ),
-    ("sinfo", commands.sinfo_partitions, "sinfo -h -o '%P|%l'"),
+    ("sinfo", commands.sinfo_partitions, "sinfo -a -h -o '%P|%l|%G'"),
     (
         "sacctmgr",
         lambda: commands.sacctmgr_assoc("alice", "proj_1"),
@@ -369,34 +369,6 @@ def test_parse_which() -> None:
 @pytest.mark.parametrize(
     ("stdout", "expected"),
     [
-        (
-            "polar*|4:00:00\ncpu_long|7-00:00:00\n",
-            [Partition("polar", 14400, True), Partition("cpu_long", 604800, False)],
-        ),
-        (
-            "debug|0:30:00\nbig|infinite\nx|UNLIMITED\n\n",
-            [Partition("debug", 1800, False), Partition("big", None, False), Partition("x", None, False)],
-        ),
-        ("polar|4:00:00\npolar|4:00:00\n", [Partition("polar", 14400, False)]),
-        ("", []),
-    ],
-    ids=["test-cluster", "unlimited", "repeated", "empty"],
-)
-def test_parse_sinfo_partitions(stdout: str, expected: list[Partition]) -> None:
-    assert commands.parse_sinfo_partitions(stdout) == expected
-
-
-@pytest.mark.parametrize(
-    "stdout", ["polar 4:00:00\n", "*|4:00:00\n", "polar|4 hours\n"], ids=["no-separator", "no-name", "bad-time"]
-)
-def test_parse_sinfo_partitions_rejects(stdout: str) -> None:
-    with pytest.raises(RemoteCommandError):
-        commands.parse_sinfo_partitions(stdout)
-
-
-@pytest.mark.parametrize(
-    ("stdout", "expected"),
-    [
         ("MISSING\n", TailChunk(None, 0, "")),
         ("SIZE 10 LEN 0\n", TailChunk(10, 0, "")),
         ("SIZE 10 LEN 5\nab\ncd", TailChunk(10, 5, "ab\ncd")),
@@ -493,7 +465,7 @@ def test_slurm_commands_argv(shell: str, work: Path, stand_ins: dict[str, str]) 
         ),
         (commands.scancel(["5"], name="tao-a", user="a.b"), ["scancel", "-Q", "--name=tao-a", "--user=a.b", "5"]),
         (commands.node_states(), ["sinfo", "-h", "-N", "-o", "%N|%P|%t"]),
-        (commands.sinfo_partitions(), ["sinfo", "-h", "-o", "%P|%l"]),
+        (commands.sinfo_partitions(), ["sinfo", "-a", "-h", "-o", "%P|%l|%G"]),
         (
             commands.sacctmgr_assoc("a.b@c", "acct"),
             [

@@ -9,7 +9,9 @@ script run for real against a temporary directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -61,12 +63,15 @@ SRUN_HELP = (
 )
 STUBS = {
     "sbatch": 'printf \'%s\\n\' "$*" >> "$STUBS/sbatch.calls"; echo 4242',
-    "scontrol": "exit 0",
+    "scontrol": 'if [ "$*" = "show config" ]; then echo "PlugStackConfig         = $STUBS/plugstack.conf"; fi',
     "scancel": "exit 0",
     "squeue": 'cat "$STUBS/squeue.out" 2>/dev/null; exit 0',
     "sacct": 'cat "$STUBS/sacct.out" 2>/dev/null; exit 0',
+    # a step given as ``sh -c SCRIPT`` (the GPU node check) runs here, as on a node; others print srun-probe.out
     "srun": 'if [ "$1" = --help ]; then cat "$STUBS/srun-help.out"; else printf \'%s\\n\' "$*" >> "$STUBS/srun.calls"; '
+    'while [ "${1#--}" != "$1" ]; do shift; done; if [ "$1" = sh ]; then exec "$@"; fi; '
     'cat "$STUBS/srun-probe.out"; fi',
+    "enroot": 'cat "$STUBS/srun-probe.out"',
     "sinfo": 'cat "$STUBS/sinfo.out"',
     "sacctmgr": 'cat "$STUBS/sacctmgr.out"',
 }
@@ -121,7 +126,10 @@ class Cluster:
             script.chmod(0o755)
         self.stub("srun-help.out", SRUN_HELP)
         self.stub("srun-probe.out", "3.4.1\n")
-        self.stub("sinfo.out", "polar*|4:00:00\ncpu_long|7-00:00:00\n")
+        self.stub("plugstack.conf", f"include {self.stubs}/plugstack.conf.d/*.conf\n")
+        (self.stubs / "plugstack.conf.d").mkdir()
+        self.stub("plugstack.conf.d/pyxis.conf", "required /usr/local/lib/slurm/spank_pyxis.so\n")
+        self.stub("sinfo.out", "polar*|4:00:00|gpu:a100:4\ncpu_long|7-00:00:00|(null)\n")
         self.stub("sacctmgr.out", "unit|gpu_proj|alice||normal\n")
         settings = ClusterSettings(
             hosts=("login1",),
@@ -326,7 +334,9 @@ def test_conversion_script_directives_and_values() -> None:
         "#SBATCH --mem=7200M",
         "#SBATCH --time=02:30:00",
         "#SBATCH --no-requeue",
+        "#SBATCH --chdir=/tmp",
     ]
+    assert 'cd -- "${ENROOT_TEMP_PATH}"' in script
     assert "TAO_SLURM_SOURCE='docker://nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt'" in script
     assert 'export ENROOT_TEMP_PATH="/tmp/enroot-${SLURM_JOB_ID}"' in script
     assert 'enroot import -o "${TAO_SLURM_PARTIAL}" "${TAO_SLURM_SOURCE}"' in script
@@ -752,21 +762,27 @@ def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results} is writable",
-        "partitions": "ok: GPU jobs on polar (max 4 h); conversion on cpu_long (max 168 h)",
+        "partitions": "ok: GPU jobs on polar (4 h, 4 GPUs/node: a100); conversion on cpu_long (168 h, no GPUs)",
         "account": "ok: alice may charge gpu_proj",
         "enroot": "ok: enroot 3.4.1 on partition cpu_long",
+        "gpu_node": f"ok: on node {socket.gethostname()} of partition polar: Pyxis configured, enroot 3.4.1, "
+        f"{cluster.results} writable",
         "credentials": "ok: not needed for this image",
     }
-    assert cluster.calls("srun") == [
+    enroot, gpu_node = cluster.calls("srun")
+    assert enroot == (
         "--partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none "
         "enroot version"
-    ]
+    )
+    assert gpu_node.startswith(
+        "--partition=polar --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none sh -c "
+    )
 
 
 def test_preflight_lists_every_problem_with_its_fix(cluster: Cluster) -> None:
     cluster.stub("srun-help.out", "Usage: srun [OPTIONS...]\n  -h, --help\n")
     cluster.stub("srun-probe.out", "")
-    cluster.stub("sinfo.out", "polar*|4:00:00\n")
+    cluster.stub("sinfo.out", "polar*|4:00:00|gpu:4\n")
     cluster.stub("sacctmgr.out", "")
     operator = preflight(cluster, results_dir=f"{cluster.root}/absent", image="nvcr.io#nvidia/tao/tao-toolkit:5")
     with pytest.raises(PreflightError) as info:
@@ -776,7 +792,7 @@ def test_preflight_lists_every_problem_with_its_fix(cluster: Cluster) -> None:
     assert "install the Pyxis SPANK plugin" in problems["pyxis"]
     assert "--container-image, --container-mounts, --no-container-mount-home" in problems["pyxis"]
     assert f"mkdir -p {cluster.root}/absent" in problems["results_dir"]
-    assert "partition cpu_long does not exist on cluster 'unit' (sinfo shows: polar)" in problems["partitions"]
+    assert "partition cpu_long does not exist on cluster 'unit' (sinfo -a shows: polar)" in problems["partitions"]
     assert "no association with account gpu_proj" in problems["account"]
     assert "install Enroot on its nodes" in problems["enroot"]
     assert "nvcr.io, authn.nvidia.com" in problems["credentials"]
@@ -794,6 +810,64 @@ def test_preflight_reports_a_missing_pyxis_option_it_was_asked_for(cluster: Clus
         "pyxis: srun does not offer --container-writable, so Pyxis is missing or too old; install the Pyxis SPANK "
         "plugin (https://github.com/NVIDIA/pyxis) on the login and compute nodes and list it in plugstack.conf"
     ]
+
+
+def test_preflight_picks_a_partition_without_gpus_for_conversion_when_none_is_set(cluster: Cluster) -> None:
+    cluster.hook.settings = dataclasses.replace(cluster.hook.settings, conversion_partition=None, partitions=())
+    cluster.stub("sinfo.out", "gpu*|4:00:00|gpu:h100:8\ndebug|30:00|gpu:h100:8\ncpu|1-00:00:00|(null)\n")
+    report = preflight(cluster).execute({})
+    assert report["checks"]["partitions"] == (
+        "ok: GPU jobs on gpu (4 h, 8 GPUs/node: h100), the cluster's default; "
+        "conversion on cpu (24 h, no GPUs), chosen as a partition without GPUs"
+    )
+    assert cluster.calls("srun")[0].startswith("--partition=cpu ")
+
+
+def test_preflight_refuses_a_cluster_without_a_cpu_partition_for_conversion(cluster: Cluster) -> None:
+    cluster.hook.settings = dataclasses.replace(cluster.hook.settings, conversion_partition=None)
+    cluster.stub("sinfo.out", "polar*|4:00:00|gpu:4\n")
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster, check_enroot=False).execute({})
+    assert info.value.problems == [
+        "partitions: no conversion partition is configured and cluster 'unit' has no partition without GPUs that "
+        "allows 2 h (partitions without GPUs: none); image conversion never runs on a GPU partition: set the "
+        "connection's conversion_partition extra (or partition= on EnrootImportOperator) to a CPU partition; fix "
+        "partition / conversion_partition on the connection or the operator"
+    ]
+
+
+def test_preflight_refuses_a_gpu_partition_without_gpus(cluster: Cluster) -> None:
+    cluster.stub("sinfo.out", "polar*|4:00:00|(null)\ncpu_long|4:00:00|(null)\n")
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster, check_enroot=False).execute({})
+    assert info.value.problems == [
+        "partitions: partition polar has no GPUs (sinfo shows no gpu GRES on its nodes); set partition on the "
+        "connection or the operator to a GPU partition: none visible"
+    ]
+
+
+def test_preflight_checks_the_gpu_node_not_the_login_host(cluster: Cluster) -> None:
+    """The login host's srun offers Pyxis' options, but the GPU node's plugin configuration does not load Pyxis,
+    and a dataset root is not there. Expected: one gpu_node problem naming both, with the node and partition."""
+    cluster.stub("plugstack.conf.d/pyxis.conf", "# required /usr/local/lib/slurm/spank_pyxis.so (disabled)\n")
+    absent = f"{cluster.root}/datasets/coco"
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster, dataset_paths=[f"lustre://{absent}"], check_enroot=False).execute({})
+    where = f"on node {socket.gethostname()} of partition polar"
+    assert info.value.problems == [
+        f"gpu_node: Pyxis is not in the SPANK plugin configuration {where} ({cluster.stubs}/plugstack.conf and the "
+        "files it includes), though the login host's srun offers its options: a GPU job there would run its command "
+        f"outside the container; ask the cluster admins to install Pyxis on the GPU nodes; {absent} cannot be read "
+        f"{where} (shared storage not mounted there?); fix dataset_paths or the mounts"
+    ]
+
+
+def test_preflight_says_an_account_it_could_not_verify(cluster: Cluster, capfd: pytest.CaptureFixture[str]) -> None:
+    (cluster.root / "bin" / "sacctmgr").write_text("#!/bin/sh\necho 'Problem talking to the database' >&2\nexit 1\n")
+    report = preflight(cluster).execute({})
+    assert report["checks"]["account"] == "not verified: sacctmgr failed (Problem talking to the database)"
+    out = capfd.readouterr()
+    assert "[warning  ] Preflight on cluster unit: account gpu_proj not verified: sacctmgr failed" in out.out + out.err
 
 
 def test_preflight_installs_credentials_from_an_environment_variable(

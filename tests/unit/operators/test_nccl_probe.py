@@ -17,7 +17,7 @@ from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.nccl import cache_text
-from airflow_provider_tao_slurm.core.resources import PartitionLimit
+from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.states import state_from_native
 from airflow_provider_tao_slurm.exceptions import (
@@ -54,7 +54,7 @@ class FakeHook:
     def __init__(self, files: dict[str, str] | None = None) -> None:
         self.settings = SETTINGS
         self.files = dict(files or {})
-        self.partitions = [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0)]
+        self.partitions = [Partition("polar", 4.0, True, 4), Partition("polar_long", 48.0, False, 4)]
         self.modes: dict[str, str] = {}
         self.logs: dict[str, str] = {}
         self.staged: list[tuple[str, dict[str, tuple[bytes | None, int]]]] = []
@@ -62,7 +62,7 @@ class FakeHook:
         self.cancelled: list[tuple[list[str], str | None]] = []
         self.reads: list[str] = []
 
-    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
+    def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
         return list(self.partitions)
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
@@ -371,7 +371,7 @@ def test_event_for_another_job_is_refused() -> None:
             {"timeout_seconds": 4 * 3600}, ResourceError, "partition polar allows at most 4 h", id="long-timeout"
         ),
         pytest.param({"num_nodes": 0}, ValidationError, "num_nodes=0 must be a positive whole number", id="no-nodes"),
-        pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="nine-gpus"),
+        pytest.param({"gpus_per_node": 9}, ResourceError, "gpus_per_node=9 cannot start on polar", id="nine-gpus"),
         pytest.param({"force": "yes"}, ValidationError, "force='yes' must be True or False", id="force-text"),
         pytest.param({"poll_interval": 0}, ValidationError, "poll_interval=0", id="poll"),
         pytest.param(

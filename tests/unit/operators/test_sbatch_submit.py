@@ -14,8 +14,8 @@ import pytest
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
-from airflow_provider_tao_slurm.core.resources import PartitionLimit
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -82,9 +82,7 @@ def no_ssh(monkeypatch: pytest.MonkeyPatch) -> SlurmHook:
         pytest.param({"sbatch_options": {"uid": 0}}, ValidationError, "may not set --uid", id="sbatch-uid"),
         pytest.param({"qos": "a b"}, ValidationError, "no spaces", id="qos"),
         pytest.param({"gpu_type": "h100;x"}, ResourceError, "gpu_type", id="gpu-type"),
-        pytest.param({"total_gpus": 12}, ResourceError, "cannot be laid out on whole nodes", id="total-gpus"),
         pytest.param({"time_hours": 2, "timeout_hours": 2}, ResourceError, "timeout_hours=2 must be lower", id="to"),
-        pytest.param({"gpus_per_node": 9}, ResourceError, "more than the 8 GPUs", id="gpus"),
         pytest.param({"env": {"1BAD": "x"}}, ValidationError, "'1BAD' is not a valid environment", id="env-digit"),
         pytest.param({"env": {"BAD-NAME": "x"}}, ValidationError, "'BAD-NAME' is not a valid", id="env-dash"),
         pytest.param({"env": {"": "x"}}, ValidationError, "env name '' is not a valid", id="env-empty"),
@@ -158,6 +156,16 @@ def test_literal_credential_in_command_is_refused() -> None:
             "partition polar_long allows at most 48 h",
             id="long-over",
         ),
+        pytest.param(
+            {"gpus_per_node": 8, "nccl_env": {}},
+            "gpus_per_node=8 cannot start on polar (4 h, 4 GPUs/node): no node there has more than 4 GPUs",
+            id="more-gpus-than-a-node-has",
+        ),
+        pytest.param(
+            {"total_gpus": 10, "gpus_per_node": 4, "nccl_env": {}},
+            "total_gpus=10 cannot be laid out on whole 4-GPU nodes on polar",
+            id="total-not-whole-nodes",
+        ),
     ],
 )
 def test_the_partitions_own_limit_is_checked_before_anything_is_staged(kwargs: dict[str, Any], message: str) -> None:
@@ -165,6 +173,14 @@ def test_the_partitions_own_limit_is_checked_before_anything_is_staged(kwargs: d
     with pytest.raises(ResourceError, match=re.escape(message)):
         operator(hook, **kwargs).execute(ctx())
     assert (hook.staged, hook.submits) == ({}, [])
+
+
+def test_total_gpus_is_laid_out_on_the_partitions_nodes() -> None:
+    hook = FakeHook()
+    operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}).execute(ctx())
+    script = staged_text(hook, LAYOUT.script_path)
+    assert ("#SBATCH --nodes=2\n" in script, "#SBATCH --exclusive\n" in script) == (True, False)
+    assert "#SBATCH --gres=gpu:4\n" in script
 
 
 def test_site_options_reach_the_script_and_the_default_partition_is_the_clusters() -> None:
@@ -251,8 +267,8 @@ class FakeHook:
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
         self.released.append((log_dir, job_name, job_id))
 
-    def partition_limits(self, *, fresh: bool = False) -> list[PartitionLimit]:
-        return [PartitionLimit("polar", 4.0, True), PartitionLimit("polar_long", 48.0)]
+    def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
+        return [Partition("polar", 4.0, True, 4), Partition("polar_long", 48.0, False, 4)]
 
 
 def staged_text(hook: FakeHook, path: str) -> str:
