@@ -12,21 +12,26 @@ The order a GPU cluster needs:
    torchrun, through the same sbatch template as the training job. A hang is stopped by the job's
    own timeout, cancelled, and the next NCCL settings are tried (none, then
    ``NCCL_P2P_DISABLE=1``, then also ``NCCL_IB_DISABLE=1`` and ``NCCL_SOCKET_IFNAME``). The first
-   settings that work are cached per cluster on shared storage and returned: later runs find them
-   there and submit no probe (``force_probe`` probes again).
+   settings that work are cached per cluster, partition and node-count scope on shared storage and
+   returned: later runs find them there and submit no probe (for a week, until the image or the
+   driver changes; ``force_probe`` probes again). The probe proves NCCL on the GPUs
+   (``probe_backend=nccl``); a container without CUDA fails the task with the reason.
 4. ``submit`` — the training job on 2 nodes, one task per node, ``--wait-all-nodes=1``. Every
    node gets the TAO rendezvous: ``WORLD_SIZE`` (the NODE count), ``NODE_RANK`` (its
    ``SLURM_NODEID``), ``NUM_GPU_PER_NODE``, ``MASTER_ADDR`` (the first host of the job) and
-   ``MASTER_PORT`` (29500 on exclusive nodes, else 29500 + job id mod 1000 so jobs sharing a master
-   node never collide), plus the probed NCCL settings (``nccl_env``, from the probe's XCom).
+   ``MASTER_PORT`` (a port the batch script finds free on that first host when the job starts, so
+   jobs sharing a master node never collide), plus the probed NCCL settings (``nccl_env``, from the probe's XCom).
 5. ``wait`` — the sensor waits in the triggerer, settles the job record and checks ``status.json``.
 
 The defaults fit the local test cluster of ``make demo``: the training program is
-``/srv/lustre/demo/tao_like_train.py`` and the probe's PyTorch is the cluster's CPU venv (the Pyxis
-stand-in runs commands on the host, so gloo stands in for NCCL). The default command first prints
-what each node sees, then trains; node 0 writes ``status.json`` into the results directory, the
-other nodes write under ``node_<rank>``. On a real cluster pass your image, dataset paths, the TAO
-entry point (TAO starts torchrun itself from the rendezvous variables) and ``probe_python=python3``.
+``/srv/lustre/demo/tao_like_train.py`` and the probe's PyTorch is the cluster's CPU venv. That
+cluster has no CUDA (the Pyxis stand-in runs commands on the host), so ``make demo`` and the tests
+say so explicitly with ``probe_backend=gloo``: a CPU test that proves nothing about NCCL. The
+default, ``nccl``, is what a GPU cluster needs. The default command first prints what each node
+sees, then trains; node 0 writes ``status.json`` into the results directory, the other nodes write
+under ``node_<rank>``. On a real cluster pass your image, dataset paths, the TAO entry point (TAO
+starts torchrun itself from the rendezvous variables) and ``probe_python=python3``, and leave
+``probe_backend`` at ``nccl``.
 
 Nothing here opens a connection at parse time; the operators create their SSH hook when they run.
 """
@@ -73,6 +78,13 @@ with DAG(
         "probe_python": Param(DEFAULT_PROBE_PYTHON, type="string", description="the image's Python with PyTorch"),
         "probe_timeout_seconds": Param(120, type="integer", minimum=10, description="a probe slower than this hangs"),
         "force_probe": Param(False, type="boolean", description="probe even when the cluster's NCCL cache answers"),
+        "probe_backend": Param(
+            "nccl",
+            type="string",
+            enum=["nccl", "gloo"],
+            description="nccl: prove NCCL on the GPUs (any GPU cluster); gloo: a CPU test only, for a cluster "
+            "without CUDA such as the local test cluster of make demo",
+        ),
     },
     tags=["example", "tao", "slurm", "multi-node"],
     doc_md=__doc__,
@@ -99,6 +111,7 @@ with DAG(
         gpus_per_node=GPUS_PER_NODE,
         timeout_seconds="{{ params.probe_timeout_seconds }}",
         force="{{ params.force_probe }}",
+        backend="{{ params.probe_backend }}",
         python="{{ params.probe_python }}",
         poll_interval=5,  # the demo cluster is tiny; 15-30 s suits a real cluster
     )

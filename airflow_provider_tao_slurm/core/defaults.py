@@ -24,3 +24,5 @@ DEFAULT_UNRECOGNISED_GRACE_S = 600.0
 CONVERSION_TIME_HOURS = 2.0
 #: The Pyxis options of ``srun`` that the provider's batch scripts rely on (checked by the preflight).
 PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")
+#: How long a cached NCCL environment is trusted (``NcclProbeOperator(cache_max_age_hours=...)``): a week.
+DEFAULT_NCCL_CACHE_MAX_AGE_HOURS = 7 * 24.0

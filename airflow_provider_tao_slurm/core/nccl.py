@@ -4,7 +4,21 @@ Pure. Before a multi-node job (or a single-node job with several GPUs) runs, a t
 once over the same shape of GPUs with the probe program
 (:mod:`airflow_provider_tao_slurm.probes.nccl_probe`). A hang (the job's own timeout fires) or a
 failed collective moves on to the next candidate environment; the first environment that works
-is cached per cluster on shared storage and handed to the real job.
+is cached on shared storage and handed to the real job.
+
+The probe is told its backend: ``nccl`` (the default, for GPU partitions) or ``gloo`` (only for a
+CPU test cluster). A probe told ``nccl`` that finds no CUDA in the container, or any result that
+did not come from NCCL, is refused at once (:attr:`Verdict.NO_CUDA`): no NCCL setting can help.
+
+The cache (:func:`cache_path`, :func:`lookup_cache`, :func:`cache_text`): one file per cluster and
+partition(s), ``<results_dir>/nccl/<cluster>.<partition>.json``, with one entry per node-count
+scope (multi-node or single-node) and backend. An entry is used only while it is younger than the
+operator's ``cache_max_age_hours``, was proven with the same image (the NCCL library ships in the
+image), and agrees with the driver and NCCL versions that the latest probe of the file saw: every
+probe prints the versions it sees, each entry keeps its own, and the file keeps the latest. So a
+probe of one scope that meets a new driver invalidates the other scope's entry, with no extra job
+and no read from the compute nodes; what no probe has seen yet is bounded by the expiry. Anything
+else in the file (another version of the provider, a broken file) is a miss, never an error.
 
 The rendezvous math (global world size and rank from the TAO variables) lives in the probe
 program, because it runs standalone inside the training image; this module only reads the
@@ -16,14 +30,25 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_NCCL_CACHE_MAX_AGE_HOURS
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.exceptions import ValidationError
-from airflow_provider_tao_slurm.probes.nccl_probe import FAILED_MARKER, OK_MARKER, SETUP_ERROR_MARKER
+from airflow_provider_tao_slurm.probes.nccl_probe import (
+    BACKENDS,
+    FAILED_MARKER,
+    GLOO,
+    NCCL,
+    NO_CUDA_MARKER,
+    OK_MARKER,
+    SETUP_ERROR_MARKER,
+    UNSEEN,
+)
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.layout import JobLayout
@@ -43,11 +68,15 @@ WALL_GRACE_S = 120
 TIMEOUT_EXIT = 124
 PROBE_FILE = "nccl_probe.py"
 CACHE_DIR = "nccl"
-CACHE_VERSION = 1
+#: Version 1 (one file per cluster and scope, no backend, versions or expiry) is read as a miss.
+CACHE_VERSION = 2
 MIN_TIMEOUT_S = 10
+#: The versions whose change (between an entry and a later probe) invalidates the entry.
+COMPARED_VERSIONS = ("driver", "nccl")
 
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _UNSAFE_NAME_RE = re.compile(r"[^A-Za-z0-9_.-]+")
+_FIELD_RE = re.compile(r"([a-z_]+)=(\S+)")
 
 
 class Verdict(StrEnum):
@@ -62,6 +91,9 @@ class Verdict(StrEnum):
     SETUP_ERROR = "setup_error"
     #: cancelled, preempted, node failure or lost: not a verdict on the environment.
     ABORTED = "aborted"
+    #: NCCL was required but the container has no CUDA (or the result did not come from NCCL): no
+    #: environment can help; the image, the GPU request or the container is wrong.
+    NO_CUDA = "no_cuda"
 
     @property
     def next_candidate_may_help(self) -> bool:
@@ -70,22 +102,105 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True)
+class SeenVersions:
+    """What a probe saw on rank 0's node (``None``: it could not see it, e.g. no driver on a CPU test)."""
+
+    nccl: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    #: the partition the probe job ran on (``SLURM_JOB_PARTITION``).
+    partition: str | None = None
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[str, object]) -> SeenVersions:
+        """Read the probe's ``name=value`` fields (or a cache entry's dict); ``none`` and non-text are unseen."""
+        values = {}
+        for name in ("nccl", "driver", "cuda", "torch", "partition"):
+            value = fields.get(name)
+            values[name] = value if isinstance(value, str) and value and value != UNSEEN else None
+        return cls(**values)
+
+    @property
+    def known(self) -> bool:
+        """True when the probe saw a driver or an NCCL version (a CPU test sees neither)."""
+        return any(getattr(self, name) for name in COMPARED_VERSIONS)
+
+    def changes_from(self, earlier: SeenVersions) -> list[str]:
+        """``driver 535.104.05 -> 550.54.15`` for each compared version both saw, and that differs."""
+        changes = []
+        for name in COMPARED_VERSIONS:
+            before, now = getattr(earlier, name), getattr(self, name)
+            if before and now and before != now:
+                changes.append(f"{name} {before} -> {now}")
+        return changes
+
+    def describe(self) -> str:
+        """``NCCL 2.18.1, driver 535.104.05, CUDA 12.1, torch 2.3.0`` (what was seen), for logs."""
+        labels = (("NCCL", self.nccl), ("driver", self.driver), ("CUDA", self.cuda), ("torch", self.torch))
+        parts = [f"{label} {value}" for label, value in labels if value]
+        return ", ".join(parts) or "no NCCL, driver or CUDA version seen"
+
+
+@dataclass(frozen=True)
 class ProbeOutcome:
-    """The verdict on one probe job and the evidence for it."""
+    """The verdict on one probe job and the evidence for it.
+
+    :ivar seen: the versions the probe reported (known only for :attr:`Verdict.OK`).
+    """
 
     verdict: Verdict
     detail: str
+    seen: SeenVersions = field(default_factory=SeenVersions)
+
+
+@dataclass(frozen=True)
+class CacheKey:
+    """What a cached environment answers for.
+
+    :ivar cluster: the connection's cluster name.
+    :ivar partitions: the partition(s) the probe was submitted to, sorted.
+    :ivar scope: :func:`probe_scope` (multi-node or single-node).
+    :ivar backend: ``nccl``, or ``gloo`` for a CPU test (their entries never answer for each other).
+    :ivar image: the ``.sqsh`` the probe ran (the NCCL library ships in it).
+    """
+
+    cluster: str
+    partitions: tuple[str, ...]
+    scope: str
+    backend: str
+    image: str
+
+    @property
+    def entry_name(self) -> str:
+        """The entry's name inside the partition's cache file: ``multi-node/nccl``."""
+        return f"{self.scope}/{self.backend}"
+
+    def describe(self) -> str:
+        """``cluster 'mini', partition polar, multi-node, backend nccl`` for logs."""
+        return f"cluster {self.cluster!r}, partition {','.join(self.partitions)}, {self.scope}, backend {self.backend}"
 
 
 @dataclass(frozen=True)
 class CachedEnv:
-    """A cache entry: the working environment and where it was proven."""
+    """A cache entry: the working environment and where, when and with what it was proven."""
 
     env: dict[str, str]
     probed_at: str
     slurm_job_id: str
     nodes: int
     gpus_per_node: int
+    backend: str = NCCL
+    image: str = ""
+    seen: SeenVersions = field(default_factory=SeenVersions)
+
+
+@dataclass(frozen=True)
+class CacheLookup:
+    """A cache read: the usable entry, or ``None`` and why not (a miss is never an error)."""
+
+    entry: CachedEnv | None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -114,8 +229,7 @@ class ProbePlan:
     """Everything the probe needs, computed without SSH (and again, identically, on resume)."""
 
     resources: Resources
-    cluster: str
-    scope: str
+    key: CacheKey
     cache_path: str
     attempts: tuple[ProbeAttempt, ...]
 
@@ -123,6 +237,42 @@ class ProbePlan:
     def world_size(self) -> int:
         """How many GPUs the probe spans."""
         return self.resources.total_gpus
+
+    @property
+    def cluster(self) -> str:
+        """The connection's cluster name."""
+        return self.key.cluster
+
+    @property
+    def backend(self) -> str:
+        """The backend the probe is told to use."""
+        return self.key.backend
+
+
+def check_backend(value: object) -> str:
+    """The probe's backend: ``nccl`` (GPU partitions) or ``gloo`` (only a CPU test cluster without CUDA).
+
+    :raises ValidationError: for anything else.
+    """
+    if value not in BACKENDS:
+        raise ValidationError(
+            f"backend={display_value(value)} must be {NCCL!r} (the default: GPU partitions, proves NCCL) or "
+            f"{GLOO!r} (only a CPU test cluster without CUDA, e.g. the local test cluster of make demo)"
+        )
+    return str(value)
+
+
+def check_max_age(value: object) -> float:
+    """``cache_max_age_hours``: a positive number of hours.
+
+    :raises ValidationError: for anything else (``force=True`` probes regardless of the cache).
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValidationError(
+            f"cache_max_age_hours={display_value(value)} must be a positive number of hours "
+            f"(default {DEFAULT_NCCL_CACHE_MAX_AGE_HOURS:g}, a week); use force=True to probe regardless of the cache"
+        )
+    return float(value)
 
 
 def candidate_envs(given: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
@@ -163,46 +313,190 @@ def probe_scope(nodes: int) -> str:
     return "multi-node" if nodes > 1 else "single-node"
 
 
-def cache_path(results_dir: str, cluster_name: str, scope: str) -> str:
-    """Where the working environment of a cluster is cached: ``<results_dir>/nccl/<cluster>.<scope>.json``.
+def cache_key(cluster_name: str, partitions: Sequence[str], nodes: int, backend: str, image: str) -> CacheKey:
+    """The key of a probe's cache entry.
+
+    :param cluster_name: the connection's cluster name.
+    :param partitions: the partition(s) the probe is submitted to (order does not matter).
+    :param nodes: the job's node count (gives the scope, :func:`probe_scope`).
+    :param backend: :func:`check_backend`.
+    :param image: the ``.sqsh`` path of the probe's image.
+    """
+    return CacheKey(
+        cluster=cluster_name,
+        partitions=tuple(sorted(set(partitions))),
+        scope=probe_scope(nodes),
+        backend=check_backend(backend),
+        image=image,
+    )
+
+
+def _safe_name(text: str) -> str:
+    return _UNSAFE_NAME_RE.sub("_", text).strip("._")
+
+
+def cache_path(results_dir: str, key: CacheKey) -> str:
+    """The cache file of a cluster and its partition(s): ``<results_dir>/nccl/<cluster>.<partition>.json``.
+
+    Several partitions are joined with ``+`` (``polar+polar3``); characters unsafe in a file name
+    become ``_``.
 
     :param results_dir: the connection's shared base directory.
-    :param cluster_name: the connection's cluster name (unsafe characters become ``_``).
-    :param scope: :func:`probe_scope`.
+    :param key: :func:`cache_key`.
     :raises ValidationError: for a results dir that is not an absolute cluster path, or an empty name.
     """
     base = resolve_cluster_path(results_dir, param="results_dir")
-    name = _UNSAFE_NAME_RE.sub("_", cluster_name).strip("._")
+    name = _safe_name(key.cluster)
     if not name:
-        raise ValidationError(f"cluster_name {display_value(cluster_name)} is empty; set the connection's cluster_name")
-    return f"{base}/{CACHE_DIR}/{name}.{scope}.json"
+        raise ValidationError(f"cluster_name {display_value(key.cluster)} is empty; set the connection's cluster_name")
+    partitions = "+".join(_safe_name(partition) for partition in key.partitions)
+    if not partitions or not all(_safe_name(partition) for partition in key.partitions):
+        raise ValidationError(f"partition {display_value(key.partitions)} has no usable name for the NCCL cache")
+    return f"{base}/{CACHE_DIR}/{name}.{partitions}.json"
 
 
-def cache_text(
-    env: Mapping[str, str],
-    *,
-    cluster_name: str,
-    scope: str,
-    nodes: int,
-    gpus_per_node: int,
-    slurm_job_id: str,
-    now: str,
-) -> str:
-    """Serialise a cache entry (JSON, sorted keys, one line).
+def _entry_dict(entry: CachedEnv) -> dict[str, Any]:
+    return {
+        "env": dict(entry.env),
+        "backend": entry.backend,
+        "image": entry.image,
+        "probed_at": entry.probed_at,
+        "slurm_job_id": entry.slurm_job_id,
+        "nodes": entry.nodes,
+        "gpus_per_node": entry.gpus_per_node,
+        "seen": asdict(entry.seen),
+    }
 
-    :param now: ISO-8601 UTC time of the successful probe.
+
+def _cache_file(text: str | None, key: CacheKey) -> tuple[dict[str, Any] | None, str]:
+    """The parsed cache file of ``key``'s cluster and partitions, or ``None`` and why it cannot be used."""
+    if text is None:
+        return None, "no cache file yet"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return None, f"the cache file is not JSON ({exc.msg})"
+    if not isinstance(data, dict):
+        return None, "the cache file is not a JSON object"
+    if data.get("version") != CACHE_VERSION:
+        return None, (
+            f"the cache file is a version-{display_value(data.get('version'))} entry of another provider release, "
+            f"not version {CACHE_VERSION}"
+        )
+    if data.get("cluster") != key.cluster or data.get("partitions") != list(key.partitions):
+        return None, (
+            f"the cache file is for cluster {display_value(data.get('cluster'))}, partitions "
+            f"{display_value(data.get('partitions'))}"
+        )
+    if not isinstance(data.get("entries"), dict):
+        return None, "the cache file has no entries"
+    return data, ""
+
+
+def _parse_entry(raw: object) -> CachedEnv | None:
+    if not isinstance(raw, dict):
+        return None
+    env, seen = raw.get("env"), raw.get("seen")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return None
+    texts = [raw.get(name) for name in ("backend", "image", "probed_at", "slurm_job_id")]
+    nodes, gpus_per_node = raw.get("nodes"), raw.get("gpus_per_node")
+    if not all(isinstance(t, str) for t in texts) or not isinstance(nodes, int) or not isinstance(gpus_per_node, int):
+        return None
+    backend, image, probed_at, slurm_job_id = (str(t) for t in texts)
+    return CachedEnv(
+        env=dict(env),
+        probed_at=probed_at,
+        slurm_job_id=slurm_job_id,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        backend=backend,
+        image=image,
+        seen=SeenVersions.from_fields(seen if isinstance(seen, dict) else {}),
+    )
+
+
+def _time(text: str) -> datetime | None:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else None
+
+
+def lookup_cache(text: str | None, key: CacheKey, *, now: str, max_age_hours: float) -> CacheLookup:
+    """Find the usable entry for ``key`` in a cache file's text; never raises.
+
+    :param text: the cache file (``None``: there is none).
+    :param now: the current ISO-8601 UTC time.
+    :param max_age_hours: entries proven longer ago are stale.
+    :returns: the entry, or ``None`` and the reason: no or unreadable file (including one written by
+        another provider release), no entry for the key, another image, too old, or a later probe of
+        the same partition saw another driver or NCCL version.
     """
+    data, reason = _cache_file(text, key)
+    if data is None:
+        return CacheLookup(None, reason)
+    raw = data["entries"].get(key.entry_name)
+    if raw is None:
+        return CacheLookup(None, f"the cache file has no {key.scope} entry for backend {key.backend}")
+    entry = _parse_entry(raw)
+    if entry is None or entry.backend != key.backend:
+        return CacheLookup(None, f"the cache's {key.entry_name} entry is malformed")
+    if entry.image != key.image:
+        return CacheLookup(
+            None,
+            f"the cached environment was proven with image {display_value(entry.image)}, this probe runs "
+            f"{display_value(key.image)} (the NCCL library ships in the image)",
+        )
+    proven, current = _time(entry.probed_at), _time(now)
+    if proven is None or current is None:
+        return CacheLookup(None, f"the cache's {key.entry_name} entry has no readable time ({entry.probed_at!r})")
+    age_hours = (current - proven).total_seconds() / 3600
+    if age_hours > max_age_hours:
+        return CacheLookup(
+            None,
+            f"the cached environment was proven {age_hours:.1f} h ago (SLURM job {entry.slurm_job_id}), more than "
+            f"cache_max_age_hours={max_age_hours:g}",
+        )
+    latest = data.get("latest")
+    if isinstance(latest, dict):
+        changes = SeenVersions.from_fields(latest).changes_from(entry.seen)
+        if changes:
+            return CacheLookup(
+                None,
+                f"the cluster changed since the cached environment was proven: a later probe (SLURM job "
+                f"{display_value(latest.get('slurm_job_id'))} at {display_value(latest.get('probed_at'))}) saw "
+                + ", ".join(changes),
+            )
+    return CacheLookup(entry)
+
+
+def cache_text(previous: str | None, key: CacheKey, entry: CachedEnv) -> str:
+    """The cache file with ``entry`` stored for ``key`` (JSON, sorted keys, one line).
+
+    The other entries of a readable ``previous`` file are kept; when ``entry`` saw a driver or an
+    NCCL version it also becomes the file's ``latest`` observation, which every other entry is then
+    checked against (:func:`lookup_cache`). An unreadable ``previous`` file is replaced.
+
+    :param previous: the cache file as it is now (``None``: none).
+    :param key: the entry's key.
+    :param entry: the proven environment.
+    """
+    data, _ = _cache_file(previous, key)
+    entries = dict(data["entries"]) if data is not None else {}
+    entries[key.entry_name] = _entry_dict(entry)
+    latest = data.get("latest") if data is not None else None
+    if entry.seen.known:
+        latest = {**asdict(entry.seen), "probed_at": entry.probed_at, "slurm_job_id": entry.slurm_job_id}
     return (
         json.dumps(
             {
                 "version": CACHE_VERSION,
-                "cluster": cluster_name,
-                "scope": scope,
-                "env": dict(env),
-                "probed_at": now,
-                "slurm_job_id": slurm_job_id,
-                "nodes": nodes,
-                "gpus_per_node": gpus_per_node,
+                "cluster": key.cluster,
+                "partitions": list(key.partitions),
+                "latest": latest,
+                "entries": entries,
             },
             sort_keys=True,
         )
@@ -210,35 +504,7 @@ def cache_text(
     )
 
 
-def parse_cache(text: str, *, cluster_name: str, scope: str) -> CachedEnv:
-    """Read a cache entry written by :func:`cache_text`.
-
-    :raises ValidationError: when the text is not a cache entry of this version, cluster and scope,
-        or its environment is not a dict of strings (the caller probes again).
-    """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValidationError(f"the NCCL cache is not JSON ({exc.msg})") from None
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
-        raise ValidationError(f"the NCCL cache is not a version-{CACHE_VERSION} entry")
-    if data.get("cluster") != cluster_name or data.get("scope") != scope:
-        raise ValidationError(
-            f"the NCCL cache is for {data.get('cluster')!r}/{data.get('scope')!r}, not {cluster_name!r}/{scope!r}"
-        )
-    env = data.get("env")
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ValidationError("the NCCL cache's env is not a dict of strings")
-    return CachedEnv(
-        env=env,
-        probed_at=str(data.get("probed_at")),
-        slurm_job_id=str(data.get("slurm_job_id")),
-        nodes=int(data.get("nodes") or 0),
-        gpus_per_node=int(data.get("gpus_per_node") or 0),
-    )
-
-
-def probe_command(probe_path: str, *, nodes: int, gpus_per_node: int, python: str) -> str:
+def probe_command(probe_path: str, *, nodes: int, gpus_per_node: int, python: str, backend: str = NCCL) -> str:
     """The shell command each node runs: torchrun (``python -m torch.distributed.run``) on the probe.
 
     Multi-node, the sbatch template has exported the TAO rendezvous (``TAO_NODE_COUNT``,
@@ -248,21 +514,23 @@ def probe_command(probe_path: str, *, nodes: int, gpus_per_node: int, python: st
 
     :param probe_path: absolute path of the staged probe program.
     :param python: the image's Python with PyTorch.
+    :param backend: what the probe is told to use (:func:`check_backend`), always passed explicitly.
     """
     if not probe_path.startswith("/"):
         raise ValidationError(f"probe path {probe_path!r} must be absolute")
     if not isinstance(python, str) or not python.strip():
         raise ValidationError("python is empty; give the image's Python, e.g. python3")
     launcher = f"exec {quote(python)} -m torch.distributed.run"
+    program = f"{quote(probe_path)} --backend {quote(check_backend(backend))}"
     if nodes > 1:
         return (
             f'{launcher} --nnodes="$TAO_NODE_COUNT" --nproc-per-node="$TAO_GPUS_PER_NODE" '
             '--node-rank="$TAO_NODE_RANK" --master-addr="$MASTER_ADDR" --master-port="$MASTER_PORT" '
-            f"{quote(probe_path)}"
+            f"{program}"
         )
     return (
         f"export TAO_NODE_COUNT=1 TAO_GPUS_PER_NODE={gpus_per_node} TAO_NODE_RANK=0; "
-        f"{launcher} --standalone --nnodes=1 --nproc-per-node={gpus_per_node} {quote(probe_path)}"
+        f"{launcher} --standalone --nnodes=1 --nproc-per-node={gpus_per_node} {program}"
     )
 
 
@@ -271,24 +539,55 @@ def _marker_line(log_text: str, marker: str) -> str | None:
     return lines[-1] if lines else None
 
 
-def judge_probe(*, native_state: str, exit_code: int | None, log_text: str, world_size: int) -> ProbeOutcome:
+def _no_cuda(partition: str, evidence: str) -> str:
+    where = f"partition {partition}" if partition else "the job's partition"
+    return (
+        f"CUDA is not available in the container on {where} ({evidence}), so the probe cannot test NCCL and "
+        "no NCCL setting can help. Check the image (its PyTorch must be a CUDA build: "
+        "python -c 'import torch; print(torch.cuda.is_available())'), the GPU request (a GPU partition, "
+        "--gres=gpu:N, gpus_per_node) and that the job runs in the image's container (--container-image "
+        f"with the .sqsh). backend={GLOO!r} is only for a CPU test cluster without CUDA"
+    )
+
+
+def judge_probe(
+    *,
+    native_state: str,
+    exit_code: int | None,
+    log_text: str,
+    world_size: int,
+    backend: str = NCCL,
+    partition: str = "",
+) -> ProbeOutcome:
     """Decide how a finished probe job went, from its SLURM state, exit code and log.
 
     :param native_state: the job's final SLURM state (``COMPLETED``, ``FAILED``, ``TIMEOUT``, ...).
     :param exit_code: the job's exit code (the step's: 124 when ``timeout`` stopped it).
     :param log_text: the end of the job's ``main.out`` and ``main.err``.
     :param world_size: the number of processes the probe had to span.
-    :returns: the verdict and its evidence.
+    :param backend: the backend the probe was told to use; with ``nccl`` a probe that found no CUDA,
+        or a success line of another backend, is :attr:`Verdict.NO_CUDA`.
+    :param partition: the probe job's partition(s), named in the verdict's message.
+    :returns: the verdict and its evidence (and, when OK, the versions the probe saw).
     """
     ok_line = _marker_line(log_text, OK_MARKER)
     if native_state == "COMPLETED":
         if ok_line is not None and f" world={world_size} " in f"{ok_line} ":
-            return ProbeOutcome(Verdict.OK, ok_line)
+            fields = dict(_FIELD_RE.findall(ok_line))
+            used = fields.get("backend", UNSEEN)
+            if used == backend:
+                return ProbeOutcome(Verdict.OK, ok_line, SeenVersions.from_fields(fields))
+            if backend == NCCL:
+                return ProbeOutcome(Verdict.NO_CUDA, _no_cuda(partition, f"the probe ran backend {used}: {ok_line}"))
+            return ProbeOutcome(Verdict.FAILED, f"the probe was told backend {backend} but ran {used}: {ok_line}")
         return ProbeOutcome(
             Verdict.FAILED,
             f"the job completed but its log has no '{OK_MARKER} world={world_size}' line"
             + (f" (it has: {ok_line})" if ok_line else ""),
         )
+    no_cuda_line = _marker_line(log_text, NO_CUDA_MARKER)
+    if no_cuda_line is not None:
+        return ProbeOutcome(Verdict.NO_CUDA, _no_cuda(partition, no_cuda_line))
     setup_line = _marker_line(log_text, SETUP_ERROR_MARKER)
     if setup_line is not None:
         return ProbeOutcome(Verdict.SETUP_ERROR, setup_line)

@@ -8,7 +8,13 @@ wall limit backs that up), so a hang ends the job by itself; the task waits defe
 :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` meanwhile. After a hang or
 a failed collective the job is cancelled (a no-op once it has ended, but it leaves nothing behind)
 and the next candidate environment is tried. The first environment that works is cached per
-cluster on shared storage and returned; a later run finds it there and submits nothing.
+cluster, partition and node-count scope on shared storage and returned; a later run finds it there
+and submits nothing, until the entry expires, the image changes or a later probe of the partition
+sees another driver or NCCL version (:mod:`airflow_provider_tao_slurm.core.nccl`).
+
+The probe proves NCCL: it is told ``backend="nccl"`` and a container without CUDA fails the task
+at once with the reason (no other NCCL setting is tried). ``backend="gloo"`` all-reduces on the CPU
+and is only for a CPU test cluster (such as this project's local SLURM test cluster).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_NCCL_CACHE_MAX_AGE_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
     default_deferrable,
     lint_bash,
@@ -52,10 +59,14 @@ class NcclProbeOperator(SlurmBaseOperator):
     Put it upstream of a multi-node :class:`SbatchSubmitOperator` (or one with several GPUs per
     node) and pass its output as ``nccl_env``. Candidates are tried in order until one passes; a
     hang (no result within ``timeout_seconds``) or a failed all-reduce moves on to the next one,
-    a probe that cannot start at all (no PyTorch, a bad rendezvous) fails the task at once. The
-    winner is cached per cluster (``<results_dir>/nccl/<cluster>.<scope>.json``, multi-node and
-    single-node apart) and returned; while a cache entry exists no probe job is submitted unless
-    ``force``. A job of one GPU needs no probe: the result is ``{}`` at once.
+    a probe that cannot start at all (no PyTorch, a bad rendezvous) or that finds no CUDA in the
+    container while NCCL is required fails the task at once. The winner is cached per cluster and
+    partition (``<results_dir>/nccl/<cluster>.<partition>.json``, one entry per node-count scope,
+    multi-node or single-node, and backend) and returned; while the entry is usable no probe job is
+    submitted unless ``force``. An entry is not used once it is older than ``cache_max_age_hours``,
+    when it was proven with another image (the NCCL library ships in the image), or when a later
+    probe of the same partition saw another NVIDIA driver or NCCL version than it did. A job of one
+    GPU needs no probe: the result is ``{}`` at once.
 
     The probe program is staged under ``results_dir``, which must be mounted in the container at
     the same path (as for the training job's spec), and runs with ``python -m torch.distributed.run``.
@@ -71,6 +82,12 @@ class NcclProbeOperator(SlurmBaseOperator):
     :param candidate_envs: environments to try in order (dicts of strings); default: none, then
         ``NCCL_P2P_DISABLE=1``, then also ``NCCL_IB_DISABLE=1`` and ``NCCL_SOCKET_IFNAME=^lo,docker``;
         templated.
+    :param backend: ``"nccl"`` (default): the all-reduce runs on the GPUs with NCCL, and a container
+        without CUDA fails the task (check the image, the GPU request, ``--container-image``).
+        ``"gloo"``: the all-reduce runs on the CPU, which proves nothing about NCCL; only for a CPU
+        test cluster without CUDA; templated.
+    :param cache_max_age_hours: how long a cached environment is used before the probe runs again
+        (default 168, a week).
     :param force: probe even when the cache has an answer (the new answer replaces it); templated.
     :param python: the image's Python with PyTorch; templated.
     :param partition: GPU partition(s); default from the connection, else the cluster's default; templated.
@@ -92,6 +109,7 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     template_fields: Sequence[str] = (
         "image",
+        "backend",
         "candidate_envs",
         "force",
         "timeout_seconds",
@@ -110,6 +128,8 @@ class NcclProbeOperator(SlurmBaseOperator):
         gpus_per_node: int = 1,
         timeout_seconds: int = 120,
         candidate_envs: Sequence[Mapping[str, str]] | None = None,
+        backend: str = "nccl",
+        cache_max_age_hours: float = DEFAULT_NCCL_CACHE_MAX_AGE_HOURS,
         force: bool = False,
         python: str = "python3",
         partition: str | None = None,
@@ -139,6 +159,8 @@ class NcclProbeOperator(SlurmBaseOperator):
         self.gpus_per_node = gpus_per_node
         self.timeout_seconds = timeout_seconds
         self.candidate_envs = candidate_envs
+        self.backend = backend
+        self.cache_max_age_hours = cache_max_age_hours
         self.force = force
         self.python = python
         self.partition = partition
@@ -179,7 +201,14 @@ class NcclProbeOperator(SlurmBaseOperator):
         deferral; where they are lost (``airflow dags test`` resumes with the event only) the names
         are minted again from the context, as they were before the deferral.
         """
-        from airflow_provider_tao_slurm.core.nccl import Verdict, cache_text, candidate_envs, judge_probe
+        from airflow_provider_tao_slurm.core.nccl import (
+            GLOO,
+            CachedEnv,
+            Verdict,
+            cache_text,
+            candidate_envs,
+            judge_probe,
+        )
         from airflow_provider_tao_slurm.core.secrets import redact_text
         from airflow_provider_tao_slurm.core.storage import display_value
         from airflow_provider_tao_slurm.exceptions import NcclProbeError, ValidationError
@@ -210,28 +239,38 @@ class NcclProbeOperator(SlurmBaseOperator):
             exit_code=exit_code,
             log_text=log_text,
             world_size=plan.world_size,
+            backend=plan.backend,
+            partition=plan.resources.partition or "",
         )
         if outcome.verdict is Verdict.OK:
-            self.hook.write_file(
-                plan.cache_path,
-                cache_text(
-                    current.env,
-                    cluster_name=plan.cluster,
-                    scope=plan.scope,
-                    nodes=plan.resources.num_nodes,
-                    gpus_per_node=plan.resources.gpus_per_node,
-                    slurm_job_id=slurm_job_id,
-                    now=utc_now(),
-                ).encode(),
-                "644",
+            entry = CachedEnv(
+                env=current.env,
+                probed_at=utc_now(),
+                slurm_job_id=slurm_job_id,
+                nodes=plan.resources.num_nodes,
+                gpus_per_node=plan.resources.gpus_per_node,
+                backend=plan.backend,
+                image=plan.key.image,
+                seen=outcome.seen,
             )
+            previous = self.hook.read_file(plan.cache_path)
+            self.hook.write_file(plan.cache_path, cache_text(previous, plan.key, entry).encode(), "644")
             self.log.info(
-                "NCCL probe passed with %s (SLURM job %s): %s; cached in %s",
+                "NCCL probe passed with %s (SLURM job %s, backend %s; %s): %s; cached in %s for %s",
                 label,
                 slurm_job_id,
+                plan.backend,
+                outcome.seen.describe(),
                 outcome.detail,
                 plan.cache_path,
+                plan.key.describe(),
             )
+            if plan.backend == GLOO:
+                self.log.warning(
+                    "backend=%r: the probe all-reduced on the CPU, which says nothing about NCCL; use it only on a "
+                    "CPU test cluster",
+                    plan.backend,
+                )
             return current.env
         # The job has ended (the trigger only fires on a terminal state); cancelling it anyway makes
         # sure no step of a hung probe is left behind before the next candidate takes the nodes.
@@ -247,6 +286,11 @@ class NcclProbeOperator(SlurmBaseOperator):
             redact_text(log_text[-SHOWN_LOG_BYTES:]),
         )
         history = [*outcomes, f"{label}: {outcome.verdict} (SLURM job {slurm_job_id}): {outcome.detail}"]
+        if outcome.verdict is Verdict.NO_CUDA:
+            raise NcclProbeError(
+                f"the NCCL probe on cluster {plan.cluster!r} cannot prove NCCL: {outcome.detail}. "
+                f"Logs: {current.layout.job_log_dir(slurm_job_id)}"
+            )
         if outcome.verdict is Verdict.SETUP_ERROR:
             raise NcclProbeError(
                 f"the NCCL probe could not start on cluster {plan.cluster!r}: {outcome.detail}. Check that the "
@@ -272,7 +316,7 @@ class NcclProbeOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ planning (no SSH)
 
     def _resources(self) -> Resources:
-        from airflow_provider_tao_slurm.core.nccl import MIN_TIMEOUT_S, WALL_GRACE_S
+        from airflow_provider_tao_slurm.core.nccl import MIN_TIMEOUT_S, WALL_GRACE_S, check_backend, check_max_age
         from airflow_provider_tao_slurm.core.resources import build_resources, site_options
         from airflow_provider_tao_slurm.core.storage import display_value
         from airflow_provider_tao_slurm.exceptions import ValidationError
@@ -288,6 +332,8 @@ class NcclProbeOperator(SlurmBaseOperator):
         for flag in ("force", "deferrable"):
             if not isinstance(getattr(self, flag), bool):
                 raise ValidationError(f"{flag}={display_value(getattr(self, flag))} must be True or False")
+        check_backend(self.backend)
+        check_max_age(self.cache_max_age_hours)
         interval = self.poll_interval
         if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
             raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
@@ -334,10 +380,10 @@ class NcclProbeOperator(SlurmBaseOperator):
             PROBE_FILE,
             ProbeAttempt,
             ProbePlan,
+            cache_key,
             cache_path,
             candidate_envs,
             probe_command,
-            probe_scope,
         )
         from airflow_provider_tao_slurm.core.storage import display_value
         from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
@@ -366,7 +412,6 @@ class NcclProbeOperator(SlurmBaseOperator):
                 f"the deferred probe knew {len(job_names)} candidate(s) but candidate_envs now has {len(envs)}; "
                 "clear the task to probe again"
             )
-        scope = probe_scope(resources_.num_nodes)
         layouts = [JobLayout(settings.results_dir, name) for name in job_names]
         commands_ = [
             probe_command(
@@ -374,6 +419,7 @@ class NcclProbeOperator(SlurmBaseOperator):
                 nodes=resources_.num_nodes,
                 gpus_per_node=resources_.gpus_per_node,
                 python=self.python,
+                backend=self.backend,
             )
             for layout in layouts
         ]
@@ -381,6 +427,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         resources_ = place_on_cluster(
             self.hook, resources_, param="the probe's wall time (timeout_seconds + grace, in hours)"
         )
+        chosen = (resources_.partition or "").split(",")
         attempts = []
         for index, (env, name, layout, command) in enumerate(zip(envs, job_names, layouts, commands_, strict=True)):
             try:
@@ -400,39 +447,44 @@ class NcclProbeOperator(SlurmBaseOperator):
             except ValidationError as exc:
                 raise ValidationError(f"candidate_envs[{index}] cannot be used: {exc}") from None
             attempts.append(ProbeAttempt(index=index, env=env, layout=layout, script=script))
+        key = cache_key(settings.cluster_name, chosen, resources_.num_nodes, self.backend, image.path)
         return ProbePlan(
             resources=resources_,
-            cluster=settings.cluster_name,
-            scope=scope,
-            cache_path=cache_path(settings.results_dir, settings.cluster_name, scope),
+            key=key,
+            cache_path=cache_path(settings.results_dir, key),
             attempts=tuple(attempts),
         )
 
     # ------------------------------------------------------------------ on the cluster
 
     def _cached(self, plan: ProbePlan) -> dict[str, str] | None:
-        from airflow_provider_tao_slurm.core.nccl import parse_cache
-        from airflow_provider_tao_slurm.exceptions import ValidationError
+        from airflow_provider_tao_slurm.core.nccl import lookup_cache
 
-        text = self.hook.read_file(plan.cache_path)
-        if text is None:
-            self.log.info("No cached NCCL environment for cluster %s (%s): probing", plan.cluster, plan.scope)
-            return None
-        try:
-            entry = parse_cache(text, cluster_name=plan.cluster, scope=plan.scope)
-        except ValidationError as exc:
-            self.log.warning("Ignoring the NCCL cache %s (%s): probing again", plan.cache_path, exc)
+        found = lookup_cache(
+            self.hook.read_file(plan.cache_path),
+            plan.key,
+            now=utc_now(),
+            max_age_hours=float(self.cache_max_age_hours),
+        )
+        entry = found.entry
+        if entry is None:
+            self.log.info(
+                "No usable cached NCCL environment for %s in %s (%s): probing",
+                plan.key.describe(),
+                plan.cache_path,
+                found.reason,
+            )
             return None
         self.log.info(
-            "Using the cached NCCL environment [%s] of cluster %s (%s), proven by SLURM job %s at %s on %d x %d "
-            "GPUs; no probe job submitted (force=True probes again). Cache: %s",
+            "Using the cached NCCL environment [%s] for %s, proven by SLURM job %s at %s on %d x %d GPUs (%s); "
+            "no probe job submitted (force=True probes again). Cache: %s",
             _env_text(entry.env),
-            plan.cluster,
-            plan.scope,
+            plan.key.describe(),
             entry.slurm_job_id,
             entry.probed_at,
             entry.nodes,
             entry.gpus_per_node,
+            entry.seen.describe(),
             plan.cache_path,
         )
         return entry.env

@@ -23,29 +23,53 @@ must equal torchrun's own ``WORLD_SIZE`` and ``RANK``.
 Usage::
 
     python3 nccl_probe.py --dry-run    # print the computed configuration as JSON (torch not imported)
-    torchrun --nnodes=N --nproc-per-node=G --node-rank=R --master-addr=A --master-port=P nccl_probe.py
+    torchrun --nnodes=N --nproc-per-node=G --node-rank=R --master-addr=A --master-port=P nccl_probe.py \
+        [--backend nccl|gloo]
 
-A real run uses NCCL when torch sees a GPU and gloo otherwise, all-reduces ``rank + 1`` over every
-process, checks that the sum is ``W * (W + 1) / 2``, and rank 0 prints
-``TAO_NCCL_PROBE_OK world=W ...``. Exit status: 0 success; 2 setup error (bad rendezvous
-environment, no torch: other NCCL settings cannot help); 3 the collective failed or summed wrong.
+The backend is what the probe is told, never a guess: ``nccl`` (the default) all-reduces on the
+GPUs and needs CUDA; when torch sees no GPU in the container every process prints
+``TAO_NCCL_PROBE_NO_CUDA: ...`` and exits 4 without running anything (gloo would pass and prove
+nothing about NCCL). ``gloo`` all-reduces on the CPU and is only for a CPU test cluster.
+
+A real run all-reduces ``rank + 1`` over every process, checks that the sum is
+``W * (W + 1) / 2``, and rank 0 prints ``TAO_NCCL_PROBE_OK world=W nodes=N gpus_per_node=G
+backend=B sum=S nccl=V driver=D cuda=C torch=T partition=P``: the backend used and the NCCL
+version, NVIDIA driver, CUDA build and PyTorch version it saw on rank 0's node, and the SLURM
+partition (``none`` for what it could not see). Every process also prints its own
+``TAO_NCCL_PROBE: rank ...`` line with the same versions. Exit status: 0 success; 2 setup error
+(bad rendezvous environment, no torch, a PyTorch without NCCL, fewer GPUs than processes: other
+NCCL settings cannot help); 3 the collective failed or summed wrong; 4 NCCL asked for but no CUDA.
 A collective that hangs is stopped by the job's own time limit (the operator's probe timeout).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 OK_MARKER = "TAO_NCCL_PROBE_OK"
 SETUP_ERROR_MARKER = "TAO_NCCL_PROBE_SETUP_ERROR"
 FAILED_MARKER = "TAO_NCCL_PROBE_FAILED"
+NO_CUDA_MARKER = "TAO_NCCL_PROBE_NO_CUDA"
 SETUP_ERROR_EXIT = 2
 COLLECTIVE_FAILED_EXIT = 3
+NO_CUDA_EXIT = 4
+#: The backends the probe can be told to use: NCCL on GPUs, gloo on the CPU (a CPU test only).
+NCCL = "nccl"
+GLOO = "gloo"
+BACKENDS = (NCCL, GLOO)
+#: Printed for a version or partition the probe could not see.
+UNSEEN = "none"
+#: The NVIDIA kernel module's version file (the host's driver, visible inside the container).
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
+_DRIVER_RE = re.compile(r"Kernel Module(?: for [^ ]+)?\s+([0-9]+(?:\.[0-9]+)+)")
 DEFAULT_MASTER_ADDR = "127.0.0.1"
 DEFAULT_MASTER_PORT = 29500
 #: torchrun sets this in every worker it starts.
@@ -153,26 +177,114 @@ def _say(*parts: object) -> None:
     print(*parts, flush=True)
 
 
-def run_probe(config: Rendezvous, env: Mapping[str, str]) -> int:
-    """Initialise the process group, all-reduce once, check the sum; return the exit status."""
+def driver_version(text: str) -> str | None:
+    """The NVIDIA driver version in the text of :data:`DRIVER_VERSION_FILE` (``None`` when absent)."""
+    match = _DRIVER_RE.search(text)
+    return match.group(1) if match else None
+
+
+def nccl_version_text(value: object) -> str | None:
+    """``torch.cuda.nccl.version()`` as ``2.18.1``: a tuple (a fourth, text part is a suffix, left
+    out), or the packed int of older PyTorch releases.
+
+    NCCL packs ``major*10000 + minor*100 + patch`` from 2.9 on and ``major*1000 + minor*100 + patch``
+    before.
+    """
+    if isinstance(value, tuple) and len(value) >= 3 and all(isinstance(part, int) for part in value[:3]):
+        return ".".join(str(part) for part in value[:3])
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        major = value // 10000 if value >= 20900 else value // 1000
+        rest = value - major * (10000 if value >= 20900 else 1000)
+        return f"{major}.{rest // 100}.{rest % 100}"
+    return None
+
+
+def _read_driver_file() -> str | None:
+    try:
+        with open(DRIVER_VERSION_FILE, encoding="utf-8", errors="replace") as handle:
+            return driver_version(handle.read(4096))
+    except OSError:
+        return None
+
+
+def seen_versions(torch: Any, env: Mapping[str, str]) -> dict[str, str]:
+    """What this node offers the probe: NCCL, driver, CUDA build, PyTorch, partition (:data:`UNSEEN` if unknown).
+
+    :param torch: the imported ``torch`` module.
+    :param env: the process environment (``SLURM_JOB_PARTITION``).
+    """
+    try:
+        nccl = nccl_version_text(importlib.import_module("torch.cuda.nccl").version())
+    except Exception:  # a CPU-only PyTorch has no NCCL at all, whatever it raises
+        nccl = None
+    seen = {
+        "nccl": nccl,
+        "driver": _read_driver_file(),
+        "cuda": getattr(torch.version, "cuda", None),
+        "torch": getattr(torch, "__version__", None),
+        "partition": env.get("SLURM_JOB_PARTITION", "").strip() or None,
+    }
+    return {name: str(value).replace(" ", "_") if value else UNSEEN for name, value in seen.items()}
+
+
+def _fields(values: Mapping[str, object]) -> str:
+    return " ".join(f"{name}={value}" for name, value in values.items())
+
+
+def _device(
+    torch: Any, config: Rendezvous, backend: str, seen: Mapping[str, str], env: Mapping[str, str]
+) -> tuple[Any, int]:
+    """The device to all-reduce on and 0, or ``None`` and the exit status (after printing why)."""
+    where = f"rank {config.rank} host {os.uname().nodename} partition {seen['partition']}"
+    if backend == GLOO:
+        return torch.device("cpu"), 0
+    if not torch.cuda.is_available():
+        _say(
+            f"{NO_CUDA_MARKER}: {where}: backend nccl needs CUDA but torch {seen['torch']} (CUDA build "
+            f"{seen['cuda']}, driver {seen['driver']}) sees no GPU; CUDA_VISIBLE_DEVICES="
+            f"{env.get('CUDA_VISIBLE_DEVICES', '(unset)')}"
+        )
+        return None, NO_CUDA_EXIT
+    import torch.distributed as dist
+
+    if not dist.is_nccl_available():
+        _say(f"{SETUP_ERROR_MARKER}: {where}: torch {seen['torch']} was built without NCCL; use an image with it")
+        return None, SETUP_ERROR_EXIT
+    visible = torch.cuda.device_count()
+    if config.local_rank >= visible:
+        _say(
+            f"{SETUP_ERROR_MARKER}: {where}: LOCAL_RANK={config.local_rank} but the container sees {visible} GPU(s); "
+            "the job must get one GPU per probe process (--gres=gpu:N)"
+        )
+        return None, SETUP_ERROR_EXIT
+    device = torch.device("cuda", config.local_rank)
+    torch.cuda.set_device(device)
+    return device, 0
+
+
+def run_probe(config: Rendezvous, env: Mapping[str, str], backend: str = NCCL) -> int:
+    """Initialise the process group, all-reduce once, check the sum; return the exit status.
+
+    :param backend: :data:`NCCL` (needs CUDA: without it the probe refuses to run) or :data:`GLOO`
+        (CPU tensors; a CPU test only).
+    """
     try:
         import torch
         import torch.distributed as dist
     except ImportError as exc:
         _say(f"{SETUP_ERROR_MARKER}: cannot import torch ({exc}); run the probe with a Python that has PyTorch")
         return SETUP_ERROR_EXIT
-    use_cuda = torch.cuda.is_available()
-    backend = "nccl" if use_cuda else "gloo"
-    device = torch.device("cuda", config.local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
+    seen = seen_versions(torch, env)
+    device, status = _device(torch, config, backend, seen, env)
+    if device is None:
+        return status
     os.environ.setdefault("MASTER_ADDR", config.master_addr)
     os.environ.setdefault("MASTER_PORT", str(config.master_port))
     _say(
         f"TAO_NCCL_PROBE: rank {config.rank}/{config.world_size} node {config.node_rank}/{config.nodes} "
         f"local {config.local_rank}/{config.gpus_per_node} host {os.uname().nodename} backend {backend} "
         f"master {config.master_addr}:{config.master_port} launcher {config.launcher} "
-        f"settings {json.dumps(shown_env(env), sort_keys=True)}"
+        f"settings {json.dumps(shown_env(env), sort_keys=True)} {_fields(seen)}"
     )
     try:
         dist.init_process_group(backend, init_method="env://", rank=config.rank, world_size=config.world_size)
@@ -190,7 +302,7 @@ def run_probe(config: Rendezvous, env: Mapping[str, str]) -> int:
     if config.rank == 0:
         _say(
             f"{OK_MARKER} world={config.world_size} nodes={config.nodes} gpus_per_node={config.gpus_per_node} "
-            f"backend={backend} sum={total}"
+            f"backend={backend} sum={total} {_fields(seen)}"
         )
     return 0
 
@@ -204,6 +316,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     """
     parser = argparse.ArgumentParser(description="NCCL all-reduce probe (TAO SLURM provider)")
     parser.add_argument("--dry-run", action="store_true", help="print the computed configuration; no torch")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default=NCCL,
+        help="nccl (default): all-reduce on the GPUs, refused without CUDA; gloo: on the CPU, for a CPU test only",
+    )
     args = parser.parse_args(argv)
     environment = os.environ if env is None else env
     try:
@@ -212,9 +330,9 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         _say(f"{SETUP_ERROR_MARKER}: {exc}")
         return SETUP_ERROR_EXIT
     if args.dry_run:
-        _say(json.dumps(describe(config, environment), sort_keys=True))
+        _say(json.dumps({**describe(config, environment), "backend": args.backend}, sort_keys=True))
         return 0
-    return run_probe(config, environment)
+    return run_probe(config, environment, args.backend)
 
 
 if __name__ == "__main__":

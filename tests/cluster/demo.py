@@ -42,6 +42,8 @@ from airflow_provider_tao_slurm.core.shell import join, quote
 REPO = Path(__file__).resolve().parents[2]
 DAG_ID = "example_tao_singlenode"
 MULTINODE_DAG_ID = "example_tao_multinode"
+#: The test cluster has no CUDA: its NCCL probe is a CPU test, and the DAG run says so.
+MULTINODE_CONF = {"probe_backend": "gloo"}
 TASKS = ("check_datasets", "import_image", "submit", "wait")
 DEFAULT_HOME = REPO / ".airflow-home"
 DEMO_DIR = "/srv/lustre/demo"
@@ -474,7 +476,7 @@ def run_multinode(env: Mapping[str, str]) -> int:
     """Run the multi-node example (NCCL probe, then a 2-node job) and print its outcome."""
     print(f"demo: airflow dags test {MULTINODE_DAG_ID}", flush=True)
     try:
-        rc, _ = run_dag(env, dag_id=MULTINODE_DAG_ID)
+        rc, _ = run_dag(env, MULTINODE_CONF, dag_id=MULTINODE_DAG_ID)
         facts = airflow_facts(env, MULTINODE_DAG_ID)
     except DemoError as exc:
         print(f"demo: {exc}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """Acceptance tests of issue 7 (multi-node) against the local 2-node SLURM test cluster.
 
 The NCCL probe runs for real: torchrun from the cluster's CPU PyTorch venv starts one probe per
-node on ``n1`` and ``n2`` (127.0.1.1 and 127.0.1.2), which all-reduce over gloo. The operator runs
+node on ``n1`` and ``n2`` (127.0.1.1 and 127.0.1.2), which all-reduce over gloo. The cluster has no
+CUDA, so every probe here says it is a CPU test (``backend="gloo"``); one test checks that the
+default, ``nccl``, is refused at once with the reason instead of passing on gloo. The operator runs
 the way the worker and the triggerer drive it: ``execute()`` raises ``TaskDeferred``, the trigger
 (rebuilt from ``serialize()``) runs on an asyncio loop until its event, which goes to
 ``execute_complete()`` with the deferral's kwargs, until the operator returns.
@@ -33,10 +35,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 from deferral import first_event, run_async
-from demo import REPO, load_cluster, prepare_airflow, stage_assets
+from demo import MULTINODE_CONF, REPO, load_cluster, prepare_airflow, stage_assets
 
 from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.exceptions import NcclProbeError
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -112,6 +115,13 @@ def read_remote(ssh_run: SshRun, path: str) -> str:
     return out
 
 
+def cache_entry(ssh_run: SshRun, cluster: ClusterEnv, results_dir: str, entry: str) -> dict[str, Any]:
+    """One entry of the probe's cache file of the GPU partition (``multi-node/gloo``, ...)."""
+    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.{cluster.gpu_partition}.json"))
+    assert (cache["version"], cache["partitions"]) == (2, [cluster.gpu_partition])
+    return dict(cache["entries"][entry])
+
+
 def job_log(ssh_run: SshRun, deferral: TaskDeferred, results_dir: str) -> str:
     trigger = deferral.trigger
     return read_remote(ssh_run, f"{results_dir}/logs/{trigger.job_name}-{trigger.slurm_job_id}/main.out")
@@ -170,6 +180,7 @@ def probe_conn(slurm_connection_env: str, results_dir: str, monkeypatch: pytest.
 def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: Any) -> NcclProbeOperator:
     kwargs.setdefault("num_nodes", 2)
     kwargs.setdefault("gpus_per_node", 1)
+    kwargs.setdefault("backend", "gloo")  # the test cluster has no CUDA: a CPU test, said explicitly
     return NcclProbeOperator(
         task_id="nccl_probe",
         image=image,
@@ -184,7 +195,7 @@ def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: A
 
 
 def test_probe_all_reduces_across_both_nodes_with_gloo(
-    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+    ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
     op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force=True)
     env, deferrals = drive(op, context(f"nccl{TOKEN}-gloo", "run1"))
@@ -195,15 +206,28 @@ def test_probe_all_reduces_across_both_nodes_with_gloo(
         re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node (\d)/2 local 0/1 host (\S+) backend (\S+)", log, re.M)
     )
     assert ranks == [("0", "0", "n1", "gloo"), ("1", "1", "n2", "gloo")]
-    assert "TAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3" in log
+    ok = re.search(
+        r"^TAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3 "
+        r"nccl=none driver=none cuda=none torch=\S+ partition=(\S+)$",
+        log,
+        re.M,
+    )
+    assert ok is not None, log
+    assert ok.group(1) == cluster.gpu_partition
     row = sacct_row(ssh_run, deferrals[0].trigger.slurm_job_id)
     assert (row["State"], row["ExitCode"], row["NodeList"]) == ("COMPLETED", "0:0", "n[1-2]")
-    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.multi-node.json"))
-    assert (cache["env"], cache["slurm_job_id"]) == ({}, deferrals[0].trigger.slurm_job_id)
+    entry = cache_entry(ssh_run, cluster, results_dir, "multi-node/gloo")
+    assert (entry["env"], entry["slurm_job_id"], entry["backend"], entry["image"]) == (
+        {},
+        deferrals[0].trigger.slurm_job_id,
+        "gloo",
+        image,
+    )
+    assert entry["seen"]["partition"] == cluster.gpu_partition
 
 
 def test_single_node_probe_with_two_gpus_and_site_options(
-    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+    ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
     """One node, two GPUs, with the site's QOS and a constraint plus GPU type only n2 has."""
     op = probe_op(
@@ -228,12 +252,12 @@ def test_single_node_probe_with_two_gpus_and_site_options(
     assert (row["QOS"], row["NodeList"]) == (cluster_json["qos"], "n2")
     assert f"gres/gpu:{cluster_json['gpu_types']['n2']}=2" in row["AllocTRES"] or "gres/gpu=2" in row["AllocTRES"]
     assert "TAO_NCCL_PROBE_OK world=2 nodes=1 gpus_per_node=2 backend=gloo sum=3" in log
-    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.single-node.json"))
-    assert (cache["env"], cache["nodes"], cache["gpus_per_node"]) == ({}, 1, 2)
+    entry = cache_entry(ssh_run, cluster, results_dir, "single-node/gloo")
+    assert (entry["env"], entry["nodes"], entry["gpus_per_node"]) == ({}, 1, 2)
 
 
 def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
-    ssh_run: SshRun, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+    ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
     with fault_switch(cluster_json["fault_switch"]):
         op = probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S, force=True)
@@ -259,8 +283,8 @@ def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
 
     assert live_jobs(ssh_run, names) == []
     assert probe_processes(names) == []
-    cache = json.loads(read_remote(ssh_run, f"{results_dir}/nccl/mini.multi-node.json"))
-    assert (cache["env"], cache["slurm_job_id"]) == ({"NCCL_P2P_DISABLE": "1"}, passed.slurm_job_id)
+    entry = cache_entry(ssh_run, cluster, results_dir, "multi-node/gloo")
+    assert (entry["env"], entry["slurm_job_id"]) == ({"NCCL_P2P_DISABLE": "1"}, passed.slurm_job_id)
 
     # The next run (the switch is off again, which must not matter) answers from the cache.
     ctx = context(f"nccl{TOKEN}-hang", "run2")
@@ -270,6 +294,29 @@ def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
     _, listed, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={first_name}", "-o", "JobID"]))
     _, queued, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={first_name}", "-o", "%i"]))
     assert (listed.strip(), queued.strip()) == ("", "")
+
+
+def test_nccl_required_on_a_cluster_without_cuda_fails_at_once(
+    ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
+) -> None:
+    """The default backend proves NCCL: on this CUDA-less cluster the probe says so, and nothing passes on gloo."""
+    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force=True, backend="nccl")
+    with pytest.raises(NcclProbeError) as info:
+        drive(op, context(f"nccl{TOKEN}-nocuda", "run1"))
+    message = str(info.value)
+    assert f"CUDA is not available in the container on partition {cluster.gpu_partition}" in message
+    assert "--container-image" in message
+    assert "backend='gloo' is only for a CPU test cluster" in message
+    names = [mint_job_id(f"nccl{TOKEN}-nocuda", "nccl_probe", "run1", -1, try_number=1)]
+    _, listed, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={names[0]}", "-o", "JobID"]))
+    (slurm_id,) = listed.split()  # one probe job: no other NCCL candidate was tried
+    log = read_remote(ssh_run, f"{results_dir}/logs/{names[0]}-{slurm_id}/main.out")
+    assert log.count("TAO_NCCL_PROBE_NO_CUDA: rank ") == 2  # both nodes said it
+    assert "TAO_NCCL_PROBE_OK" not in log
+    assert live_jobs(ssh_run, names) == []
+    assert probe_processes(names) == []
+    _, cached, _ = ssh_run(f"cat -- {quote(f'{results_dir}/nccl/mini.{cluster.gpu_partition}.json')} 2>/dev/null")
+    assert "multi-node/nccl" not in cached
 
 
 # ---------------------------------------------------------------------- the DAG
@@ -289,7 +336,12 @@ def dag_run(cluster: ClusterEnv, cluster_json: dict[str, Any], tmp_path_factory:
     assert load_cluster()["port"] == cluster.port
     stage_assets(info)
     env = prepare_airflow(info, tmp_path_factory.mktemp("airflow-home"))
-    conf = {"force_probe": True, "probe_timeout_seconds": PROBE_TIMEOUT_S, "probe_python": cluster_json["torch_python"]}
+    conf = {
+        **MULTINODE_CONF,  # the test cluster has no CUDA: the DAG run says its probe is a CPU test
+        "force_probe": True,
+        "probe_timeout_seconds": PROBE_TIMEOUT_S,
+        "probe_python": cluster_json["torch_python"],
+    }
     argv = [str(Path(sys.executable).parent / "airflow"), "dags", "test", DAG_ID, "--conf", json.dumps(conf)]
     with fault_switch(cluster_json["fault_switch"]):
         proc = subprocess.run(
@@ -326,7 +378,9 @@ def test_multinode_dag_trains_on_both_nodes_with_the_probed_env(dag_run: DagRun,
     seen = sorted(
         (m["host"], m["rank"], m["world"], m["gpus"], m["addr"], m["port"], m["nccl"]) for m in RENDEZVOUS.finditer(log)
     )
-    port = str(29500 + int(handle["slurm_job_id"]) % 1000)  # per job: nodes are shared, so never a fixed 29500
+    announced = re.search(r"^TAO_SLURM: rendezvous n1:(\d+), ", log, re.MULTILINE)
+    assert announced, log[-3000:]
+    port = announced.group(1)  # found free on n1 when the job started: nodes are shared, so never a fixed 29500
     assert seen == [
         ("n1", "0", "2", "1", "n1", port, "NCCL_P2P_DISABLE=1"),
         ("n2", "1", "2", "1", "n1", port, "NCCL_P2P_DISABLE=1"),

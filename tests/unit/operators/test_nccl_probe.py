@@ -1,4 +1,4 @@
-"""``NcclProbeOperator`` without a cluster: planning, deferral, candidate retries, verdicts and the cache.
+"""``NcclProbeOperator`` without a cluster: planning, deferral, candidate retries, backends, verdicts and the cache.
 
 The hook is a recording stand-in for the public ``SlurmHook`` methods the operator uses; the
 scripts, cache entries, triggers and events are the real ones the provider's code builds.
@@ -16,7 +16,7 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
-from airflow_provider_tao_slurm.core.nccl import cache_text
+from airflow_provider_tao_slurm.core.nccl import CachedEnv, SeenVersions, cache_key, cache_text
 from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.states import state_from_native
@@ -33,9 +33,19 @@ from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOpera
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 IMAGE = "/lustre/u/containers/pytorch.sqsh"
-CACHE = "/lustre/u/nccl/mini.multi-node.json"
+CACHE = "/lustre/u/nccl/mini.polar.json"
 PROGRAM = resources.files("airflow_provider_tao_slurm.probes").joinpath("nccl_probe.py").read_bytes()
-OK_LOG = "TAO_NCCL_PROBE: rank 0/2 node 0/2\nTAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3\n"
+OK_LOG = (
+    "TAO_NCCL_PROBE: rank 0/2 node 0/2\nTAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=nccl sum=3 "
+    "nccl=2.18.1 driver=535.104.05 cuda=12.1 torch=2.3.0 partition=polar\n"
+)
+GLOO_LOG = OK_LOG.replace("backend=nccl", "backend=gloo").replace(
+    "nccl=2.18.1 driver=535.104.05", "nccl=none driver=none"
+)
+NO_CUDA_LOG = (
+    "TAO_NCCL_PROBE_NO_CUDA: rank 0 host n1 partition polar: backend nccl needs CUDA but torch 2.3.0 (CUDA build "
+    "12.1, driver none) sees no GPU; CUDA_VISIBLE_DEVICES=(unset)\n"
+)
 HANG_LOG = "TAO_NCCL_PROBE: rank 0/2 node 0/2\nTAO_SLURM: program stopped by timeout after 120 s\n"
 SETTINGS = ClusterSettings(
     hosts=("login1",),
@@ -184,12 +194,15 @@ def test_candidates_until_one_passes(
     assert [name for _, name in hook.cancelled] == [name for _, name, _ in hook.submitted[:-1]]
     assert len({name for _, name, _ in hook.submitted}) == len(endings)
     cached = json.loads(hook.files[CACHE])
-    assert (cached["env"], cached["slurm_job_id"], cached["cluster"], cached["scope"]) == (
+    entry = cached["entries"]["multi-node/nccl"]
+    assert (entry["env"], entry["slurm_job_id"], cached["cluster"], cached["partitions"], entry["image"]) == (
         env,
         ids[-1],
         "mini",
-        "multi-node",
+        ["polar"],
+        IMAGE,
     )
+    assert (entry["seen"]["driver"], entry["seen"]["nccl"]) == ("535.104.05", "2.18.1")
     assert hook.modes[CACHE] == "644"
     for index, candidate in enumerate([{}, P2P, THIRD][: len(endings)]):
         exports = [line for line in hook.script(index).splitlines() if line.startswith("export NCCL_")]
@@ -246,19 +259,39 @@ def test_all_hang_message_lists_each_candidate() -> None:
 # ---------------------------------------------------------------------------------------------- cache
 
 
-def cache_entry(env: dict[str, str], **overrides: Any) -> str:
-    values: dict[str, Any] = {
-        "cluster_name": "mini",
-        "scope": "multi-node",
-        "nodes": 2,
-        "gpus_per_node": 1,
-        "slurm_job_id": "77",
-        "now": "2026-01-01T00:00:00Z",
-    }
-    values.update(overrides)
-    return cache_text(env, **values)
+def cache_entry(
+    env: dict[str, str],
+    *,
+    at: str = "2026-01-01T00:00:00Z",
+    nodes: int = 2,
+    backend: str = "nccl",
+    image: str = IMAGE,
+    driver: str = "535.104.05",
+    previous: str | None = None,
+) -> str:
+    """The cache file after a probe of ``nodes`` proved ``env`` (added to ``previous``)."""
+    key = cache_key("mini", ["polar"], nodes, backend, IMAGE)
+    entry = CachedEnv(
+        env=env,
+        probed_at=at,
+        slurm_job_id="77",
+        nodes=nodes,
+        gpus_per_node=1,
+        backend=backend,
+        image=image,
+        seen=SeenVersions(nccl="2.18.1", driver=driver),
+    )
+    return cache_text(previous, key, entry)
 
 
+@pytest.fixture
+def now(monkeypatch: pytest.MonkeyPatch) -> str:
+    """Pin the operator's clock: a day after the cached entries were proven."""
+    monkeypatch.setattr("airflow_provider_tao_slurm.operators.nccl_probe.utc_now", lambda: "2026-01-02T00:00:00Z")
+    return "2026-01-02T00:00:00Z"
+
+
+@pytest.mark.usefixtures("now")
 def test_cache_hit_submits_nothing() -> None:
     hook = FakeHook({CACHE: cache_entry(P2P)})
     assert operator(hook).execute(context()) == P2P
@@ -266,20 +299,94 @@ def test_cache_hit_submits_nothing() -> None:
     assert (hook.submitted, hook.staged) == ([], [])
 
 
+@pytest.mark.usefixtures("now")
 @pytest.mark.parametrize(
-    ("files", "force"),
+    ("files", "kwargs"),
     [
-        pytest.param({CACHE: cache_entry(P2P)}, True, id="force"),
-        pytest.param({CACHE: "{broken"}, False, id="corrupt-cache"),
-        pytest.param({CACHE: cache_entry(P2P, cluster_name="other")}, False, id="other-cluster"),
-        pytest.param({}, False, id="no-cache"),
+        pytest.param({CACHE: cache_entry(P2P)}, {"force": True}, id="force"),
+        pytest.param({CACHE: "{broken"}, {}, id="corrupt-cache"),
+        pytest.param({}, {}, id="no-cache"),
+        pytest.param(
+            {
+                CACHE: '{"cluster": "mini", "env": {"NCCL_P2P_DISABLE": "1"}, "gpus_per_node": 1, "nodes": 2, '
+                '"probed_at": "2026-01-01T00:00:00Z", "scope": "multi-node", "slurm_job_id": "77", "version": 1}\n'
+            },
+            {},
+            id="entry-of-the-previous-release",
+        ),
+        pytest.param({CACHE: cache_entry(P2P, at="2025-12-25T23:00:00Z")}, {}, id="expired-after-a-week"),
+        pytest.param({CACHE: cache_entry(P2P)}, {"cache_max_age_hours": 12}, id="shorter-max-age"),
+        pytest.param({CACHE: cache_entry(P2P, image="/lustre/u/containers/old.sqsh")}, {}, id="other-image"),
+        pytest.param({CACHE: cache_entry(P2P, backend="gloo")}, {}, id="cpu-test-entry"),
+        pytest.param(
+            {CACHE: cache_entry({}, nodes=1, driver="550.54.15", at="2026-01-01T12:00:00Z", previous=cache_entry(P2P))},
+            {},
+            id="driver-changed-since",
+        ),
     ],
 )
-def test_probes_without_a_usable_cache(files: dict[str, str], force: bool) -> None:
+def test_probes_without_a_usable_cache(files: dict[str, str], kwargs: dict[str, Any]) -> None:
     hook = FakeHook(files)
-    assert play(operator(hook, force=force), hook, [("COMPLETED", 0, OK_LOG)]) == {}
+    assert play(operator(hook, **kwargs), hook, [("COMPLETED", 0, OK_LOG)]) == {}
     assert len(hook.submitted) == 1
-    assert json.loads(hook.files[CACHE])["env"] == {}
+    entry = json.loads(hook.files[CACHE])["entries"]["multi-node/nccl"]
+    assert (entry["env"], entry["probed_at"], entry["image"]) == ({}, "2026-01-02T00:00:00Z", IMAGE)
+
+
+@pytest.mark.usefixtures("now")
+def test_a_new_entry_keeps_the_other_scope_and_records_what_it_saw() -> None:
+    single = cache_entry({"NCCL_IB_DISABLE": "1"}, nodes=1)
+    hook = FakeHook({CACHE: single})
+    assert play(operator(hook), hook, [("COMPLETED", 0, OK_LOG.replace("535.104.05", "550.54.15"))]) == {}
+    cached = json.loads(hook.files[CACHE])
+    assert sorted(cached["entries"]) == ["multi-node/nccl", "single-node/nccl"]
+    assert (cached["latest"]["driver"], cached["latest"]["slurm_job_id"]) == ("550.54.15", "501")
+    # The single-node entry saw driver 535: the next single-node run probes again instead of trusting it.
+    again = FakeHook({CACHE: hook.files[CACHE]})
+    deferred(lambda: operator(again, num_nodes=1, gpus_per_node=2).execute(context()))
+    assert len(again.submitted) == 1
+
+
+# ---------------------------------------------------------------------------------------------- backends
+
+
+@pytest.mark.parametrize(
+    ("log", "exit_code", "native"),
+    [
+        pytest.param(GLOO_LOG, 0, "COMPLETED", id="gloo-result"),
+        pytest.param(NO_CUDA_LOG, 1, "FAILED", id="probe-found-no-cuda"),
+    ],
+)
+def test_nccl_required_without_cuda_fails_at_once(log: str, exit_code: int, native: str) -> None:
+    """A probe that could not use NCCL is refused with the fix; the other candidates are not tried."""
+    hook = FakeHook()
+    with pytest.raises(NcclProbeError) as info:
+        play(operator(hook), hook, [(native, exit_code, log)])
+    message = str(info.value)
+    assert "cannot prove NCCL: CUDA is not available in the container on partition polar" in message
+    assert "Check the image" in message
+    assert "--container-image" in message
+    assert "/lustre/u/logs/" in message
+    assert len(hook.submitted) == 1
+    assert CACHE not in hook.files
+
+
+def test_cpu_test_runs_gloo_and_caches_it_apart() -> None:
+    hook = FakeHook()
+    op = operator(hook, backend="gloo")
+    assert play(op, hook, [("COMPLETED", 0, GLOO_LOG)]) == {}
+    assert hook.script(0).rstrip().count("nccl_probe.py --backend gloo") == 1
+    entries = json.loads(hook.files[CACHE])["entries"]
+    assert list(entries) == ["multi-node/gloo"]
+    assert entries["multi-node/gloo"]["backend"] == "gloo"
+    # The CPU test's entry never answers a run that requires NCCL.
+    nccl = FakeHook({CACHE: hook.files[CACHE]})
+    deferred(lambda: operator(nccl).execute(context()))
+    assert len(nccl.submitted) == 1
+
+
+def test_backend_is_templated() -> None:
+    assert "backend" in NcclProbeOperator.template_fields
 
 
 def test_one_gpu_needs_no_probe() -> None:
@@ -313,7 +420,7 @@ def test_first_job_is_staged_submitted_and_deferred() -> None:
         "#SBATCH --no-requeue",
         '    tao-step 120 \'exec python3 -m torch.distributed.run --nnodes="$TAO_NODE_COUNT" '
         '--nproc-per-node="$TAO_GPUS_PER_NODE" --node-rank="$TAO_NODE_RANK" --master-addr="$MASTER_ADDR" '
-        f'--master-port="$MASTER_PORT" /lustre/u/jobs/{name}/inputs/nccl_probe.py\'',
+        f'--master-port="$MASTER_PORT" /lustre/u/jobs/{name}/inputs/nccl_probe.py --backend nccl\'',
     ):
         assert line in script.splitlines()
     trigger = deferral.trigger
@@ -335,7 +442,7 @@ def test_single_node_with_several_gpus() -> None:
     assert "--standalone --nnodes=1 --nproc-per-node=4" in script
     ok = OK_LOG.replace("world=2", "world=4")
     assert finish(op, hook, deferral, "COMPLETED", 0, ok) == {}
-    assert "/lustre/u/nccl/mini.single-node.json" in hook.files
+    assert list(json.loads(hook.files[CACHE])["entries"]) == ["single-node/nccl"]
 
 
 def test_job_names_are_per_try_and_per_candidate() -> None:
@@ -382,6 +489,10 @@ def test_event_for_another_job_is_refused() -> None:
         ),
         pytest.param(
             {"candidate_envs": [{"NCCL_P2P_DISABLE": 1}]}, ValidationError, "give the value as a string", id="int"
+        ),
+        pytest.param({"backend": "cpu"}, ValidationError, "backend='cpu' must be 'nccl'", id="backend"),
+        pytest.param(
+            {"cache_max_age_hours": 0}, ValidationError, "cache_max_age_hours=0 must be a positive", id="max-age"
         ),
     ],
 )
