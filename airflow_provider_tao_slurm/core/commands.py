@@ -153,10 +153,12 @@ def sbatch_submit_held(
     :param base: the trusted results dir ``log_dir`` lies under: :func:`secure_dirs` checks the tree
         before anything is submitted (default: ``log_dir``'s parent).
     :param extra_args: more sbatch options (e.g. ``--exclude=n2``), each starting with ``-``.
+    :returns: the command line; the job runs with ``--export=ALL`` whatever the site's ``SBATCH_EXPORT``.
     """
     name = _names([job_name], _SLURM_NAME_RE, "job name")[0]
     owner = _names([user], _SLURM_NAME_RE, "SLURM user name")[0]
-    submit = sbatch_submit(script_path, extra_args=("--hold", f"--job-name={name}", *extra_args))
+    # --export=ALL on the command line: only it beats a site's SBATCH_EXPORT (an #SBATCH line does not)
+    submit = sbatch_submit(script_path, extra_args=("--hold", "--export=ALL", f"--job-name={name}", *extra_args))
     same_name = join(["squeue", "-h", f"--name={name}", f"--user={owner}", "-o", "%i"])
     logs = _absolute(log_dir, "log dir")
     root = base or posixpath.dirname(logs)
@@ -796,10 +798,21 @@ def install_enroot_credentials(machine: str, login: str) -> str:
     """Install the credentials line for ``machine`` in ``~/.config/enroot/.credentials`` (mode 600).
 
     The password is read from stdin only (one line, the trailing newline optional) and never
-    appears in the command line. The new line is checked (one ``machine ... password <p>`` line,
-    exactly as :func:`credentials_line` builds it), then merged: lines for other machines are
-    kept, an old line for ``machine`` is replaced, and the result is renamed into place atomically.
-    On failure the file is left as it was and the command exits non-zero.
+    appears in the command line. It is checked (one word, as :func:`credentials_line` requires)
+    and merged: lines for other machines are kept, an old line for ``machine`` is replaced, and
+    the result is renamed into place atomically. On failure the file is left as it was and the
+    command exits non-zero.
+
+    Where the key may be: nowhere but the credentials file. The password goes from stdin straight
+    into ``awk``, which holds it in memory and prints the finished line only after the whole input
+    was read and checked; there is no staging copy, no here-document (bash backs those with files
+    in ``$TMPDIR``) and no file in ``/tmp``. The merged file is written under ``umask 077`` into
+    ``.credentials.XXXXXX`` next to the credentials file and renamed onto it: that file *is* the
+    new credentials file (same directory and file system, mode 600 from its creation, never
+    readable by anyone else), and the rename is what makes the update atomic, since writing the
+    credentials file in place would let Enroot read it half written and lose the other machines'
+    lines on a failure. Only a process killed mid-write (SIGKILL, which runs no cleanup) can leave
+    that file behind, still mode 600 in the user's own Enroot directory.
 
     :param machine: registry host.
     :param login: registry login (``$oauthtoken`` for NGC).
@@ -810,14 +823,12 @@ def install_enroot_credentials(machine: str, login: str) -> str:
     host = _machine(machine)
     return (
         f'umask 077 && f="$HOME"/{quote(ENROOT_CREDENTIALS)} && mkdir -p -- "${{f%/*}}" && '
-        'n=$(mktemp "$f.new.XXXXXX") && '
-        f'if t=$(mktemp "$f.tmp.XXXXXX") && printf %s {quote(prefix)} > "$n" && cat >> "$n" && '
-        f"awk -v m={quote(host)} -v l={quote(login)} "
-        '\'NR == 1 && NF == 6 && $1 == "machine" && $2"" == m && $3 == "login" && $4"" == l '
-        '&& $5 == "password" { ok = 1 } END { exit !(ok && NR == 1) }\' "$n" && '
-        f'{{ [ ! -e "$f" ] || awk -v m={quote(host)} \'!($1 == "machine" && $2"" == m)\' "$f"; }} > "$t" && '
-        'awk 1 "$n" >> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; '
-        'then rm -f -- "$n"; else rm -f -- "$n" "$t"; false; fi'
+        't=$(mktemp "$f.XXXXXX") && '
+        f'if {{ [ ! -e "$f" ] || awk -v m={quote(host)} \'!($1 == "machine" && $2"" == m)\' "$f"; }} > "$t" && '
+        f"awk -v p={quote(prefix)} "
+        "'NR == 1 && NF == 1 && $0 == $1 { k = $0; ok = 1 } END { if (!ok || NR != 1) exit 1; print p k }' "
+        '>> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; '
+        'then :; else rm -f -- "$t"; false; fi'
     )
 
 

@@ -8,7 +8,7 @@ A TAO spec bundle may declare how its action runs::
         - "python3 export.py"
         - {command: "python3 publish.py", scope: leader}   # leader = task 0 only
       environment: {OMP_NUM_THREADS: "4"}            # declared non-secret
-      distributed: {launcher: torchrun, processes_per_node: 4}
+      distributed: {launcher: torchrun}              # one process per GPU of the node
       completion: {child_exit_code_path: "exit_codes"}     # relative to the job dir
       supporting_files:
         - {source: helpers/prepare.py, sha256: "<hex>"}    # relative to the bundle root
@@ -67,7 +67,7 @@ class Execution:
     post: tuple[Step, ...] = ()
     environment: tuple[tuple[str, str], ...] = ()
     launcher: str = "none"
-    processes_per_node: int = 1
+    processes_per_node: int | None = None
     child_exit_code_path: str = "exit_codes.children"
     supporting_files: tuple[SupportingFile, ...] = ()
     command: str | None = None
@@ -109,10 +109,16 @@ def relative_path(value: Any, where: str) -> str:
     return "/".join(parts)
 
 
-def parse_execution(block: Mapping[str, Any] | None) -> Execution:
+def parse_execution(block: Mapping[str, Any] | None, *, gpus_per_node: int | None = None) -> Execution:
     """Validate an ``execution`` block (``None`` → the default: just the primary command).
 
-    :raises ValidationError: naming the key and the fix.
+    ``distributed.processes_per_node`` is one process per GPU: left out, it is derived from the
+    job's GPUs per node when the task starts (``TAO_GPUS_PER_NODE``, exported by the sbatch
+    templates); given, it must equal ``gpus_per_node``.
+
+    :param gpus_per_node: the job's GPUs per node, checked against an explicit
+        ``processes_per_node`` (``None``: not known yet, nothing to check).
+    :raises ValidationError: naming the key and the fix (both values for a mismatch).
     """
     if block is None:
         return Execution()
@@ -133,9 +139,15 @@ def parse_execution(block: Mapping[str, Any] | None) -> Execution:
     launcher = str(distributed.get("launcher", "none"))
     if launcher not in LAUNCHERS:
         raise ValidationError(f"execution.distributed.launcher {launcher!r} must be one of {', '.join(LAUNCHERS)}")
-    ppn = distributed.get("processes_per_node", 1)
-    if isinstance(ppn, bool) or not isinstance(ppn, int) or not 1 <= ppn <= 64:
+    ppn = distributed.get("processes_per_node")
+    if ppn is not None and (isinstance(ppn, bool) or not isinstance(ppn, int) or not 1 <= ppn <= 64):
         raise ValidationError("execution.distributed.processes_per_node must be an integer from 1 to 64")
+    if ppn is not None and gpus_per_node is not None and ppn != gpus_per_node:
+        raise ValidationError(
+            f"execution.distributed.processes_per_node is {ppn} but the job has gpus_per_node={gpus_per_node}: "
+            f"torchrun starts one process per GPU. Set processes_per_node to {gpus_per_node}, or leave it out "
+            "(it is then derived from gpus_per_node), or change gpus_per_node"
+        )
     completion = block.get("completion") or {}
     if not isinstance(completion, Mapping):
         raise ValidationError("execution.completion must be a mapping")
@@ -171,14 +183,21 @@ def parse_execution(block: Mapping[str, Any] | None) -> Execution:
 
 
 def primary_command(execution: Execution, command: str) -> str:
-    """The primary command, under torchrun when the bundle asks for it (SLURM owns the rendezvous)."""
+    """The primary command, under torchrun when the bundle asks for it (SLURM owns the rendezvous).
+
+    The sbatch script exports the rendezvous: ``MASTER_ADDR``, a ``MASTER_PORT`` it found free on
+    the master node when the job started (so jobs sharing a node never collide), the node count and
+    rank, and ``TAO_GPUS_PER_NODE``, the default process count per node.
+    """
     if execution.launcher != "torchrun":
         return command
+    nproc = execution.processes_per_node or '"${TAO_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-1}}"'
     return (
         'torchrun --nnodes="${TAO_NODE_COUNT:-${SLURM_NNODES:-1}}" '
-        f"--nproc-per-node={execution.processes_per_node} "
+        f"--nproc-per-node={nproc} "
         '--node-rank="${TAO_NODE_RANK:-${SLURM_NODEID:-0}}" '
-        '--master-addr="${MASTER_ADDR:-127.0.0.1}" --master-port="${MASTER_PORT:-29500}" '
+        '--master-addr="${MASTER_ADDR:?unset: the sbatch script exports it}" '
+        '--master-port="${MASTER_PORT:?unset: the sbatch script exports it}" '
         f"{command}"
     )
 

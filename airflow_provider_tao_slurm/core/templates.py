@@ -2,7 +2,10 @@
 
 Templates use ``@@NAME@@`` placeholders (TAO's convention) through Jinja2 with delimiters that
 ordinary bash never contains: ``@@NAME@@`` for values, ``@@% ... %@@`` for blocks and
-``@@# ... #@@`` for comments, so ``${VAR}``, ``{ ...; }`` and ``#`` comments stay literal.
+``@@# ... #@@`` for comments, so ``${VAR}``, ``{ ...; }`` and ``#`` comments stay literal. The
+shell blocks both job templates share live in their own files (``job_end.sh.j2``: the EXIT trap
+that removes the secret sidecar and leaves the end marker; ``rendezvous_port.sh.j2``: the choice of
+a free ``MASTER_PORT``), pulled in with ``@@% include "NAME" %@@``.
 
 Every value is checked before it is placed. Values on ``#SBATCH`` lines are parsed by ``sbatch``,
 not by a shell, so they are validated against strict patterns and refused rather than quoted.
@@ -10,7 +13,7 @@ Values that reach the shell are quoted with :func:`~airflow_provider_tao_slurm.c
 
 Placeholders: JOB_NAME, PARTITION, ACCOUNT, NUM_NODES, GPUS_PER_NODE, NUM_GPUS, CPUS_PER_TASK,
 MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list of options), GPU_TYPE,
-MASTER_PORT (a number or a per-job shell arithmetic expression),
+MASTER_PORT (a fixed port, or empty: the script picks a free port on the node when the job starts),
 LOG_DIR, JOB_DIR, EXIT_CODE_FILE, ENDS_DIR (where the EXIT trap leaves the end marker; empty: none),
 IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of ``NAME=quoted`` exports) and ENV_FILE (the
 credentials sidecar; empty without secrets).
@@ -36,10 +39,6 @@ from airflow_provider_tao_slurm.exceptions import (
     TemplateRenderError,
     ValidationError,
 )
-
-#: The seed's rendezvous port; jobs that may share a master node get one from the range above it.
-MASTER_PORT_BASE = 29500
-MASTER_PORT_SPAN = 1000
 
 SINGLE_NODE_TEMPLATE = "single_node.sbatch.j2"
 MULTI_NODE_TEMPLATE = "multi_node.sbatch.j2"
@@ -70,6 +69,20 @@ _RENDEZVOUS_NAMES = frozenset(
 )  # fmt: skip
 _RESERVED_ENV_PREFIXES = ("SLURM_", "TAO_SLURM_")
 
+
+def _template_source(name: str) -> str:
+    """The text of template ``name`` (also what ``@@% include %@@`` reads).
+
+    :raises TemplateRenderError: if it cannot be read.
+    """
+    try:
+        return (template_dir() / name).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateRenderError(
+            f"sbatch template {name} cannot be read ({exc.strerror}); reinstall airflow-provider-tao-slurm"
+        ) from exc
+
+
 _JINJA = jinja2.Environment(
     variable_start_string="@@",
     variable_end_string="@@",
@@ -82,6 +95,8 @@ _JINJA = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     autoescape=False,  # noqa: S701 - renders shell scripts, not HTML; shell values are quoted explicitly
+    loader=jinja2.FunctionLoader(_template_source),  # for @@% include %@@, read at each render like the rest
+    cache_size=0,
 )
 
 
@@ -114,9 +129,9 @@ class SbatchSpec:
     :param sidecar: absolute path of the mode-600 credentials file, or ``None`` without secrets.
     :param sbatch_extra: extra ``--option[=value]`` directives, e.g. ``("--qos=high",)``.
     :param gpu_type: GPU type for ``--gres=gpu:<type>:<n>``, or ``None`` for any GPU.
-    :param master_port: the multi-node rendezvous port; ``None`` derives it from the job id in
-        :data:`MASTER_PORT_BASE` .. ``+ MASTER_PORT_SPAN - 1`` (exclusive nodes: :data:`MASTER_PORT_BASE`), so
-        two jobs sharing a master node do not both bind the same port.
+    :param master_port: the rendezvous port (``MASTER_PORT``), or ``None`` (the default) for one the
+        script finds free on the master node when the job starts, so jobs sharing a node never
+        bind the same port, whatever launcher binds it.
     """
 
     job_name: str
@@ -163,15 +178,10 @@ def render_template(name: str, values: Mapping[str, object]) -> str:
     :param name: file name inside :func:`template_dir`, e.g. ``single_node.sbatch.j2``.
     :param values: placeholder name to value; values are inserted as they are.
     :returns: the rendered text.
-    :raises TemplateRenderError: if the template is missing or invalid, a placeholder has no value,
-        or a ``@@NAME@@`` placeholder is left in the output.
+    :raises TemplateRenderError: if the template (or one it includes) is missing or invalid, a
+        placeholder has no value, or a ``@@NAME@@`` placeholder is left in the output.
     """
-    try:
-        source = (template_dir() / name).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TemplateRenderError(
-            f"sbatch template {name} cannot be read ({exc.strerror}); reinstall airflow-provider-tao-slurm"
-        ) from exc
+    source = _template_source(name)
     try:
         parsed = _JINJA.parse(source)
         missing = sorted(jinja2.meta.find_undeclared_variables(parsed) - set(values))
@@ -250,15 +260,13 @@ def render_sbatch(spec: SbatchSpec) -> str:
 
 
 def _master_port(spec: SbatchSpec) -> str:
-    """``MASTER_PORT``'s value in the script: the given port, 29500 on exclusive nodes, else per job."""
-    if spec.master_port is not None:
-        port = spec.master_port
-        if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
-            raise ValidationError(f"master_port={port!r} must be a port number from 1024 to 65535")
-        return str(port)
-    if spec.exclusive:
-        return str(MASTER_PORT_BASE)
-    return f"$(( {MASTER_PORT_BASE} + SLURM_JOB_ID % {MASTER_PORT_SPAN} ))"
+    """``MASTER_PORT``'s value in the script: the given port, or empty (picked on the node at run time)."""
+    port = spec.master_port
+    if port is None:
+        return ""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        raise ValidationError(f"master_port={port!r} must be a port number from 1024 to 65535")
+    return str(port)
 
 
 def _all_env(spec: SbatchSpec) -> dict[str, str]:

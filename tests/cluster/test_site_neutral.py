@@ -158,7 +158,7 @@ def test_two_multi_node_jobs_sharing_a_master_node_use_different_ports(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
     """Two 2-node jobs (one GPU per node, shared nodes) run at the same time, so both have n1 as master.
-    Expected: each binds its own MASTER_PORT (29500 + job id mod 1000), and they differ."""
+    Expected: each gets a MASTER_PORT its batch script found free on n1 when it started, and they differ."""
     handles = [
         submit(
             submit_op(image, "sleep 3", num_nodes=2, nccl_env={}),
@@ -172,7 +172,7 @@ def test_two_multi_node_jobs_sharing_a_master_node_use_different_ports(
         out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
         found = re.search(r"TAO_SLURM: rendezvous (\S+):(\d+),", out)
         assert found, out[-2000:]
-        assert int(found.group(2)) == 29500 + int(handle["slurm_job_id"]) % 1000
+        assert 1024 <= int(found.group(2)) <= 65535
         ports.append((found.group(1), int(found.group(2))))
     assert ports[0][1] != ports[1][1]
 

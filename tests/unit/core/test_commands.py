@@ -11,6 +11,8 @@ import os
 import shutil
 import stat
 import subprocess
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -211,14 +213,11 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
     (
         "enroot-credentials",
         lambda: commands.install_enroot_credentials("nvcr.io", "$oauthtoken"),
-        'umask 077 && f="$HOME"/.config/enroot/.credentials && mkdir -p -- "${f%/*}" && '
-        'n=$(mktemp "$f.new.XXXXXX") && if t=$(mktemp "$f.tmp.XXXXXX") && '
-        'printf %s \'machine nvcr.io login $oauthtoken password \' > "$n" && cat >> "$n" && '
-        'awk -v m=nvcr.io -v l=\'$oauthtoken\' \'NR == 1 && NF == 6 && $1 == "machine" && $2"" == m && '
-        '$3 == "login" && $4"" == l && $5 == "password" { ok = 1 } END { exit !(ok && NR == 1) }\' "$n" && '
-        '{ [ ! -e "$f" ] || awk -v m=nvcr.io \'!($1 == "machine" && $2"" == m)\' "$f"; } > "$t" && '
-        'awk 1 "$n" >> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; then rm -f -- "$n"; '
-        'else rm -f -- "$n" "$t"; false; fi',
+        'umask 077 && f="$HOME"/.config/enroot/.credentials && mkdir -p -- "${f%/*}" && t=$(mktemp "$f.XXXXXX") && '
+        'if { [ ! -e "$f" ] || awk -v m=nvcr.io \'!($1 == "machine" && $2"" == m)\' "$f"; } > "$t" && '
+        "awk -v p='machine nvcr.io login $oauthtoken password ' "
+        "'NR == 1 && NF == 1 && $0 == $1 { k = $0; ok = 1 } END { if (!ok || NR != 1) exit 1; print p k }' "
+        '>> "$t" && chmod 600 "$t" && mv -f -- "$t" "$f"; then :; else rm -f -- "$t"; false; fi',
     ),
 ]
 
@@ -752,6 +751,62 @@ def test_install_enroot_credentials_refuses_a_bad_secret_and_keeps_the_file(
     assert os.listdir(path.parent) == [".credentials"]
 
 
+def _files_holding(secret: bytes, tree: Path, since: float) -> list[Path]:
+    """Regular files under ``tree``, and those in ``/tmp`` changed since ``since``, that contain ``secret``."""
+    candidates = [path for path in tree.rglob("*") if path.is_file() and not path.is_symlink()]
+    for entry in os.scandir("/tmp"):
+        if entry.is_file(follow_symlinks=False) and entry.stat().st_ctime >= since:
+            candidates.append(Path(entry.path))
+    holding = []
+    for path in candidates:
+        try:
+            if secret in path.read_bytes():
+                holding.append(path)
+        except OSError:
+            continue
+    return sorted(set(holding))
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_install_enroot_credentials_writes_the_key_to_no_other_file(shell: str, tmp_path: Path) -> None:
+    """The key goes stdin -> awk -> the credentials file. While it is being sent (stdin still open) no file
+    holds it; afterwards only the credentials file does: nothing in the home, in ``$TMPDIR`` or in ``/tmp``."""
+    home, tmpdir = tmp_path / "home", tmp_path / "tmp"
+    tmpdir.mkdir()
+    path = _credentials(home)
+    path.parent.mkdir(parents=True)
+    path.write_text("machine ghcr.io login bob password gh-old\n")
+    key = f"nvapi-{uuid.uuid4().hex}".encode()
+    started = time.time() - 1
+    process = subprocess.Popen(
+        [shell, "-c", commands.install_enroot_credentials("nvcr.io", "$oauthtoken")],
+        cwd=home,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "HOME": str(home), "TMPDIR": str(tmpdir)},
+    )
+    assert process.stdin is not None
+    process.stdin.write(key)
+    process.stdin.flush()
+    deadline = time.monotonic() + 1.5
+    while_sending: list[Path] = []
+    while not while_sending and time.monotonic() < deadline:
+        while_sending = _files_holding(key, tmp_path, started)
+        time.sleep(0.02)
+    stdout, stderr = process.communicate(timeout=30)
+    assert process.returncode == 0, stderr
+    assert while_sending == [], "a file held the key before the credentials file was complete"
+    assert _files_holding(key, tmp_path, started) == [path]
+    assert sorted(os.listdir(path.parent)) == [".credentials"]
+    assert list(tmpdir.iterdir()) == []
+    assert path.read_text() == "machine ghcr.io login bob password gh-old\n" + commands.credentials_line(
+        "nvcr.io", "$oauthtoken", key.decode()
+    )
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert key not in stdout + stderr
+
+
 # ------------------------------------------------------------------ held submission and staging
 
 
@@ -783,7 +838,7 @@ def test_sbatch_submit_held_creates_log_dir_then_releases(
     assert result.stdout.decode().splitlines()[-1] == reply.splitlines()[-1]
     assert (logs / f"tao-x-{expected_id}").is_dir()
     assert calls.read_text().splitlines() == [
-        "--parsable --hold --job-name=tao-x --exclude=n2 /lustre/j.sbatch",
+        "--parsable --hold --export=ALL --job-name=tao-x --exclude=n2 /lustre/j.sbatch",
         f"scontrol release {expected_id}",
     ]
 
@@ -1358,7 +1413,7 @@ def test_a_planted_link_or_dir_stops_every_writer_before_it_writes(
     calls = base.parent / "calls"
     if (writer, plant) == ("submit-held", "deep-link"):  # the log dir is named after the job id: known only
         assert calls.read_text().splitlines() == [  # once submitted (held), so the held job is cancelled
-            "sbatch --parsable --hold --job-name=j1 /l/j.sbatch",
+            "sbatch --parsable --hold --export=ALL --job-name=j1 /l/j.sbatch",
             "scancel 42",
         ]
     else:

@@ -81,13 +81,77 @@ def test_hostile_commands_stay_data(tmp_path: Path) -> None:
 
 
 def test_torchrun_launcher_maps_processes_per_node() -> None:
-    ex = parse_execution({"distributed": {"launcher": "torchrun", "processes_per_node": 4}})
+    ex = parse_execution({"distributed": {"launcher": "torchrun", "processes_per_node": 4}}, gpus_per_node=4)
     text = primary_command(ex, "train.py --spec /x")
     assert text.startswith("torchrun ")
     assert "--nproc-per-node=4" in text
     assert '--node-rank="${TAO_NODE_RANK:-${SLURM_NODEID:-0}}"' in text
     assert text.endswith(" train.py --spec /x")
     assert primary_command(parse_execution(None), "train.py") == "train.py"
+
+
+FAKE_TORCHRUN = '#!/bin/bash\nprintf "%s\\n" "$@" > "$ARGS"\n'
+
+
+def run_torchrun(
+    tmp_path: Path, block: dict, env: dict[str, str]
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run the step of ``block`` with bash, a stand-in ``torchrun`` on PATH recording its arguments."""
+    (tmp_path / "torchrun").write_text(FAKE_TORCHRUN)
+    (tmp_path / "torchrun").chmod(0o755)
+    args = tmp_path / "args"
+    script = build_step_command(parse_execution(block), "train.py", str(tmp_path / "codes"))
+    result = subprocess.run(
+        ["bash", "-c", script],
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin", "ARGS": str(args), **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return result, args.read_text().splitlines() if args.exists() else []
+
+
+RENDEZVOUS = {"MASTER_ADDR": "n1", "MASTER_PORT": "41234", "TAO_NODE_COUNT": "2", "TAO_NODE_RANK": "1"}
+
+
+@pytest.mark.parametrize(("gpus", "nproc"), [("8", "8"), ("1", "1")])
+def test_processes_per_node_left_out_is_one_per_gpu_of_the_node(tmp_path: Path, gpus: str, nproc: str) -> None:
+    result, args = run_torchrun(
+        tmp_path, {"distributed": {"launcher": "torchrun"}}, {**RENDEZVOUS, "TAO_GPUS_PER_NODE": gpus}
+    )
+    assert result.returncode == 0, result.stderr
+    assert args == [
+        "--nnodes=2",
+        f"--nproc-per-node={nproc}",
+        "--node-rank=1",
+        "--master-addr=n1",
+        "--master-port=41234",
+        "train.py",
+    ]
+    assert parse_execution({"distributed": {"launcher": "torchrun"}}, gpus_per_node=8).processes_per_node is None
+
+
+@pytest.mark.parametrize(("ppn", "gpus"), [(4, 2), (1, 4), (8, 1)])
+def test_processes_per_node_that_disagrees_with_gpus_per_node_is_refused(ppn: int, gpus: int) -> None:
+    with pytest.raises(ValidationError) as refused:
+        parse_execution({"distributed": {"launcher": "torchrun", "processes_per_node": ppn}}, gpus_per_node=gpus)
+    message = str(refused.value)
+    assert f"processes_per_node is {ppn}" in message
+    assert f"gpus_per_node={gpus}" in message
+    assert f"Set processes_per_node to {gpus}, or leave it out" in message
+
+
+@pytest.mark.parametrize("unset", ["MASTER_ADDR", "MASTER_PORT"])
+def test_torchrun_never_falls_back_to_a_fixed_rendezvous(tmp_path: Path, unset: str) -> None:
+    """No 127.0.0.1:29500 default: the sbatch script chose a free port; without it the step fails, naming it."""
+    text = primary_command(parse_execution({"distributed": {"launcher": "torchrun"}}), "train.py")
+    assert "29500" not in text
+    env = {key: value for key, value in RENDEZVOUS.items() if key != unset}
+    result, args = run_torchrun(tmp_path, {"distributed": {"launcher": "torchrun"}}, env)
+    assert result.returncode != 0
+    assert args == []
+    assert f"{unset}: unset: the sbatch script exports it" in result.stderr
 
 
 @pytest.mark.parametrize(

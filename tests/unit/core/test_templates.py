@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 import tomllib
@@ -126,11 +127,12 @@ COMMON_DIRECTIVES = [
     "#SBATCH --output=/lustre/proj/results/logs/%x-%j/main.out\n",
     "#SBATCH --error=/lustre/proj/results/logs/%x-%j/main.err\n",
     "#SBATCH --open-mode=append\n",
+    "#SBATCH --export=ALL\n",
     "#SBATCH --partition=polar,polar3,polar4,grizzly\n",
     "#SBATCH --ntasks-per-node=1\n",
     "#SBATCH --cpus-per-task=16\n",
     "#SBATCH --time=04:00:00\n",
-    "srun --input=none ",
+    "srun --input=none --export=ALL ",
     "--no-container-mount-home",
     'TAO_SLURM_STEP_RC=$?\necho "TAO_SLURM: step exit code ${TAO_SLURM_STEP_RC}"\n',
     'exit "${TAO_SLURM_STEP_RC}"\n',
@@ -143,16 +145,18 @@ COMMON_DIRECTIVES = [
         pytest.param(
             BASE,
             [*COMMON_DIRECTIVES, "#SBATCH --nodes=1\n", "#SBATCH --gres=gpu:4\n", "#SBATCH --requeue\n",
-             "timeout 13680 bash -c 'classification_pyt train -e "],
-            ["--account", "--exclusive", "--exclude", "--wait-all-nodes", "MASTER_ADDR", "TAO_SLURM_ENV_FILE",
-             "--mem"],
+             "timeout 13680 bash -c 'classification_pyt train -e ", "export MASTER_ADDR=127.0.0.1\n",
+             "if ! MASTER_PORT=$(tao_slurm_free_port); then\n", "export TAO_GPUS_PER_NODE=4\n"],
+            ["--account", "--exclusive", "--exclude", "--wait-all-nodes", "TAO_SLURM_ENV_FILE", "--mem",
+             "export MASTER_PORT="],
             id="single-default",
         ),
         pytest.param(
             GOLDEN_CASES["single_env_sidecar"],
             ["#SBATCH --account=proj_ml\n", "#SBATCH --no-requeue\n", "#SBATCH --exclude=gpu05,gpu[10-12]\n",
-             "export TAO_LOG_LEVEL=INFO\n", "set -a\n"],
-            ["#SBATCH --requeue\n", "rm -f -- \"${TAO_SLURM_ENV_FILE}\""],
+             "export TAO_LOG_LEVEL=INFO\n", "set -a\n", "    rm -f -- \"${TAO_SLURM_ENV_FILE}\"\n",
+             "trap tao_slurm_end EXIT\n"],
+            ["#SBATCH --requeue\n"],
             id="single-sidecar",
         ),
         pytest.param(
@@ -166,7 +170,7 @@ COMMON_DIRECTIVES = [
             GOLDEN_CASES["multi_2x1_nccl"],
             [*COMMON_DIRECTIVES, "#SBATCH --nodes=2\n", "#SBATCH --gres=gpu:1\n", "#SBATCH --wait-all-nodes=1\n",
              "export WORLD_SIZE=2\n", "export NUM_GPU_PER_NODE=1\n",
-             "export MASTER_PORT=$(( 29500 + SLURM_JOB_ID % 1000 ))\n",
+             "if ! MASTER_PORT=$(tao_slurm_free_port); then\n",
              "export TAO_NODE_COUNT=2\n", "export TAO_GPUS_PER_NODE=1\n", "export NCCL_SOCKET_IFNAME=eth0\n",
              "'export NODE_RANK=\"${SLURM_NODEID}\" TAO_NODE_RANK=\"${SLURM_NODEID}\";"],
             ["timeout 13680 bash -c 'classification"],
@@ -263,6 +267,7 @@ def test_render_template_errors(
     [
         pytest.param(None, "cannot be read", id="missing-file"),
         pytest.param("@@% if A %@@ never closed\n", "is invalid", id="syntax"),
+        pytest.param('@@% include "gone.sh.j2" %@@\n', "gone.sh.j2 cannot be read", id="missing-include"),
     ],
 )
 def test_render_template_bad_template(
@@ -310,6 +315,15 @@ exit "$rc"
 """
 FAKE_SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
+if [ "$1 $2 $3" = "show job -o" ]; then
+    # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
+    # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason.
+    [ -z "${FAKE_SCONTROL_DOWN:-}" ] || { echo 'Unable to contact slurm controller' >&2; exit 1; }
+    echo "JobId=$4 JobName=tao-x UserId=u(1001) GroupId=u(1001) MCS_label=N/A Priority=1 Nice=0 Account=a QOS=normal" \\
+        "JobState=COMPLETING Reason=${FAKE_JOB_REASON:-None} Dependency=(null) Requeue=1" \\
+        "Restarts=${FAKE_JOB_RESTARTS:-0} BatchFlag=1 Reboot=0 ExitCode=0:0 Comment=x_Restarts=9 Reason=NodeDown"
+fi
+exit 0
 """
 
 
@@ -379,12 +393,13 @@ def test_run_single_node_exit_code_sidecar_and_quoting(tmp_path: Path) -> None:
         "it's",
         "TAO_SLURM: step exit code 7",
         "TAO_SLURM: end",
+        "TAO_SLURM: credentials file removed (SLURM will not run the job again)",
     ]
     assert "s3cr3t" not in result.stderr
     assert run.exit_code_file.read_text() == "7\n"
-    assert run.sidecar.exists(), "the sidecar is the sensor's to remove once the job is terminal"
+    assert not run.sidecar.exists(), "a program failure is the job's end: the script removes the sidecar"
     args = run.srun_args()
-    assert args[:4] == ["--input=none", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16"]
+    assert args[:5] == ["--input=none", "--export=ALL", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16"]
     assert "--container-image=/images/my img/it's.sqsh" in args
     assert "--no-container-mount-home" in args
     assert args[args.index("timeout") :] == ["timeout", "13680", "bash", "-c", command]
@@ -443,16 +458,8 @@ def test_run_without_sidecar_file_warns_and_runs(tmp_path: Path) -> None:
     assert "TAO_SLURM: credentials file not found; secret_env variables are not set" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("with_sidecar", "marker"),
-    [
-        pytest.param(True, "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)", id="sidecar"),
-        pytest.param(False, "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)", id="no-sidecar"),
-    ],
-)
-def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_sidecar: bool, marker: str) -> None:
-    run = Run(tmp_path, command="true", sidecar=str(tmp_path / ".secrets.env") if with_sidecar else None)
-    (tmp_path / ".secrets.env").write_text("export A=1\n")
+def run_until_sigterm(run: Run) -> tuple[int, str, str]:
+    """Run the script with a hanging step; SIGTERM it as SLURM does (batch shell and srun together)."""
     run.env["FAKE_SRUN_HANG"] = "1"
     process = subprocess.Popen(
         ["bash", str(run.script)],
@@ -465,14 +472,73 @@ def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_s
     deadline = time.monotonic() + 20
     while not (run.job_dir / "srun.started").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGTERM)  # SLURM signals the batch shell and srun together
+    os.killpg(process.pid, signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=20)
-    assert process.returncode == 128 + signal.SIGTERM
-    assert stderr.splitlines()[-1] == marker
-    assert stdout.splitlines()[-1] == "TAO_SLURM: end"
+    return process.returncode, stdout, stderr
+
+
+@pytest.mark.parametrize("with_sidecar", [True, False], ids=["sidecar", "no-sidecar"])
+def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_sidecar: bool) -> None:
+    run = Run(tmp_path, command="true", sidecar=str(tmp_path / ".secrets.env") if with_sidecar else None)
+    (tmp_path / ".secrets.env").write_text("export A=1\n")
+    run.env["FAKE_JOB_RESTARTS"] = "1"  # SLURM counted the restart before it signalled this run
+    rc, stdout, stderr = run_until_sigterm(run)
+    assert rc == 128 + signal.SIGTERM
+    assert stderr.splitlines()[-1] == "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)"
+    assert stdout.splitlines()[-1] == (
+        "TAO_SLURM: credentials file kept for a rerun of the job" if with_sidecar else "TAO_SLURM: end"
+    )
     assert run.exit_code_file.read_text() == f"{128 + signal.SIGTERM}\n"
     assert (tmp_path / ".secrets.env").exists()
     assert list(run.ends.iterdir()) == [], "a run that got SIGTERM leaves no end marker: the scheduler reports it"
+
+
+@pytest.mark.parametrize(
+    ("changes", "env", "removed"),
+    [
+        pytest.param({"command": "true"}, {}, True, id="success"),
+        pytest.param({"command": "exit 3"}, {}, True, id="program-failure"),
+        pytest.param({"command": "sleep 5", "timeout_seconds": 1}, {}, True, id="program-timeout"),
+        pytest.param({"command": "exit 3", "requeue": False}, {}, True, id="no-requeue"),
+        pytest.param({"command": "true"}, {"SLURM_RESTART_COUNT": "2", "FAKE_JOB_RESTARTS": "2"}, True,
+                     id="last-run-of-a-requeued-job"),
+        pytest.param({"command": "true", "num_nodes": 2, "gpus_per_node": 1}, {}, True, id="multi-node"),
+        pytest.param({"command": "true"}, {"FAKE_JOB_RESTARTS": "1"}, False, id="ended-while-slurm-requeues-it"),
+        pytest.param({"command": "exit 1", "requeue": False}, {"FAKE_JOB_REASON": "NodeDown"}, False,
+                     id="node-failure-resubmitted-by-the-provider"),
+        pytest.param({"command": "true"}, {"FAKE_SCONTROL_DOWN": "1"}, False, id="scheduler-unreachable"),
+    ],
+)  # fmt: skip
+def test_run_end_removes_the_sidecar_only_when_slurm_will_not_rerun_the_job(
+    tmp_path: Path, changes: dict[str, Any], env: dict[str, str], removed: bool
+) -> None:
+    """Nobody watches the job: its own EXIT trap removes the secret once SLURM will not run it again."""
+    run = Run(tmp_path, **changes)
+    run.write_sidecar("export A=1\n")
+    run.env.update(env)
+    result = run.run()
+    assert run.sidecar.exists() is not removed, result.stdout
+    expected = (
+        "TAO_SLURM: credentials file removed (SLURM will not run the job again)"
+        if removed
+        else "TAO_SLURM: credentials file kept for a rerun of the job"
+    )
+    assert result.stdout.splitlines()[-1] == expected
+    assert len(list(run.ends.iterdir())) == 1, "the end marker is still left after the sidecar decision"
+
+
+@pytest.mark.parametrize(("restarts", "removed"), [("0", True), ("1", False)], ids=["cancel-or-timeout", "requeue"])
+def test_run_sigterm_removes_the_sidecar_unless_slurm_requeues_the_job(
+    tmp_path: Path, restarts: str, removed: bool
+) -> None:
+    """SIGTERM comes for a cancel and a SLURM TIMEOUT (restart count unchanged: the job's end) and for a
+    requeue (SLURM counted one more restart first: the next run needs the sidecar)."""
+    run = Run(tmp_path, command="true")
+    run.write_sidecar("export A=1\n")
+    run.env["FAKE_JOB_RESTARTS"] = restarts
+    rc, _, _ = run_until_sigterm(run)
+    assert rc == 128 + signal.SIGTERM
+    assert run.sidecar.exists() is not removed
 
 
 def test_run_sigterm_before_the_step_ends_the_script_without_a_marker(tmp_path: Path) -> None:
@@ -497,12 +563,15 @@ def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
     result = run.run()
     assert result.returncode == 0, result.stderr
     ranks = [line for line in result.stdout.splitlines() if line.startswith("rank=")]
-    port = 29500 + int(run.env["SLURM_JOB_ID"]) % 1000  # per job: two jobs sharing a master node differ
+    announced = [line for line in result.stdout.splitlines() if line.startswith("TAO_SLURM: rendezvous n1:")]
+    port = int(announced[0].split(":")[2].split(",")[0])  # chosen on the node when the job started
+    assert 1024 <= port <= 65535
     assert ranks == [f"rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:{port} count=2/1 nccl=1" for rank in (0, 1)]
-    assert f"TAO_SLURM: rendezvous n1:{port}, 2 nodes x 1 GPUs" in result.stdout.splitlines()
+    assert announced == [f"TAO_SLURM: rendezvous n1:{port}, 2 nodes x 1 GPUs"]
     args = run.srun_args()
-    assert args[:5] == [
+    assert args[:6] == [
         "--input=none",
+        "--export=ALL",
         "--nodes=2",
         "--ntasks-per-node=1",
         "--cpus-per-task=16",
@@ -520,17 +589,85 @@ def test_run_multi_node_fails_without_hosts(tmp_path: Path) -> None:
     assert not (run.job_dir / "srun.args").exists()
 
 
+@pytest.mark.parametrize("num_nodes", [1, 2], ids=["single-node", "multi-node"])
 @pytest.mark.parametrize(
-    ("changes", "port"),
+    ("changes", "fixed"),
     [
-        pytest.param({}, "$(( 29500 + SLURM_JOB_ID % 1000 ))", id="shared-nodes-per-job"),
-        pytest.param({"exclusive": True, "gpus_per_node": 8}, "29500", id="exclusive-nodes-seed-port"),
+        pytest.param({}, None, id="shared-nodes"),
+        pytest.param({"exclusive": True, "gpus_per_node": 8}, None, id="exclusive-nodes"),
         pytest.param({"master_port": 31000}, "31000", id="overridden"),
     ],
 )
-def test_master_port(changes: dict[str, Any], port: str) -> None:
-    script = render_sbatch(replace(BASE, **{"num_nodes": 2, "gpus_per_node": 1, **changes}))
-    assert f"export MASTER_PORT={port}\n" in script
+def test_master_port_is_chosen_on_the_node_unless_given(
+    changes: dict[str, Any], fixed: str | None, num_nodes: int
+) -> None:
+    script = render_sbatch(replace(BASE, **{"num_nodes": num_nodes, "gpus_per_node": 1, **changes}))
+    picks = "if ! MASTER_PORT=$(tao_slurm_free_port); then\n" in script
+    assert (picks, f"export MASTER_PORT={fixed}\n" in script) == (fixed is None, fixed is not None)
+    assert "29500 + SLURM_JOB_ID % 1000" not in script
+
+
+PORT_SNIPPET = "rendezvous_port.sh.j2"
+
+
+def pick_port(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run the port-choosing block of the job scripts with real bash, as the batch script runs it."""
+    snippet = render_template(PORT_SNIPPET, {})
+    return subprocess.run(
+        ["/bin/bash", "-c", f'set -euo pipefail\n{snippet}echo "MASTER_PORT=${{MASTER_PORT}}"\n'],
+        env={"SLURM_JOB_ID": "4242", "MASTER_ADDR": "127.0.0.1", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def listening(address: str, port: int) -> socket.socket | None:
+    """A socket listening on ``address:port``, or None when that port is taken."""
+    sock = socket.socket()
+    try:
+        sock.bind((address, port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def in_use(port: int, *addresses: str) -> bool:
+    """Whether something accepts connections on ``port`` at any of ``addresses``."""
+    for address in addresses:
+        with socket.socket() as sock:
+            if sock.connect_ex((address, port)) == 0:
+                return True
+    return False
+
+
+def test_port_choice_with_python3_is_a_port_free_on_the_node() -> None:
+    result = pick_port({"PATH": os.environ["PATH"]})
+    assert result.returncode == 0, result.stderr
+    port = int(result.stdout.strip().removeprefix("MASTER_PORT="))
+    sock = listening("", port)
+    assert sock is not None, f"port {port} is not free"
+    sock.close()
+
+
+def test_port_choice_without_python3_skips_ports_in_use_on_either_address(tmp_path: Path) -> None:
+    """No python3 on PATH: bash scans 29500-30499 from the job's own start (29742 for job 4242) with /dev/tcp,
+    skipping a port something listens on at 127.0.0.1 and one it listens on only at MASTER_ADDR."""
+    (tmp_path / "bin").mkdir()
+    taken = [listening("127.0.0.1", 29742), listening("127.0.0.2", 29743)]
+    try:
+        free = next(port for port in range(29744, 30500) if not in_use(port, "127.0.0.1", "127.0.0.2"))
+        result = pick_port({"PATH": str(tmp_path / "bin"), "MASTER_ADDR": "127.0.0.2"})
+    finally:
+        for sock in taken:
+            if sock is not None:
+                sock.close()
+    assert None not in taken, "the test's ports 29742/29743 are in use on this machine"
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"MASTER_PORT={free}\n"
 
 
 @pytest.mark.parametrize("port", [80, 70000, True, "29500"])

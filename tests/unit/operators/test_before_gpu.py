@@ -595,7 +595,7 @@ def test_import_submits_a_conversion_and_defers(cluster: Cluster, existing: byte
     assert deferred.method_name == "execute_complete"
     (call,) = cluster.calls("sbatch")
     script = cluster.results / "jobs" / kwargs["job_name"] / "sbatch" / f"job_{kwargs['job_name']}.sbatch"
-    assert call == f"--parsable --hold --job-name={kwargs['job_name']} {script}"
+    assert call == f"--parsable --hold --export=ALL --job-name={kwargs['job_name']} {script}"
     assert f"TAO_SLURM_TARGET={target}" in script.read_text()
     assert "#SBATCH --partition=cpu_long" in script.read_text()
     assert (Path(f"{target}.lock") / "owner").read_text() == f"{owner}\n"
