@@ -18,6 +18,7 @@ belong in Enroot's credentials file.
 
 from __future__ import annotations
 
+import posixpath
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -45,6 +46,7 @@ _COMPONENT_RE = re.compile(r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*")
 _TAG_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 _SHORT_DIGEST_HEX = 16
+_WORD_RE = re.compile(r"[a-z0-9]+")
 
 
 @dataclass(frozen=True)
@@ -285,6 +287,20 @@ def registry_host(image: ImageRef) -> str | None:
     if image.kind != "registry":
         return None
     return (image.registry or DOCKER_HUB_HOST).split(":")[0]
+
+
+def is_tao_image(image: ImageRef) -> bool:
+    """Whether ``image`` is an NVIDIA TAO image: its name has the word ``tao``.
+
+    The name is the repository of a registry image (``nvidia/tao/tao-toolkit``) or the file name of a
+    ``.sqsh`` (its cache name ``nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh``, or ``tao.sqsh``); words
+    are split at anything but letters and digits, so ``potato.sqsh`` is not one.
+
+    :param image: a parsed image.
+    :returns: True for a TAO image.
+    """
+    name = image.repository if image.repository is not None else posixpath.basename(image.path or "")
+    return "tao" in _WORD_RE.findall(name.removesuffix(".sqsh").lower())
 
 
 def check_sqsh_header(first_bytes: bytes, size: int) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_BYTES_PER_POLL
-from airflow_provider_tao_slurm.core.secrets import redact_text
+from airflow_provider_tao_slurm.core.secrets import redact_line
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
@@ -182,16 +182,29 @@ def clean_line(raw: bytes | str, secrets: Iterable[str] = ()) -> str:
     Invalid UTF-8 is replaced; a carriage-return progress bar keeps what a terminal would show
     last; ANSI escapes go; other control characters become ``\\ufffd`` (so no line can end a log
     record or start a forged one); secrets are redacted; the line is cut at :data:`MAX_LINE_CHARS`.
+    A line of a stream (where a private key may span lines) is cleaned with :func:`clean_stream_line`.
+    """
+    return clean_stream_line(raw, secrets)[0]
+
+
+def clean_stream_line(raw: bytes | str, secrets: Iterable[str] = (), in_key: bool = False) -> tuple[str, bool]:
+    """One line of a stream of job output cleaned as :func:`clean_line`, with private keys redacted across lines.
+
+    :param raw: the line, without its newline.
+    :param secrets: known secret values.
+    :param in_key: whether the stream's earlier lines opened a private key block that has not ended
+        (see :func:`~airflow_provider_tao_slurm.core.secrets.redact_line`).
+    :returns: the cleaned line, and whether a private key block is still open after it.
     """
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     text = text.rstrip("\r")
     if "\r" in text:
         text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
     text = _ESCAPE.sub("", _CSI.sub("", _OSC.sub("", text)))
-    text = redact_text(_CONTROL.sub("\ufffd", text), list(secrets))
+    text, in_key = redact_line(_CONTROL.sub("\ufffd", text), secrets, in_key)
     if len(text) > MAX_LINE_CHARS:
         text = f"{text[:MAX_LINE_CHARS]} … [{len(text) - MAX_LINE_CHARS} more characters]"
-    return text
+    return text, in_key
 
 
 def progress_line(entry: Mapping[str, Any]) -> str:
@@ -227,7 +240,8 @@ class LineStream:
     :param cursor_path: where the offset is kept between polls and triggerer restarts.
     :param max_bytes: bytes read per poll at most; more is skipped and said.
     :param offset: bytes already shown; ``None`` until the first read (resumed from the cursor).
-    :param secrets: values redacted from every line.
+    :param secrets: values redacted from every line (a private key block the job prints over many lines is
+        redacted whole, also across polls).
     """
 
     label: str
@@ -238,6 +252,7 @@ class LineStream:
     secrets: tuple[str, ...] = ()
     _pending: bytes = field(default=b"", repr=False)
     _asked: int = field(default=0, repr=False)
+    _in_key: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         if not _LABEL_RE.fullmatch(self.label):
@@ -260,6 +275,7 @@ class LineStream:
         if self.offset is not None and chunk.offset < self.offset:
             notes.append(f"{self.path} was truncated or replaced (a requeued run?): showing it again from the start")
             self._pending = b""
+            self._in_key = False
         if chunk.skipped:
             notes.append(
                 f"… {chunk.skipped} bytes of {self.path} skipped: the job wrote more than "
@@ -284,11 +300,13 @@ class LineStream:
         return None if self.offset is None else self.offset - len(self._pending)
 
     def _format(self, raw: bytes) -> str:
+        line: bytes | str = raw
         if self.label == PROGRESS:
             try:
                 entry = json.loads(raw)
             except (ValueError, RecursionError):
                 entry = None
             if isinstance(entry, Mapping):
-                return clean_line(progress_line(entry), self.secrets)
-        return clean_line(raw, self.secrets)
+                line = progress_line(entry)
+        text, self._in_key = clean_stream_line(line, self.secrets, self._in_key)
+        return text

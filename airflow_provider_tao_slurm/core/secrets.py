@@ -34,10 +34,11 @@ from __future__ import annotations
 import base64
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 from urllib.parse import quote, quote_plus
 
+from airflow_provider_tao_slurm.core.shell import quote as shell_quote
 from airflow_provider_tao_slurm.exceptions import SecretLeakError
 
 #: What a secret is replaced with: a reference to an unset variable, never a literal.
@@ -82,6 +83,14 @@ _NAMED_VALUES: tuple[tuple[str, re.Pattern[str]], ...] = (
             r"""["']?value["']?[ \t]*:[ \t]*""" + _VALUE
         ),
     ),
+    # {value: Y, name: X}: the same entry with the value first.
+    (
+        "env-list",
+        re.compile(
+            r"""\{[ \t]*["']?value["']?[ \t]*:[ \t]*""" + _VALUE + r"""[ \t]*,[ \t]*"""
+            r"""["']?name["']?[ \t]*:[ \t]*["']?(?P<name>[A-Za-z_][A-Za-z0-9_]*)["']?[ \t]*[,}]"""
+        ),
+    ),
     # docker login -u U -p X / -pX (and the other registry clients).
     (
         "option",
@@ -100,6 +109,7 @@ _ENV_NAME_LINE = re.compile(
 _ENV_VALUE_LINE = re.compile(r"""^[ \t]+value[ \t]*:[ \t]*""" + _VALUE)
 _SPLICE = "\\\n"
 _PEM_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
+_PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
 
 # (kind, name, pattern): the named group "s", when present, is the secret part of the match.
 _PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
@@ -182,6 +192,15 @@ def assert_no_secrets(text: str, where: str) -> None:
         )
 
 
+def sidecar_text(secrets: Mapping[str, str]) -> str:
+    """The mode-600 sidecar a job's batch script sources: one ``export NAME='value'`` line per secret.
+
+    :param secrets: ``{variable name: resolved value}``.
+    :returns: the file's text (values shell-quoted), names in order.
+    """
+    return "".join(f"export {name}={shell_quote(value)}\n" for name, value in sorted(secrets.items()))
+
+
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """Replace secret values and everything :func:`lint_script` would flag with :data:`REDACTED`.
 
@@ -203,6 +222,31 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         position = max(position, end)
     pieces.append(text[position:])
     return "".join(pieces)
+
+
+def redact_line(line: str, secrets: Iterable[str] = (), in_key: bool = False) -> tuple[str, bool]:
+    """Redact one line of a text read line by line, as :func:`redact_text`, and private keys across lines.
+
+    A private key block (``-----BEGIN ... PRIVATE KEY-----`` to ``-----END ... PRIVATE KEY-----``)
+    spread over many lines (or many reads) is redacted whole: every line from its ``BEGIN`` on is
+    :data:`REDACTED` until the line with its ``END``, of which only what follows the ``END`` is shown.
+    A block that never ends redacts the rest of the text, as :func:`redact_text` does.
+
+    :param line: one line, without its newline.
+    :param secrets: known secret values, as for :func:`redact_text`.
+    :param in_key: whether an earlier line opened a private key block that has not ended yet (False
+        for the first line).
+    :returns: the redacted line, and whether a private key block is still open after it (pass it as
+        ``in_key`` with the next line).
+    """
+    shown = ""
+    if in_key:
+        end = _PEM_END.search(line)
+        if end is None:
+            return REDACTED, True
+        shown, line = REDACTED, line[end.end() :]
+    still_open = any(_PEM_END.search(match.group()) is None for match in _PEM_BLOCK.finditer(line))
+    return shown + redact_text(line, secrets), still_open
 
 
 def _encoded_forms(secret: str) -> set[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
@@ -23,7 +23,9 @@ from typing import Literal
 
 from airflow_provider_tao_slurm.exceptions import JobLookupError
 
-Source = Literal["squeue", "sacct"]
+#: Who reported a state: the scheduler, accounting, or the job's own end marker and exit-code file
+#: (:func:`state_from_end_evidence`, for a job neither of the others knows any more).
+Source = Literal["squeue", "sacct", "end marker"]
 
 
 class TaoState(StrEnum):
@@ -142,8 +144,8 @@ class JobState:
     :param native: normalised native state (``CANCELLED`` for ``CANCELLED by 1001``).
     :param raw_state: the state text exactly as printed.
     :param tao_state: the mapped TAO state.
-    :param source: ``"squeue"`` or ``"sacct"``.
-    :param exit_code: program exit status (sacct only).
+    :param source: ``"squeue"``, ``"sacct"`` or ``"end marker"`` (:func:`state_from_end_evidence`).
+    :param exit_code: program exit status (sacct, or the job's end marker).
     :param signal: signal that ended the program, ``0`` for none (sacct only).
     :param reason: pending or failure reason, ``None`` when SLURM prints ``None``.
     :param node_list: allocated nodes, ``None`` before allocation.
@@ -273,6 +275,41 @@ def state_from_native(
         err_class=ErrClass.ERR_INFRA if native in INFRA_NATIVE_STATES else None,
         message=message,
         placeholder=placeholder,
+    )
+
+
+def state_from_end_evidence(
+    job_id: str, markers: Iterable[tuple[int, int]], exit_code_text: str | None
+) -> JobState | None:
+    """The end that a job's own files show, for a job that squeue and sacct both no longer know.
+
+    A short ``MinJobAge`` makes slurmctld forget a finished job within seconds; when slurmdbd lags
+    past the vanished-job grace, nothing else can say how the job ended. Its batch script can: its
+    EXIT trap leaves an end marker ``<job>-<restart>-<exit code>.end`` when the script ends by itself
+    (never after SIGTERM), and the script writes the step's exit code to its exit-code file (removed
+    when a run starts). Only the two together are evidence: the marker of the latest run, and the
+    exit-code file holding the same code.
+
+    :param job_id: the SLURM job id.
+    :param markers: the job's end markers, as ``(restart count, exit code)`` pairs.
+    :param exit_code_text: the exit-code file's content; None when it is missing or could not be read.
+    :returns: COMPLETED (exit code 0) or FAILED with that exit code, source ``"end marker"``; None
+        when the files show no such end (then the job is vanished, as before).
+    """
+    latest = max(markers, default=None)
+    if latest is None or exit_code_text is None:
+        return None
+    restart, code = latest
+    written = exit_code_text.strip()
+    if not written.isdigit() or int(written) != code:
+        return None
+    return state_from_native(
+        job_id,
+        "COMPLETED" if code == 0 else "FAILED",
+        source="end marker",
+        exit_code=code,
+        signal=0,
+        reason=f"end marker of run {restart} and exit-code file; squeue and sacct no longer know the job",
     )
 
 

@@ -8,8 +8,9 @@ SLURM job of OUR user and that the job's record tells the truth:
   try's) before submitting, and only ever our own jobs (the hook filters lookups by user);
 - infrastructure resubmission: new record with ``retry_of``, the failed nodes excluded as
   precisely as the evidence allows, never more than the partition can spare;
-- settling: cancel (recorded with its source), vanished and unrecognised jobs (recorded UNKNOWN),
-  sidecar removal, and bounded, redacted log tails.
+- settling: cancel (recorded with its source), vanished and unrecognised jobs (recorded UNKNOWN,
+  unless the job's own end marker and exit-code file show how it ended), sidecar removal, and
+  bounded, redacted log tails.
 
 Operators and the sensor are thin callers of this class; triggers use its async twins.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -28,8 +30,8 @@ from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
-from airflow_provider_tao_slurm.core.secrets import redact_text
-from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState
+from airflow_provider_tao_slurm.core.secrets import redact_text, sidecar_text
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_end_evidence
 from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -41,7 +43,7 @@ from airflow_provider_tao_slurm.exceptions import (
     TaoSlurmError,
 )
 from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent, JobHandle
-from airflow_provider_tao_slurm.lifecycle.support import utc_now
+from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -233,6 +235,7 @@ class JobLifecycle:
             )
         # The same evidence gives the same exclusions as when an earlier try resubmitted it (found).
         excluded = self._exclusions(handle, record, state, verdict, check_fit=not found)
+        stage = None if found else self._sidecar_stage(handle)  # before any record says "resubmitted"
         record = _settled(
             record,
             TaoState.ERROR,
@@ -246,7 +249,7 @@ class JobLifecycle:
             slurm_id = found[0]
             self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
         else:
-            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded)
+            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded, stage)
         self.log.warning(
             "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
             state.job_id,
@@ -327,9 +330,15 @@ class JobLifecycle:
         return count, [part for part in str(partition or "").split(",") if part]
 
     def _submit_retry(
-        self, handle: JobHandle, record: JobRecord, new_id: str, layout: JobLayout, excluded: Sequence[str]
+        self,
+        handle: JobHandle,
+        record: JobRecord,
+        new_id: str,
+        layout: JobLayout,
+        excluded: Sequence[str],
+        stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None,
     ) -> str:
-        """Open the retry's record and submit the staged script under the new name."""
+        """Open the retry's record and submit the staged script under the new name (``stage``: its sidecar)."""
         retry = open_record(
             job_id=new_id,
             cluster=record.cluster,
@@ -347,7 +356,7 @@ class JobLifecycle:
         script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
         extra = (f"--exclude={','.join(excluded)}",) if excluded else ()
         try:
-            slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra)
+            slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra, stage=stage)
         except SubmissionError as exc:
             retry = mark(retry, TaoState.ERROR, now=utc_now(), message=f"sbatch refused it: {exc}", source="sensor")
             self.write_record(layout.record_path, retry)
@@ -362,6 +371,22 @@ class JobLifecycle:
             layout.record_path, _running(retry, slurm_id, f"resubmitted as SLURM job {slurm_id}", "sensor")
         )
         return slurm_id
+
+    @staticmethod
+    def _sidecar_stage(handle: JobHandle) -> tuple[str, dict[str, tuple[bytes | None, int]]] | None:
+        """The job's secret sidecar, resolved again here, to stage with a resubmission.
+
+        The ended run's batch script removed it at its exit (SLURM was not going to run that job
+        again); the resubmitted job runs the same script, which reads it at the same path.
+
+        :raises ValidationError: when a ``secret_env`` reference cannot be resolved here (the
+            secret is never guessed; nothing is submitted).
+        """
+        if not handle.sidecar_path or not handle.secret_refs:
+            return None
+        secrets = {name: resolve_secret(name, source) for name, source in handle.secret_refs.items()}
+        relative = posixpath.relpath(handle.sidecar_path, handle.results_base)
+        return handle.results_base, {relative: (sidecar_text(secrets).encode(), 0o600)}
 
     # ------------------------------------------------------------------ settling
 
@@ -382,6 +407,31 @@ class JobLifecycle:
             check=True,
             what="removing the secret sidecar and the end markers",
         )
+
+    def end_evidence(self, handle: JobHandle) -> JobState | None:
+        """How a job that squeue and sacct no longer know ended, by its own files; None when they do not show it.
+
+        Reads the job's end markers (the batch script's EXIT trap) and its exit-code file, and decides with
+        :func:`~airflow_provider_tao_slurm.core.states.state_from_end_evidence`. A read that failed shows
+        nothing (the job stays vanished).
+        """
+        if not handle.exit_code_path:
+            return None
+        directory = ends_dir(handle.results_base)
+        try:
+            listed = self.hook.run(commands.end_markers({directory: 0.0}), what="listing the job's end markers")
+            code = self.hook.read_file(handle.exit_code_path) if listed.rc == 0 else None
+        except TaoSlurmError as exc:
+            self.log.warning("Cannot read the end marker of SLURM job %s: %s", handle.slurm_job_id, exc)
+            return None
+        if code is None:
+            return None
+        markers = [
+            (marker.restart, marker.exit_code)
+            for marker in commands.parse_end_markers(listed.stdout, [directory])
+            if marker.slurm_job_id == handle.slurm_job_id
+        ]
+        return state_from_end_evidence(handle.slurm_job_id, markers, code)
 
     def mark_unknown(self, handle: JobHandle, record: JobRecord, message: str, *, remove_sidecar: bool) -> None:
         """Record UNKNOWN (a vanished job, or a state nobody knows) with ``message``.

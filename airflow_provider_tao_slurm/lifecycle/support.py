@@ -132,6 +132,27 @@ def resolve_secret(name: str, source: str) -> str:
     return value
 
 
+def resolve_secrets(refs: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """Resolve a job's ``secret_env`` references (:func:`resolve_secret`) to redact its logs.
+
+    A reference that does not resolve here (an ``env:`` variable this process lacks, a connection
+    it cannot read) is named, never guessed: the caller withholds the job's lines rather than
+    show them with pattern redaction alone.
+
+    :param refs: the job handle's ``secret_refs``.
+    :returns: the values resolved, and for each reference that failed, its name and the type of
+        its error (never a value).
+    """
+    values: list[str] = []
+    failed: dict[str, str] = {}
+    for name, source in refs.items():
+        try:
+            values.append(resolve_secret(name, source))
+        except Exception as exc:  # any failure leaves the secret unknown: the caller withholds the lines
+            failed[name] = type(exc).__name__
+    return values, failed
+
+
 def secret_references(secret_env: Mapping[str, str]) -> dict[str, str]:
     """The ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
 

@@ -72,7 +72,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :param timeout_hours: the program's own timeout, below ``time_hours``.
     :param partition: GPU partition(s); default from the connection.
     :param account: SLURM account; default from the connection.
-    :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection.
+    :param container_mounts: Pyxis mounts ``SRC:DST[:FLAGS][,...]``; default from the connection. They must show
+        the job directory and the results directory at their own path (e.g. ``/lustre:/lustre``), and every
+        absolute path in the spec's ``dataset`` section; that is checked before anything is staged.
     :param spec: TAO spec, staged as ``specs/spec.yaml`` (``{config_path}``): a dict, YAML text, or the
         name of a ``.yaml``/``.yml`` file next to the DAG file (or in the DAG's ``template_searchpath``),
         which Airflow reads and renders with Jinja like any templated file (``template_ext``).
@@ -84,20 +86,24 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         GPU: several nodes, or one node with ``gpus_per_node > 1``).
     :param requeue: let SLURM requeue the job after node failure or preemption.
     :param exclude_nodes: nodes to avoid.
-    :param network_arch: TAO network architecture (recorded).
+    :param network_arch: TAO network architecture (recorded); it decides whether the job is a TAO action, which
+        :class:`SlurmJobSensor` holds COMPLETE only when ``status.json`` says SUCCESS. Pass ``"custom"`` for a
+        plain container job. Default: the network of the TAO entry point the command starts with
+        (``classification_pyt train ...``, the ``tao`` launcher), else ``"tao"`` for a TAO image (its name has
+        the word ``tao``, e.g. ``nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh``), else ``"custom"``.
     :param action: TAO action (recorded).
     :param mem_mb: memory per node in MB (optional).
     :param qos: SLURM QOS (``--qos``).
     :param constraint: node features (``--constraint``, e.g. ``h100`` or ``a100&ib``).
     :param reservation: SLURM reservation(s) (``--reservation``).
     :param gpu_type: GPU type (``--gres=gpu:<type>:<n>``), e.g. ``h100``.
-    :param total_gpus: total GPUs; the node count is derived (up to 8 on one node, above that whole
-        8-GPU nodes); leave ``num_nodes``/``gpus_per_node`` at their defaults.
+    :param total_gpus: total GPUs; the layout is derived from the partition's nodes (up to one node's
+        GPUs on one node, above that whole nodes); leave ``num_nodes``/``gpus_per_node`` at their defaults.
     :param sbatch_options: more sbatch options ``{long-name: value}`` (``True`` for a flag), e.g.
         ``{"mail-type": "END", "comment": "run-42"}``; options the provider sets or that would break
         isolation (``uid``, ``output``, ``job-name``, ``export``, ``wrap`` ...) are refused.
-    :param master_port: the multi-node rendezvous port; default 29500 on exclusive nodes, else one
-        derived from the SLURM job id (29500-30499), so jobs sharing a master node never collide.
+    :param master_port: the rendezvous port; default: a port free on the master node, chosen when the
+        job starts, so jobs sharing a node never collide.
     :param execution: the spec bundle's ``execution`` block (pre/post commands, declared environment,
         torchrun launcher, child exit-code file, supporting files); see the docs' "Spec bundles" page.
     :param bundle_root: directory (on the worker) the bundle's ``supporting_files`` are relative to.
@@ -146,7 +152,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         nccl_env: Mapping[str, str] | None = None,
         requeue: bool = True,
         exclude_nodes: Sequence[str] | None = None,
-        network_arch: str = "custom",
+        network_arch: str | None = None,
         action: str = "train",
         mem_mb: int | None = None,
         execution: Mapping[str, Any] | None = None,
@@ -197,6 +203,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         from airflow_provider_tao_slurm.core.images import parse_image
         from airflow_provider_tao_slurm.core.resources import build_resources, site_options
         from airflow_provider_tao_slurm.core.specs import load_spec
+        from airflow_provider_tao_slurm.core.tao import job_network_arch
         from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, ImageReferenceError, ValidationError
 
         settings = self.hook.settings
@@ -245,7 +252,10 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 "('env:VAR' from the worker's environment, 'conn:ID' for a connection's password, 'var:KEY' for an "
                 "Airflow Variable) so the secret never sits in the DAG and can be redacted from every log"
             )
-        execution = parse_execution(self.execution)
+        # A total_gpus request is laid out on the partition's nodes later (place_on_cluster checks it again).
+        execution = parse_execution(
+            self.execution, gpus_per_node=None if resources.layout_total is not None else resources.gpus_per_node
+        )
         command = self.command if self.command is not None else execution.command
         if not isinstance(command, str) or not command.strip():
             raise ValidationError(
@@ -258,10 +268,17 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
                 "(extra results_dir or SLURM_BASE_RESULTS_DIR)"
             )
+        if self.network_arch is not None and (not isinstance(self.network_arch, str) or not self.network_arch.strip()):
+            raise ValidationError(
+                f"network_arch={self.network_arch!r} must be a TAO network (e.g. 'classification_pyt') or 'custom' "
+                "for a plain container job; leave it out to decide from the image and the command"
+            )
         spec = load_spec(self.spec)
         return {
             "settings": settings,
             "command": command,
+            "network_arch": job_network_arch(self.network_arch, image, command),
+            "container_mounts": self.container_mounts or settings.container_mounts,
             "execution": execution,
             "helpers": self._supporting_files(execution),
             "image": image,
@@ -336,7 +353,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         import yaml
 
         from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
-        from airflow_provider_tao_slurm.core.execution import build_step_command, canonical_sha256
+        from airflow_provider_tao_slurm.core.execution import build_step_command, canonical_sha256, parse_execution
+        from airflow_provider_tao_slurm.core.mounts import check_mounts, spec_dataset_paths
         from airflow_provider_tao_slurm.core.records import open_record
         from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
         from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
@@ -374,6 +392,12 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             command = build_step_command(bound, command, exit_codes_path)
         env = {key: bind_text(value, values) for key, value in checked["env"].items()}
         spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
+        check_mounts(
+            checked["container_mounts"],
+            same_path={"job directory (spec, staged files)": layout.job_dir, "results directory": layout.results_dir},
+            visible=spec_dataset_paths(spec),
+            origin="the operator" if self.container_mounts else f"connection {self.slurm_conn_id!r}",
+        )
 
         def render(resources: Resources) -> str:
             return render_sbatch(
@@ -383,7 +407,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                     log_dir=layout.log_dir,
                     job_dir=layout.job_dir,
                     image=checked["image"].path,
-                    container_mounts=self.container_mounts or settings.container_mounts,
+                    container_mounts=checked["container_mounts"],
                     command=command,
                     env=env,
                     nccl_env=checked["nccl_env"],
@@ -406,6 +430,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         lint_bash(script)
         resources = place_on_cluster(self.hook, requested)
         if resources != requested:
+            if requested.layout_total is not None:
+                parse_execution(self.execution, gpus_per_node=resources.gpus_per_node)
             script = render(resources)
 
         now = utc_now()
@@ -413,7 +439,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             job_id=job_id,
             cluster=settings.cluster_name,
             image=checked["image"].path,
-            network_arch=self.network_arch,
+            network_arch=checked["network_arch"],
             action=self.action,
             results_dir=layout.results_dir,
             job_dir=layout.job_dir,
@@ -515,7 +541,7 @@ def _job_files(
 ) -> dict[str, tuple[bytes | None, int]]:
     """The files (and directories: content None) staged for one job, relative to the results base."""
     from airflow_provider_tao_slurm.core.records import to_json
-    from airflow_provider_tao_slurm.core.shell import quote
+    from airflow_provider_tao_slurm.core.secrets import sidecar_text
 
     def rel(path: str) -> str:
         return path[len(layout.base) + 1 :]
@@ -530,6 +556,5 @@ def _job_files(
         rel(layout.record_path): (to_json(record, list(secrets.values())).encode(), 0o644),
     }
     if secrets:
-        lines = "".join(f"export {name}={quote(value)}\n" for name, value in sorted(secrets.items()))
-        files[rel(layout.sidecar_path)] = (lines.encode(), 0o600)
+        files[rel(layout.sidecar_path)] = (sidecar_text(secrets).encode(), 0o600)
     return files

@@ -1,4 +1,4 @@
-"""``SlurmJobSensor``: wait (deferred) for a submitted job, then settle its record.
+"""``SlurmJobSensor``: wait for a submitted job (deferred when deferrable), then settle its record.
 
 On the trigger's event it writes the observed transitions to the job record, shows the end of
 the job's logs in the task log, checks ``status.json`` on success, classifies failures with
@@ -33,7 +33,7 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     SerializeParamsOnceMixin,
     SlurmHookMixin,
     default_deferrable,
-    resolve_secret,
+    resolve_secrets,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path", "results_base")
 #: Bytes of each log shown when the job ends (what the live lines did not show yet, at most this).
 FINAL_LOG_BYTES = 16384
+#: The job's own logs in its log directory.
+LOGS = ("main.out", "main.err")
 
 
 def _watch_tag(context: Any) -> str:
@@ -86,8 +88,9 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     :param max_infra_retries: how many times an infrastructure failure (NODE_FAIL, GPU Xid, NCCL
         transport, ...) is resubmitted, avoiding the failed nodes.
     :param require_status_json: fail a COMPLETED job whose ``status.json`` does not say SUCCESS (missing
-        included). Default: required for TAO jobs (any ``network_arch`` other than ``custom``, as the job
-        record says), not for custom programs.
+        included). Default: required for TAO actions, as the job record says (any ``network_arch`` other than
+        ``custom``: ``SbatchSubmitOperator`` records one for a TAO image or entry point unless told
+        ``network_arch="custom"``), not for plain container jobs.
     :param not_found_grace: seconds a job may be unknown to squeue and sacct (accounting lag)
         before it is recorded UNKNOWN and the task fails.
     :param unrecognised_grace: seconds SLURM may report a state this provider does not know
@@ -136,6 +139,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         self._first_missing: float | None = None
         self._strange_since: float | None = None
         self._unaccounted_since: float | None = None
+        self._withheld: set[str] = set()  # jobs whose unresolved secrets were already reported
 
     @property
     def lifecycle(self) -> JobLifecycle:
@@ -232,16 +236,19 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if not self.stream_logs or not handle.log_dir:
             return []
         tag = _watch_tag(context)
-        paths = {name: f"{handle.log_dir}/{name}" for name in ("main.out", "main.err")}
+        paths = {name: f"{handle.log_dir}/{name}" for name in LOGS}
         paths[PROGRESS] = f"{handle.results_dir}/status.json"
         return [
             {"label": label, "path": path, "cursor_path": f"{handle.log_dir}/.live-{tag}.{label}.offset"}
             for label, path in paths.items()
         ]
 
-    def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str]) -> list[LineStream]:
+    def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str] | None) -> list[LineStream]:
+        """The live streams, redacting ``secrets``; none when the job's secrets did not resolve (None)."""
         from airflow_provider_tao_slurm.core.logstream import LineStream
 
+        if secrets is None:
+            return []
         return [
             LineStream(
                 str(item["label"]),
@@ -507,14 +514,21 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         record = self._observed(handle, lifecycle.require_record(handle), event)
         secrets = self._secret_values(handle)
         log_tail = self._show_logs(handle, secrets, event.log_offsets)
-        if event.status is EventStatus.VANISHED:
-            lifecycle.mark_unknown(handle, record, event.message, remove_sidecar=True)
-            raise JobNotFoundError(event.message)
         if event.status is EventStatus.UNRECOGNISED:
             lifecycle.mark_unknown(handle, record, event.message, remove_sidecar=False)
             raise UnknownStateError(event.message)
-        state = event.state
-        assert state is not None  # JobEvent.from_dict guarantees it for TERMINAL
+        state = event.state if event.status is EventStatus.TERMINAL else lifecycle.end_evidence(handle)
+        if state is None:  # vanished, and its own files do not show how it ended
+            lifecycle.mark_unknown(handle, record, event.message, remove_sidecar=True)
+            raise JobNotFoundError(event.message)
+        if event.status is EventStatus.VANISHED:
+            self.log.warning(
+                "%s; its batch script's end marker and exit-code file show that it ended %s with exit code %s "
+                "(accounting lags): settled on that evidence",
+                event.message,
+                state.native,
+                state.exit_code,
+            )
         usage = lifecycle.usage(handle.slurm_job_id)
         if usage is not None:
             record = dataclasses.replace(record, extra={**record.extra, "usage": usage.to_dict()})
@@ -576,6 +590,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     ) -> dict[str, Any]:
         from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
         from airflow_provider_tao_slurm.core.status import status_verdict
+        from airflow_provider_tao_slurm.core.tao import is_tao_action
         from airflow_provider_tao_slurm.exceptions import JobFailedError
         from airflow_provider_tao_slurm.lifecycle.jobs import record_dict
 
@@ -583,7 +598,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         exit_codes = self._exit_codes(handle, state.exit_code if state.exit_code is not None else 0)
         required = self.require_status_json
         if required is None:
-            required = record.network_arch != "custom"  # a TAO job is COMPLETE only with status.json SUCCESS
+            required = is_tao_action(record.network_arch)  # a TAO action is COMPLETE only with status.json SUCCESS
         if verdict.ok is False or (verdict.ok is None and required):
             lifecycle.settle(
                 handle,
@@ -593,7 +608,16 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
                 err_class=ErrClass.ERR_PROGRAM,
                 exit_codes=exit_codes,
             )
-            raise JobFailedError(f"SLURM job {state.job_id} completed but {verdict.message}", err_class="ERR_PROGRAM")
+            why = (
+                f": a TAO action (network_arch {record.network_arch!r} in its record) is COMPLETE only when its "
+                "status.json says SUCCESS. If it is a plain container job, pass network_arch='custom' to "
+                "SbatchSubmitOperator (or require_status_json=False to this sensor)"
+                if verdict.ok is None and self.require_status_json is None
+                else ""
+            )
+            raise JobFailedError(
+                f"SLURM job {state.job_id} completed but {verdict.message}{why}", err_class="ERR_PROGRAM"
+            )
         record = lifecycle.settle(
             handle,
             record,
@@ -637,22 +661,24 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         Stats.gauge("tao_slurm.job.gpu_hours", usage.gpu_hours, tags=tags)
         Stats.incr("tao_slurm.job.gpu_seconds", round(usage.gpu_hours * 3600), tags=tags)
 
-    def _show_logs(self, handle: JobHandle, secrets: list[str], shown: Mapping[str, int]) -> str:
-        """Show what the live lines did not of main.out/main.err; return their ends for classification."""
+    def _show_logs(self, handle: JobHandle, secrets: list[str] | None, shown: Mapping[str, int]) -> str:
+        """Show what the live lines did not of main.out/main.err; return their ends for classification.
+
+        With ``secrets`` None (the job's secrets did not resolve here) nothing is shown.
+        """
         if not handle.log_dir:
             return ""
-        return "\n".join(
-            self._show_log(name, f"{handle.log_dir}/{name}", secrets, shown.get(name))
-            for name in ("main.out", "main.err")
-        )
+        if secrets is None:
+            return "\n".join(self.lifecycle.log_tail(f"{handle.log_dir}/{name}", FINAL_LOG_BYTES) for name in LOGS)
+        return "\n".join(self._show_log(name, f"{handle.log_dir}/{name}", secrets, shown.get(name)) for name in LOGS)
 
     def _show_log(self, label: str, path: str, secrets: Sequence[str], shown: int | None) -> str:
         """Log the part of ``path`` after ``shown`` (or its end), line by line as the live lines are; return its end.
 
-        Each line is cleaned like a live line (bounded, no escapes, redacted, prefixed with the label), so
-        a job's output cannot forge task-log lines.
+        Each line is cleaned like a live line (bounded, no escapes, redacted, a private key over many lines
+        too, prefixed with the label), so a job's output cannot forge task-log lines.
         """
-        from airflow_provider_tao_slurm.core.logstream import clean_line
+        from airflow_provider_tao_slurm.core.logstream import clean_stream_line
 
         tail = self.lifecycle.log_tail(path, FINAL_LOG_BYTES, secrets=secrets)
         if shown is None:
@@ -664,19 +690,30 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             heading = "after the live lines"
         if rest.strip():
             self.log.info("---- %s (%s) ----", path, heading)
+            in_key = False
             for line in rest.splitlines():
-                self.log.info("%s | %s", label, clean_line(line, secrets))
+                cleaned, in_key = clean_stream_line(line, secrets, in_key)
+                self.log.info("%s | %s", label, cleaned)
         return tail
 
-    def _secret_values(self, handle: JobHandle) -> list[str]:
-        """The job's secrets, resolved from the handle's references, so a job that prints one is redacted."""
-        values: list[str] = []
-        for name, source in handle.secret_refs.items():
-            try:
-                values.append(resolve_secret(name, source))
-            except Exception as exc:  # a reference unresolvable here still leaves pattern redaction
-                self.log.warning("Cannot resolve secret_env[%s] for log redaction: %s", name, type(exc).__name__)
-        return values
+    def _secret_values(self, handle: JobHandle) -> list[str] | None:
+        """The job's secrets, resolved from the handle's references, so a job that prints one is redacted.
+
+        None (said once per job) when one does not resolve here: pattern redaction alone would show that
+        secret if the job printed it, so the job's log lines are not shown (they stay in its files).
+        """
+        values, failed = resolve_secrets(handle.secret_refs)
+        if failed and handle.slurm_job_id not in self._withheld:
+            self._withheld.add(handle.slurm_job_id)
+            self.log.warning(
+                "Cannot resolve %s on this worker (%s): the log lines of SLURM job %s are not shown in the task "
+                "log, so that a secret it prints cannot show; they stay in %s",
+                ", ".join(f"secret_env[{name}]" for name in failed),
+                ", ".join(sorted(set(failed.values()))),
+                handle.slurm_job_id,
+                handle.log_dir or "the job's log directory",
+            )
+        return None if failed else values
 
     def _exit_codes(self, handle: JobHandle, job_code: int | None) -> dict[str, Any] | None:
         """The job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""

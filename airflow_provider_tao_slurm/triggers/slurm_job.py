@@ -48,7 +48,8 @@ class SlurmJobTrigger(BaseTrigger):
         (the cursor keeps the offset across triggerer restarts).
     :param log_bytes_per_poll: bytes read per file per poll at most; more is skipped (and said).
     :param secret_refs: the job's ``secret_env`` references (never values), resolved in the
-        triggerer to redact the live lines.
+        triggerer to redact the live lines; when one does not resolve there, the live lines are
+        withheld (said once in the task log).
     :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit).
     :param end_marker_dir: the ends directory where the job's batch script leaves its end marker
         (``<results_dir>/ends``); the shared poller reads it every couple of seconds and asks
@@ -213,19 +214,29 @@ class SlurmJobTrigger(BaseTrigger):
         return f"{self.slurm_job_id} ({self.job_name})" if self.job_name else self.slurm_job_id
 
     async def _line_streams(self) -> list[LineStream]:
-        """The job's live streams, with its secrets (resolved here, never stored) for redaction."""
+        """The job's live streams, with its secrets (resolved here, never stored) for redaction.
+
+        No streams when a secret does not resolve in the triggerer: pattern redaction alone would show that
+        secret if the job printed it, so the job's lines are withheld (said once; they stay in its files).
+        """
         if not self.log_streams:
             return []
         from asgiref.sync import sync_to_async
 
-        from airflow_provider_tao_slurm.lifecycle.support import resolve_secret
+        from airflow_provider_tao_slurm.lifecycle.support import resolve_secrets
 
-        secrets: list[str] = []
-        for name, source in self.secret_refs.items():
-            try:
-                secrets.append(await sync_to_async(resolve_secret)(name, source))
-            except Exception as exc:  # pattern redaction still applies
-                self.log.warning("Cannot resolve secret_env[%s] for log redaction: %s", name, type(exc).__name__)
+        secrets, failed = await sync_to_async(resolve_secrets)(self.secret_refs)
+        if failed:
+            self.log.warning(
+                "Cannot resolve %s in the triggerer (%s): the live lines of SLURM job %s are withheld from the "
+                "task log, so that a secret it prints cannot show; they stay in %s (the sensor shows the end of "
+                "each log, redacted, when the task resumes on a worker that resolves them)",
+                ", ".join(f"secret_env[{name}]" for name in failed),
+                ", ".join(sorted(set(failed.values()))),
+                self._job,
+                ", ".join(str(item["path"]) for item in self.log_streams),
+            )
+            return []
         return [
             LineStream(
                 str(item["label"]),

@@ -10,6 +10,7 @@ cluster.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 import subprocess
 import time
@@ -180,8 +181,11 @@ def test_two_multi_node_jobs_sharing_a_master_node_use_different_ports(
 def test_a_tao_job_is_complete_only_when_status_json_says_success(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:
-    """Two TAO jobs (network_arch classification_pyt) exit 0: one writes status.json SUCCESS, one writes none.
-    Expected: the first is COMPLETE; the second is ERROR (ERR_PROGRAM) saying status.json is missing."""
+    """Three TAO jobs exit 0: two with network_arch classification_pyt, one writing status.json SUCCESS, one
+    writing none, and one that names no network_arch but runs a TAO image (a .sqsh with the cache name of
+    nvcr.io/nvidia/tao/tao-toolkit) and writes none either. Expected: the first is COMPLETE; the other two are
+    ERROR (ERR_PROGRAM) saying status.json is missing, the last one's record says network_arch 'tao' and its
+    error says how a plain program opts out."""
     ok_ctx = context(dag_id, "submit", "r1")
     write_success = (
         "mkdir -p {results_dir} && "
@@ -196,6 +200,15 @@ def test_a_tao_job_is_complete_only_when_status_json_says_success(
         run_to_end(bad, bad_ctx)
     record = record_of(ssh_run, bad["record_path"])
     assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_PROGRAM")
+
+    tao_image = f"{posixpath.dirname(image)}/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt-rl.sqsh"
+    ssh_run(join(["ln", "-sfn", "--", posixpath.basename(image), tao_image]))
+    default_ctx = context(dag_id, "submit", "r3")
+    default = submit(submit_op(tao_image, "echo trained"), default_ctx)
+    with pytest.raises(JobFailedError, match=r"status\.json is missing.*network_arch='custom'"):
+        run_to_end(default, default_ctx)
+    record = record_of(ssh_run, default["record_path"])
+    assert (record["network_arch"], record["terminal_state"], record["err_class"]) == ("tao", "ERROR", "ERR_PROGRAM")
 
 
 def test_a_reservation_reaches_the_job(

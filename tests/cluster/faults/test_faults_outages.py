@@ -46,6 +46,7 @@ from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.core.states import NATIVE_TO_TAO
 from airflow_provider_tao_slurm.exceptions import JobFailedError, RemoteCommandError
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.triggers.slurm_job import ACCOUNTING_SETTLE_S
 
 if TYPE_CHECKING:
@@ -264,13 +265,15 @@ def test_slurmdbd_down_past_min_job_age(
 ) -> None:
     """Two jobs (one succeeds, one exits 3) ran; slurmdbd was stopped while both ran and stayed down for
     minutes: both ended with accounting down, and slurmctld forgot them (MinJobAge set to 30 s; it purges
-    once a minute), so squeue no longer knew them and sacct could not answer. Only then did their sensors
-    start and defer (a busy scheduler, or a triggerer restarted during the outage); their triggers polled
-    for 6 s with slurmdbd still down, then it was started again. Expected: while nobody can speak for the
-    jobs the triggers warn and wait (never "gone", never UNKNOWN); once accounting is back each sends one
-    event with sacct's state and exit code (COMPLETED 0, FAILED 3); the tasks end COMPLETE and
-    ERROR/ERR_PROGRAM with exit code 3; the records agree with sacct; one SLURM job each, nothing cancelled
-    or resubmitted."""
+    once a minute), so squeue no longer knew them and sacct could not answer. Then what each job's own end
+    marker and exit-code file show was read (what the sensor settles a job on that neither knows any more,
+    as when slurmdbd lags past the vanished-job grace). Only then did their sensors start and defer (a busy
+    scheduler, or a triggerer restarted during the outage); their triggers polled for 6 s with slurmdbd
+    still down, then it was started again. Expected: the jobs' files show COMPLETED 0 and FAILED 3; while
+    nobody can speak for the jobs the triggers warn and wait (never "gone", never UNKNOWN); once accounting
+    is back each sends one event with sacct's state and exit code (COMPLETED 0, FAILED 3); the tasks end
+    COMPLETE and ERROR/ERR_PROGRAM with exit code 3; the records agree with sacct; one SLURM job each,
+    nothing cancelled or resubmitted."""
     jobs = submit_pair(image, dag_id, seconds=6)
     wait_until(lambda: running(ssh_run, jobs), "both jobs RUNNING", 120)
     harness("stop-slurmdbd")
@@ -296,6 +299,10 @@ def test_slurmdbd_down_past_min_job_age(
             time.sleep(2)
         purged = forgotten()
         forgot = time.monotonic() - ended
+        # What settles a job both squeue and sacct do not know (slurmdbd lagging past the grace): its own files.
+        evidence = {
+            name: job.sensor.lifecycle.end_evidence(JobHandle.from_dict(job.handle)) for name, job in jobs.items()
+        }
         for job in jobs.values():
             job.deferred = defer(job.sensor, job.ctx)
         with LogCapture() as logs:
@@ -320,6 +327,9 @@ def test_slurmdbd_down_past_min_job_age(
     assert purged, f"squeue still knew the jobs {forgot:.0f} s after they ended (MinJobAge {short_min_job_age} s)"
     assert outage > short_min_job_age, f"the outage lasted only {outage:.0f} s"
     assert marks["fired_while_down"] == 0, "a trigger fired while neither squeue nor sacct could answer"
+    for name, state in evidence.items():
+        assert state is not None, f"{name}: its end marker and exit-code file were not evidence of its end"
+        assert (state.native, state.exit_code, state.source) == (EXPECTED[name][1], EXPECTED[name][0], "end marker")
     assert warnings, "no poll warning while squeue had forgotten the jobs and sacct could not answer"
     assert all("sacct exited" in line for line in warnings), warnings[:3]
     for name, (_, event) in events.items():

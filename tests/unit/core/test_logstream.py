@@ -265,3 +265,51 @@ def test_labels_are_short_names() -> None:
         LineStream("main.out | fake", "/a")
     with pytest.raises(ValidationError):
         LineStream("main.out", "relative")
+
+
+# ---------------------------------------------------------------------- a private key printed over many lines
+
+PEM_BEGIN = "-----BEGIN " + "RSA PRIVATE KEY-----"
+PEM_END = "-----END " + "RSA PRIVATE KEY-----"
+KEY_BODY = [
+    "MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo",
+    "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onL",
+    "Rnrq0/IzW7yWR7QkrmBL7jTKEn5u+qKhbwKf",
+]
+KEY_LOG = "\n".join(["epoch 1", f"key: {PEM_BEGIN}", *KEY_BODY, f"{PEM_END} ok", "epoch 2", ""]).encode()
+KEY_LINES = ["epoch 1", f"key: {REDACTED}", REDACTED, REDACTED, REDACTED, f"{REDACTED} ok", "epoch 2"]
+
+
+def _cuts() -> list[tuple[int, ...]]:
+    """Where the log's bytes are split into poll chunks: every single cut, and cuts inside the markers and the body."""
+    begin, end = KEY_LOG.index(b"-----BEGIN"), KEY_LOG.index(b"-----END")
+    body = KEY_LOG.index(KEY_BODY[1].encode())
+    return [(cut,) for cut in range(1, len(KEY_LOG))] + [
+        (begin + 5, body, end + 3),
+        (begin - 1, begin + 1, body + 10, end),
+        tuple(range(1, len(KEY_LOG), 7)),
+    ]
+
+
+@pytest.mark.parametrize("cuts", _cuts(), ids=lambda cuts: "-".join(map(str, cuts[:4])))
+@pytest.mark.parametrize("label", ["main.out", PROGRESS])
+def test_a_private_key_spread_over_lines_and_polls_leaks_no_line(cuts: tuple[int, ...], label: str) -> None:
+    """However the polls cut the job's output, no line of a key block reaches the task log; the lines around it do."""
+    stream = LineStream(label, "/lustre/logs/main.out")
+    lines: list[str] = []
+    offset = 0
+    for end in [*cuts, len(KEY_LOG)]:
+        lines += stream.feed(TailChunk(False, offset, 0, KEY_LOG[offset:end]))
+        offset = end
+    assert lines == [f"{label} | {line}" for line in KEY_LINES]
+    shown = "\n".join(lines)
+    assert not any(part in shown for part in KEY_BODY)
+
+
+def test_a_truncated_file_ends_the_key_block_of_the_run_before() -> None:
+    """A requeued run's new log starts outside any key block, even when the old one ended inside one."""
+    stream = LineStream("main.out", "/lustre/logs/main.out")
+    first = f"{PEM_BEGIN}\n{KEY_BODY[0]}\n".encode()
+    assert stream.feed(TailChunk(False, 0, 0, first)) == [f"main.out | {REDACTED}"] * 2
+    lines = stream.feed(TailChunk(False, 0, 0, b"rerun\n"))
+    assert lines[1:] == ["main.out | rerun"]

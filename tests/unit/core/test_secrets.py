@@ -19,6 +19,7 @@ from airflow_provider_tao_slurm.core.secrets import (
     assert_no_secrets,
     is_secret_name,
     lint_script,
+    redact_line,
     redact_obj,
     redact_text,
 )
@@ -269,6 +270,11 @@ STRICTER = [
     ("export HF_TOKEN=${HF_TOKEN:=hf-fallback-99}", [("HF_TOKEN", "default")], "hf-fallback-99"),
     ("env: [{name: NGC_KEY, value: nvk-flow-1234}]", [("NGC_KEY", "env-list")], "nvk-flow-1234"),
     ('"env": [{"name": "NGC_API_KEY", "value": "nvk-json-1234"}]', [("NGC_API_KEY", "env-list")], "nvk-json-1234"),
+    # the value before the name (issue 32, item 9)
+    ("- {value: nvk-flow-1234, name: NGC_KEY}", [("NGC_KEY", "env-list")], "nvk-flow-1234"),
+    ("env: [{value: 'nvk flow 5678', name: HF_TOKEN}]", [("HF_TOKEN", "env-list")], "nvk flow 5678"),
+    ('"env": [{"value": "nvk-json-1234", "name": "NGC_API_KEY"}]', [("NGC_API_KEY", "env-list")], "nvk-json-1234"),
+    ("- {value: nvk-x-9876,name: NGC_KEY, extra: 1}", [("NGC_KEY", "env-list")], "nvk-x-9876"),
     ('NGC_API_KEY=nvapi-"Zz9Zz9Zz9"', [("NGC_API_KEY", "assignment")], "Zz9Zz9Zz9"),
     ("PASSWORD=pre'mid dle'post", [("PASSWORD", "assignment")], "mid dle"),
 ]
@@ -281,6 +287,9 @@ STILL_CLEAN = [
     'echo "${NGC_API_KEY:-}" "${NGC_API_KEY:?set it}" "${HF_TOKEN:-$FALLBACK}"',
     "env: [{name: NGC_KEY, value: $(NGC_KEY)}]",
     "env: [{name: EPOCHS, value: 3}]",
+    "- {value: $(NGC_KEY), name: NGC_KEY}",
+    "- {value: 3, name: EPOCHS}",
+    "- {value: nvk-path-1234, name: NGC_KEY_FILE}",
     "max_new_tokens=128 TOKENIZERS_PARALLELISM=false",
 ]
 
@@ -343,3 +352,54 @@ def test_a_known_secret_is_redacted_in_its_encoded_forms(form: Any) -> None:
     secret = 'p@ss"w0rd $(x) &;|'
     shown = form(secret)
     assert shown not in redact_text(f"log: {shown} end", [secret])
+
+
+# --- a private key printed over many lines, redacted line by line (issue 32, item 9) ------------------
+
+PEM_END = "-----END " + "RSA PRIVATE KEY-----"
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [
+        pytest.param(
+            ["before", PEM_BEGIN, "MIIEowIBAAKCAQEA", "x9Zq/body==", PEM_END, "after"],
+            ["before", REDACTED, REDACTED, REDACTED, REDACTED, "after"],
+            id="block",
+        ),
+        pytest.param(
+            ["key: " + PEM_BEGIN, "MIIEowIBAAKCAQEA", PEM_END + " done"],
+            ["key: " + REDACTED, REDACTED, REDACTED + " done"],
+            id="text-around-the-block",
+        ),
+        pytest.param([PEM_BEGIN + "MIIE" + PEM_END, "after"], [REDACTED, "after"], id="one-line-block"),
+        pytest.param([PEM_BEGIN, "MIIEowIBAAKCAQEA", "plain words"], [REDACTED] * 3, id="never-ends"),
+        pytest.param(
+            [PEM_BEGIN, "body1", PEM_END + PEM_BEGIN, "body2", PEM_END, "x"],
+            [REDACTED, REDACTED, REDACTED + REDACTED, REDACTED, REDACTED, "x"],
+            id="two-blocks",
+        ),
+        pytest.param(
+            ["-----BEGIN " + "OPENSSH PRIVATE KEY-----", "b3BlbnNzaC1rZXk", "-----END " + "OPENSSH PRIVATE KEY-----"],
+            [REDACTED] * 3,
+            id="openssh",
+        ),
+        pytest.param(
+            ["-----BEGIN CERTIFICATE-----", "MIIC", "-----END CERTIFICATE-----"],
+            ["-----BEGIN CERTIFICATE-----", "MIIC", "-----END CERTIFICATE-----"],
+            id="certificate-is-public",
+        ),
+        pytest.param(
+            [PEM_BEGIN, "MIIE", PEM_END + " token " + GHP],
+            [REDACTED, REDACTED, REDACTED + " token " + REDACTED],
+            id="pattern-after-the-end",
+        ),
+    ],
+)
+def test_redact_line_redacts_a_private_key_spread_over_lines(lines: list[str], expected: list[str]) -> None:
+    shown, in_key = [], False
+    for line in lines:
+        text, in_key = redact_line(line, (), in_key)
+        shown.append(text)
+    assert shown == expected
+    assert redact_line(lines[0])[0] == redact_text(lines[0])  # one line alone: as redact_text

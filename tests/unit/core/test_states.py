@@ -17,6 +17,7 @@ from airflow_provider_tao_slurm.core.states import (
     parse_sbatch_reply,
     parse_squeue,
     pending_hint,
+    state_from_end_evidence,
     state_from_native,
 )
 from airflow_provider_tao_slurm.exceptions import JobLookupError
@@ -466,6 +467,38 @@ def test_accounted_needs_a_terminal_sacct_row_with_its_end(row: str, accounted: 
 
 def test_a_terminal_squeue_row_is_not_accounted() -> None:
     assert not _sq("1", "FAILED").accounted
+
+
+# --- a job squeue and sacct both no longer know (issue 32, item 11) ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("markers", "exit_code_text", "expected"),
+    [
+        pytest.param([(0, 0)], "0\n", ("COMPLETED", C, 0), id="clean-end"),
+        pytest.param([(0, 3)], "3\n", ("FAILED", E, 3), id="program-failed"),
+        pytest.param([(0, 0), (1, 2)], "2\n", ("FAILED", E, 2), id="latest-run-decides"),
+        pytest.param([(1, 0), (0, 5)], " 0 ", ("COMPLETED", C, 0), id="markers-in-any-order"),
+        pytest.param([], "0\n", None, id="no-marker-sigterm-or-lost"),
+        pytest.param([(0, 0)], None, None, id="no-exit-code-file"),
+        pytest.param([(0, 0)], "", None, id="empty-exit-code-file"),
+        pytest.param([(0, 0)], "3\n", None, id="files-disagree"),
+        pytest.param([(0, 0)], "zero", None, id="garbled-exit-code-file"),
+        pytest.param([(0, 0), (1, 0)], None, None, id="latest-run-removed-the-file-and-left-none"),
+    ],
+)
+def test_the_jobs_own_end_marker_and_exit_code_file_settle_a_job_nobody_knows(
+    markers: list[tuple[int, int]], exit_code_text: str | None, expected: tuple[str, TaoState, int] | None
+) -> None:
+    state = state_from_end_evidence("812", markers, exit_code_text)
+    if expected is None:
+        assert state is None
+        return
+    assert state is not None
+    assert (state.native, state.tao_state, state.exit_code, state.source) == (*expected, "end marker")
+    assert state.is_terminal
+    assert not state.accounted
+    assert "end marker" in state.message
 
 
 @pytest.mark.parametrize(

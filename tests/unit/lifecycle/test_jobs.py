@@ -25,6 +25,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobLookupError,
     JobNotFoundError,
     SubmissionError,
+    ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
@@ -470,6 +471,47 @@ def test_resubmit_excludes_only_what_the_evidence_names(
     retry = hook.record(RETRY_ID)
     assert (retry.retry_of, retry.backend_ref, retry.state) == (FIRST, "501", TaoState.RUNNING)
     assert hook.sidecar_removals == []  # the resubmitted job still needs its secrets
+
+
+class StagingHook(FakeHook):
+    """Keeps what is staged, content and mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.contents: dict[str, tuple[bytes | None, int]] = {}
+
+    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
+        super().stage_files(base, files)
+        self.contents.update({f"{base}/{name}": value for name, value in files.items()})
+
+
+def test_resubmit_stages_the_secret_sidecar_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failed run's EXIT trap removed the sidecar (SLURM was not rerunning it): the resubmission, which runs
+    the same script, gets it again, resolved on this worker, mode 600, in the same round trip as sbatch."""
+    monkeypatch.setenv("TAO_TEST_SRC", "s3cr3t value'x")
+    hook = StagingHook()
+    hook.store(record_of(FIRST))
+    state, verdict = failure("FAILED", "line 7: NVRM: Xid (PCI:0000:3b:00) on n2: 79, GPU has fallen off the bus")
+    old = handle(sidecar_path=LAYOUT.sidecar_path, secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
+
+    JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
+
+    assert hook.contents == {LAYOUT.sidecar_path: (b"export HF_TOKEN='s3cr3t value'\"'\"'x'\n", 0o600)}
+    assert [job_name for _, job_name, _, _ in hook.submits] == [RETRY_ID]
+    assert all("s3cr3t" not in text for text in hook.files.values())
+
+
+def test_resubmit_with_a_secret_this_worker_cannot_resolve_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TAO_TEST_SRC", raising=False)
+    hook = StagingHook()
+    hook.store(record_of(FIRST))
+    state, verdict = failure("FAILED", "line 7: NVRM: Xid (PCI:0000:3b:00) on n2: 79, GPU has fallen off the bus")
+    old = handle(sidecar_path=LAYOUT.sidecar_path, secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
+
+    with pytest.raises(ValidationError, match="TAO_TEST_SRC, which is not set on the worker"):
+        JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
+    assert (hook.submits, hook.contents) == ([], {})
+    assert hook.record(FIRST).terminal_state is None, "no record says it was resubmitted"
 
 
 @pytest.mark.parametrize(

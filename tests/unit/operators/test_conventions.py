@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -60,3 +62,27 @@ def test_old_names_still_work_for_a_release_with_a_warning(
 def test_old_and_new_name_together_are_refused() -> None:
     with pytest.raises(ValidationError, match="nodes and num_nodes were both given"):
         NcclProbeOperator(task_id="n", image="/c/x.sqsh", nodes=3, num_nodes=4)
+
+
+ROOT = Path(__file__).resolve().parents[3]
+#: Words that say the wait is deferred unless told otherwise (issue 32, item 12).
+DEFERRED_BY_DEFAULT = re.compile(
+    r"defer\w*(?: to the triggerer)?,? by default|the wait is deferred|wait \(deferred\)", re.IGNORECASE
+)
+
+
+def test_no_page_or_docstring_says_the_wait_is_deferred_by_default() -> None:
+    """The default follows ``[operators] default_deferrable`` (false unless a deployment sets it)."""
+    sources = [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").rglob("*.md")),
+        *sorted((ROOT / "airflow_provider_tao_slurm").rglob("*.py")),
+    ]
+    claims = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in sources
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if DEFERRED_BY_DEFAULT.search(line)
+    ]
+
+    assert claims == []

@@ -175,6 +175,22 @@ def test_the_partitions_own_limit_is_checked_before_anything_is_staged(kwargs: d
     assert (hook.staged, hook.submits) == ({}, [])
 
 
+TORCHRUN_8 = {"distributed": {"launcher": "torchrun", "processes_per_node": 8}}
+
+
+def test_a_bundle_whose_processes_per_node_disagree_with_the_gpus_is_refused_before_anything_is_staged(
+    no_ssh: SlurmHook,
+) -> None:
+    """Asked directly (one node x 2 GPUs) it is refused before any SSH; through total_gpus=8 it is refused once the
+    cluster lays the job out as 2 nodes x 4 GPUs, still before anything is staged."""
+    with pytest.raises(ValidationError, match="processes_per_node is 8"):
+        operator(no_ssh, gpus_per_node=2, nccl_env={}, execution=TORCHRUN_8).execute(ctx())
+    hook = FakeHook()
+    with pytest.raises(ValidationError, match=r"processes_per_node is 8.*gpus_per_node=4"):
+        operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}, execution=TORCHRUN_8).execute(ctx())
+    assert (hook.staged, hook.submits) == ({}, [])
+
+
 def test_total_gpus_is_laid_out_on_the_partitions_nodes() -> None:
     hook = FakeHook()
     operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}).execute(ctx())
@@ -372,3 +388,117 @@ def test_retried_try_with_two_jobs_of_its_name_stops() -> None:
         operator(hook).execute(ctx(try_number=2))
 
     assert len(hook.submits) == 1
+
+
+# ---------------------------------------------------------------------- TAO action or plain job (issue 32, item 5)
+
+TAO_SQSH = "/lustre/containers/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh"
+PLAIN_SQSH = "/lustre/containers/docker.io+library+pytorch+2.3.sqsh"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "network_arch"),
+    [
+        pytest.param({"image": TAO_SQSH}, "tao", id="tao-image-cache-name"),
+        pytest.param({"image": "/lustre/containers/tao.sqsh"}, "tao", id="tao-sqsh"),
+        pytest.param(
+            {"image": PLAIN_SQSH, "command": "classification_pyt train -e {config_path}"},
+            "classification_pyt",
+            id="tao-entry-point",
+        ),
+        pytest.param({"image": PLAIN_SQSH, "command": "tao model dino train -e {config_path}"}, "dino", id="launcher"),
+        pytest.param({"image": PLAIN_SQSH}, "custom", id="plain-container-job"),
+        pytest.param({"image": TAO_SQSH, "network_arch": "custom"}, "custom", id="plain-program-says-so"),
+        pytest.param({"image": PLAIN_SQSH, "network_arch": "yolo_v4"}, "yolo_v4", id="explicit-network"),
+    ],
+)
+def test_a_tao_job_is_recorded_as_a_tao_action_unless_it_says_custom(kwargs: dict[str, Any], network_arch: str) -> None:
+    hook = FakeHook()
+
+    operator(hook, **kwargs).execute(ctx())
+
+    assert from_json(hook.files[LAYOUT.record_path]).network_arch == network_arch
+
+
+@pytest.mark.parametrize("network_arch", ["", "  ", 3])
+def test_an_empty_network_arch_is_refused_before_any_ssh(no_ssh: SlurmHook, network_arch: Any) -> None:
+    with pytest.raises(ValidationError, match=r"network_arch=.* must be a TAO network .* or 'custom'"):
+        operator(no_ssh, network_arch=network_arch).execute(ctx())
+
+
+# ---------------------------------------------------------------------- container mounts (issue 32, item 6)
+
+RESULTS_DIR = LAYOUT.results_dir
+JOB_DIR = LAYOUT.job_dir
+
+
+@pytest.mark.parametrize(
+    ("connection_mounts", "kwargs", "unseen", "fix"),
+    [
+        pytest.param(None, {}, [JOB_DIR, RESULTS_DIR], "'/lustre:/lustre'", id="no-mounts"),
+        pytest.param(
+            "/scratch:/scratch", {}, [JOB_DIR, RESULTS_DIR], "'/scratch:/scratch,/lustre:/lustre'", id="not-mounted"
+        ),
+        pytest.param(
+            "/lustre:/mnt/lustre", {}, [JOB_DIR, RESULTS_DIR], "'/lustre:/mnt/lustre,/lustre:/lustre'", id="elsewhere"
+        ),
+        pytest.param(
+            "/lustre:/lustre",
+            {"container_mounts": "/lustre/u/jobs:/lustre/u/jobs"},
+            [RESULTS_DIR, "(from the operator)"],
+            "'/lustre/u/jobs:/lustre/u/jobs,/lustre:/lustre'",
+            id="the-operators-mounts-win",
+        ),
+        pytest.param(
+            "/lustre:/lustre",
+            {"spec": {"dataset": {"train": "/datasets/coco/train", "val": "/lustre/data/val"}}},
+            ["spec dataset.train /datasets/coco/train"],
+            "'/lustre:/lustre,/datasets:/datasets'",
+            id="dataset-outside-the-mounts",
+        ),
+    ],
+)
+def test_a_job_whose_container_cannot_see_its_files_is_refused_before_anything_is_staged(
+    connection_mounts: str | None, kwargs: dict[str, Any], unseen: list[str], fix: str
+) -> None:
+    hook = FakeHook()
+    hook.settings = dataclasses.replace(SETTINGS, container_mounts=connection_mounts)
+
+    with pytest.raises(ValidationError, match="the job's container cannot see") as refused:
+        operator(hook, **kwargs).execute(ctx())
+
+    message = str(refused.value)
+    assert all(path in message for path in unseen), message
+    assert "/lustre/data/val" not in message
+    assert f"container_mounts={fix}" in message
+    assert (hook.staged, hook.submits, hook.files) == ({}, [], {})
+
+
+def test_a_job_without_mounts_is_refused_before_any_ssh(no_ssh: SlurmHook) -> None:
+    no_ssh.settings = dataclasses.replace(SETTINGS, container_mounts="/scratch:/scratch")
+
+    with pytest.raises(ValidationError, match=re.escape(f"- results directory {RESULTS_DIR}: no mount shows it")):
+        operator(no_ssh).execute(ctx())
+
+
+@pytest.mark.parametrize(
+    ("connection_mounts", "kwargs"),
+    [
+        pytest.param("/lustre:/lustre", {"spec": {"dataset": {"train": "/lustre/data/train"}}}, id="same-path"),
+        pytest.param(
+            "/lustre/u:/lustre/u:ro,/lustre/datasets:/data",
+            {"spec": {"dataset": ["/data/coco"], "train": {"model": "/opt/in/the/image.pth"}}},
+            id="dataset-where-the-spec-reads-it",
+        ),
+        pytest.param("/lustre/u", {}, id="path-alone"),
+        pytest.param(None, {"container_mounts": "/lustre:/lustre"}, id="operator-mounts"),
+    ],
+)
+def test_mounts_that_show_the_jobs_files_are_accepted(connection_mounts: str | None, kwargs: dict[str, Any]) -> None:
+    hook = FakeHook()
+    hook.settings = dataclasses.replace(SETTINGS, container_mounts=connection_mounts)
+
+    handle = operator(hook, **kwargs).execute(ctx())
+
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert handle["results_dir"] == RESULTS_DIR

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from types import MethodType, SimpleNamespace
 from typing import Any
@@ -12,9 +12,12 @@ import pytest
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import TaskDeferred
 
+from airflow_provider_tao_slurm.core.commands import end_markers
+from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
+from airflow_provider_tao_slurm.core.tao import job_network_arch
 from airflow_provider_tao_slurm.core.usage import usage_command
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -130,7 +133,15 @@ class FakeHook:
         self.lookups.append(job_name)
         return list(self.found)
 
-    def submit(self, script_path: str, job_name: str, *, log_dir: str, extra_args: Sequence[str] = ()) -> str:
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        log_dir: str,
+        extra_args: Sequence[str] = (),
+        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+    ) -> str:
         if self.submit_error is not None:
             raise self.submit_error
         self.submits.append((script_path, job_name, tuple(extra_args)))
@@ -313,6 +324,32 @@ def test_a_tao_job_is_complete_only_with_status_json_success(network_arch: str, 
     with pytest.raises(JobFailedError, match=outcome):
         complete(sensor_with(hook), terminal("COMPLETED"))
     assert hook.record()["terminal_state"] == "ERROR"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param("python3 /lustre/demo/tao_like_train.py --spec {config_path}", id="tao-image"),
+        pytest.param("classification_pyt train -e {config_path}", id="tao-entry-point"),
+    ],
+)
+@pytest.mark.parametrize("status", [None, [{"status": "STARTED"}]], ids=["no-status-json", "no-success-line"])
+def test_a_tao_job_submitted_with_the_defaults_is_not_complete_without_status_json_success(
+    command: str, status: Any
+) -> None:
+    """The record the submit operator opens for a TAO job without ``network_arch`` holds it to the TAO rule."""
+    network_arch = job_network_arch(
+        None, parse_image("/lustre/c/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh"), command
+    )
+    hook = FakeHook()
+    hook.files[LAYOUT.record_path] = running_record(network_arch)
+    hook.status = status
+
+    with pytest.raises(JobFailedError, match="pass network_arch='custom' to SbatchSubmitOperator") as failed:
+        complete(sensor_with(hook), terminal("COMPLETED"))
+
+    assert failed.value.err_class == "ERR_PROGRAM"
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
 @pytest.mark.parametrize(
@@ -829,6 +866,113 @@ def test_the_end_shows_only_what_the_live_lines_did_not(capfd: pytest.CaptureFix
     assert "main.out | epoch 3" in out
     assert "epoch 1" not in out
     assert "main.err | warning: x" in out  # main.err was not streamed: its end is shown
+
+
+def test_the_end_redacts_a_private_key_printed_over_many_lines(capfd: pytest.CaptureFixture[str]) -> None:
+    """The key block came after the live lines: none of its lines is shown at the end, the lines after it are."""
+    hook = FakeHook()
+    handle = make_handle()
+    body = ["MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo", "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onL"]
+    key = "\n".join(["-----BEGIN " + "RSA PRIVATE KEY-----", *body, "-----END " + "RSA PRIVATE KEY-----"])
+    hook.files[f"{handle['log_dir']}/main.out"] = f"epoch 1\n{key}\nepoch 2\n"
+
+    complete(sensor_with(hook), terminal("COMPLETED", log_offsets={"main.out": 8}), handle)
+
+    out = "".join(capfd.readouterr())
+    assert "main.out | epoch 2" in out
+    assert not any(line in out for line in body)
+
+
+def test_a_secret_this_worker_cannot_resolve_keeps_the_jobs_lines_out_of_the_task_log(
+    monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SENSOR_MISSING_TOKEN", raising=False)
+    hook = FakeHook()
+    handle = make_handle(secret_refs={"HF_TOKEN": "env:SENSOR_MISSING_TOKEN"})
+    hook.files[f"{handle['log_dir']}/main.out"] = "epoch 1\nleaked tok-1f3a9c5e7b here\n"
+
+    result = complete(sensor_with(hook), terminal("COMPLETED"), handle)
+
+    out = "".join(capfd.readouterr())
+    assert result["terminal_state"] == "COMPLETE"
+    assert "epoch 1" not in out
+    assert "tok-1f3a9c5e7b" not in out
+    assert out.count("Cannot resolve secret_env[HF_TOKEN]") == 1
+    assert f"they stay in {handle['log_dir']}" in out
+
+
+class EndsHook(FakeHook):
+    """A cluster whose ends directory holds ``markers`` (``<id>-<restart>-<code>.end`` names)."""
+
+    def __init__(self, *markers: str) -> None:
+        super().__init__()
+        self.markers = markers
+
+    def run(self, command: str, *, check: bool = False, what: str = "", **kwargs: Any) -> CommandResult:
+        if command == end_markers({f"{BASE}/ends": 0.0}):
+            self.commands.append(command)
+            listed = "".join(f"{name} 1767323045.5\n" for name in self.markers)
+            return CommandResult(0, f"== tao-slurm ends 0\n{listed}", "")
+        return super().run(command, check=check, what=what, **kwargs)
+
+
+VANISHED = {
+    "status": "vanished",
+    "slurm_job_id": SLURM_ID,
+    "job_name": JOB_ID,
+    "message": f"SLURM job {SLURM_ID} is unknown to squeue and sacct for 301 s",
+}
+
+
+def test_a_vanished_job_whose_end_marker_and_exit_code_file_show_a_clean_end_completes(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """slurmctld forgot the job (short MinJobAge) and slurmdbd lags past the grace: its own files settle it."""
+    hook = EndsHook(f"{SLURM_ID}-0-0.end", f"9{SLURM_ID}-0-3.end")  # another job's marker is not this one's
+    hook.files[LAYOUT.exit_code_path] = "0\n"
+
+    result = complete(sensor_with(hook), VANISHED)
+
+    assert (result["terminal_state"], result["exit_codes"]) == ("COMPLETE", {"job": 0})
+    record = hook.record()
+    assert record["terminal_state"] == "COMPLETE"
+    assert "UNKNOWN" not in [t["state"] for t in record["transitions"]]
+    assert "settled on that evidence" in "".join(capfd.readouterr())
+    assert hook.commands[-1] == SETTLED_REMOVAL
+
+
+def test_a_vanished_job_whose_files_show_a_failure_fails_with_its_exit_code() -> None:
+    hook = EndsHook(f"{SLURM_ID}-0-0.end", f"{SLURM_ID}-1-3.end")  # the requeued run exited 3
+    hook.files[LAYOUT.exit_code_path] = "3\n"
+
+    with pytest.raises(JobFailedError) as failed:
+        complete(sensor_with(hook), VANISHED)
+
+    assert failed.value.err_class == "ERR_PROGRAM"
+    record = hook.record()
+    assert (record["terminal_state"], record["exit_codes"]) == ("ERROR", {"job": 3})
+
+
+@pytest.mark.parametrize(
+    ("markers", "exit_code"),
+    [
+        pytest.param((f"{SLURM_ID}-0-0.end",), None, id="no-exit-code-file"),
+        pytest.param((), "0\n", id="no-marker"),
+        pytest.param((f"{SLURM_ID}-0-0.end",), "3\n", id="files-disagree"),
+    ],
+)
+def test_a_vanished_job_without_evidence_of_its_end_stays_unknown(
+    markers: tuple[str, ...], exit_code: str | None
+) -> None:
+    hook = EndsHook(*markers)
+    if exit_code is not None:
+        hook.files[LAYOUT.exit_code_path] = exit_code
+
+    with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
+        complete(sensor_with(hook), VANISHED)
+
+    record = hook.record()
+    assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
 
 
 def test_job_or_slurm_job_id_but_not_both_nor_neither() -> None:

@@ -567,6 +567,37 @@ def test_live_lines_reach_the_task_log_in_order_once_redacted(
     assert JobEvent.from_dict(event).log_offsets == {"main.out": log.stat().st_size}
 
 
+def test_a_secret_the_triggerer_cannot_resolve_withholds_the_jobs_lines(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An env: secret the triggerer lacks: the trigger says so once, logs no line of the job (not even the ones
+    that look harmless) and reads none of its files; the event shows nothing as shown (the sensor decides)."""
+    secret = "only-the-worker-knows-0123456789"
+    monkeypatch.delenv("WORKER_ONLY_TOKEN", raising=False)
+    log = tmp_path / "main.out"
+    writes = [b"epoch 1\n", b"token " + secret.encode() + b"\n", b"epoch 2\n"]
+    fake = WritingHook([squeue("RUNNING"), squeue("RUNNING"), squeue("RUNNING"), sacct("COMPLETED")], log, writes)
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: fake)
+    trigger = make(
+        log_streams=[{"label": "main.out", "path": str(log), "cursor_path": str(tmp_path / ".cursor")}],
+        secret_refs={"HF_TOKEN": "env:WORKER_ONLY_TOKEN", "OTHER_TOKEN": "env:WORKER_ONLY_TOKEN"},
+    )
+
+    (event,) = run(all_events(trigger))
+
+    output = capsys.readouterr().out
+    assert live_lines(output) == []
+    assert "epoch" not in output
+    assert secret not in output
+    assert output.count("Cannot resolve") == 1
+    assert "secret_env[HF_TOKEN], secret_env[OTHER_TOKEN]" in output
+    assert "withheld" in output
+    assert str(log) in output
+    assert fake.tail_calls == 0
+    assert event["log_offsets"] == {}
+    assert not (tmp_path / ".cursor").exists()
+
+
 def test_a_restarted_trigger_resumes_the_stream_from_the_cursor(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
