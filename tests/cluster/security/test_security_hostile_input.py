@@ -187,7 +187,6 @@ CASES = [
     refused("gpus-shell", f"{S}.gpus_per_node", f"4; {TOUCH}", ResourceError, "gpus_per_node"),
     refused("gpus-zero", f"{S}.gpus_per_node", 0, ResourceError, "gpus_per_node"),
     refused("gpus-negative", f"{S}.gpus_per_node", -1, ResourceError, "gpus_per_node"),
-    refused("gpus-nine", f"{S}.gpus_per_node", 9, ResourceError, "gpus_per_node"),
     refused("gpus-fraction", f"{S}.gpus_per_node", 1.5, ResourceError, "gpus_per_node"),
     refused("gpus-bool", f"{S}.gpus_per_node", True, ResourceError, "gpus_per_node"),
     refused("nodes-zero", f"{S}.num_nodes", 0, ResourceError, "num_nodes"),
@@ -298,7 +297,6 @@ CASES = [
     # NcclProbeOperator
     refused("probe-image-registry", f"{N}.image", "nvcr.io#x:1", ImageReferenceError, "image"),
     refused("probe-num-nodes-zero", f"{N}.num_nodes", 0, ValidationError, "num_nodes"),
-    refused("probe-gpus-nine", f"{N}.gpus_per_node", 9, ResourceError, "gpus_per_node"),
     refused("probe-timeout-text", f"{N}.timeout_seconds", "120", ValidationError, "timeout_seconds"),
     refused(
         "probe-candidate-name-substitution", f"{N}.candidate_envs", [{f"$({TOUCH})": "1"}], ValidationError, "candidate"
