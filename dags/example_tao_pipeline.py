@@ -8,7 +8,8 @@ own sensor, and each job reads the previous job's results by its handle: ``evalu
 1. ``check_datasets`` and ``import_image``, as in ``example_tao_singlenode`` (the image is converted
    once on the CPU partition and reused).
 2. ``train`` / ``wait_train``: the training job; the sensor settles its record (``status.json`` must
-   say SUCCESS).
+   say SUCCESS). A training longer than one allocation goes on in new slices from its checkpoints
+   (``max_continuations``; see the docs' "Long trainings" page).
 3. ``evaluate`` / ``wait_evaluate``: reads ``<train results_dir>/checkpoints``, writes its KPIs.
 4. ``export`` / ``wait_export``: reads the same checkpoints, writes the exported model.
 
@@ -83,6 +84,7 @@ with DAG(
         f"{PROGRAM} --spec {{config_path}} --results {{results_dir}}",
         outlets=[TRAINED_MODEL],
         spec={"train": "{{ params.spec }}", "dataset": check_datasets.output},
+        max_continuations=3,  # a slice that hits the time limit after a checkpoint goes on in the next one
     )
     evaluate, wait_evaluate = action(
         "evaluate", f"{PROGRAM} --action evaluate --checkpoint {TRAINED} --results {{results_dir}}"

@@ -39,6 +39,11 @@ def ends_dir(base: str) -> str:
     return f"{_check_base(base)}/ends"
 
 
+def slices_dir(job_dir: str) -> str:
+    """Where the slices of a chain (``max_continuations``) leave their start and ending markers."""
+    return f"{job_dir}/slices"
+
+
 @dataclass(frozen=True)
 class JobLayout:
     """Paths of one job under ``base``; ``job_id`` doubles as the SLURM job name."""
@@ -86,6 +91,10 @@ class JobLayout:
     @property
     def sidecar_path(self) -> str:
         return f"{self.job_dir}/.secrets.env"
+
+    @property
+    def slices_dir(self) -> str:
+        return slices_dir(self.job_dir)
 
     @property
     def exit_code_path(self) -> str:

@@ -391,14 +391,19 @@ def site_options(
 
 
 def hours_to_slurm_time(hours: float) -> str:
-    """Format hours as a SLURM time: ``HH:MM:SS``, or ``D-HH:MM:SS`` from one day on.
+    """Format hours as sbatch's ``--time``: whole minutes, rounded up, ``HH:MM:00`` or ``D-HH:MM:00``.
 
-    :param hours: a positive, finite number of hours (rounded to whole seconds).
-    :returns: e.g. ``04:00:00`` for 4, ``00:30:00`` for 0.5, ``1-02:00:00`` for 26.
+    SLURM keeps time limits in whole minutes (a ``--time`` with seconds is rounded up by sbatch
+    itself), so the text says what the job gets: never less than asked, never 0 (no limit).
+
+    :param hours: a positive, finite number of hours (rounded to whole seconds first).
+    :returns: e.g. ``04:00:00`` for 4, ``00:15:00`` for 0.25, ``00:01:00`` for 1/60 or 0.001,
+        ``1-02:00:00`` for 26.
     :raises ResourceError: for a non-number, NaN, infinity, or less than one second.
     """
-    days, rest = divmod(_seconds("hours", hours), 86400)
-    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    minutes = -(-_seconds("hours", hours) // 60)
+    days, rest = divmod(minutes, 1440)
+    clock = f"{rest // 60:02d}:{rest % 60:02d}:00"
     return f"{days}-{clock}" if days else clock
 
 

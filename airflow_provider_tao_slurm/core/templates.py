@@ -5,7 +5,8 @@ ordinary bash never contains: ``@@NAME@@`` for values, ``@@% ... %@@`` for block
 ``@@# ... #@@`` for comments, so ``${VAR}``, ``{ ...; }`` and ``#`` comments stay literal. The
 shell blocks both job templates share live in their own files (``job_end.sh.j2``: the EXIT trap
 that removes the secret sidecar and leaves the end marker; ``rendezvous_port.sh.j2``: the choice of
-a free ``MASTER_PORT``), pulled in with ``@@% include "NAME" %@@``.
+a free ``MASTER_PORT``; ``slice.sh.j2``: what a slice of a chain does, see
+:mod:`~airflow_provider_tao_slurm.core.continuation`), pulled in with ``@@% include "NAME" %@@``.
 
 Every value is checked before it is placed. Values on ``#SBATCH`` lines are parsed by ``sbatch``,
 not by a shell, so they are validated against strict patterns and refused rather than quoted.
@@ -16,7 +17,10 @@ MEM_MB, TIME, TIMEOUT_SECONDS, REQUEUE, EXCLUSIVE, EXCLUDE, SBATCH_EXTRA (list o
 MASTER_PORT (a fixed port, or empty: the script picks a free port on the node when the job starts),
 LOG_DIR, JOB_DIR, EXIT_CODE_FILE, ENDS_DIR (where the EXIT trap leaves the end marker; empty: none),
 IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of ``NAME=quoted`` exports) and ENV_FILE (the
-credentials sidecar; empty without secrets).
+credentials sidecar; empty without secrets). A slice (:attr:`SbatchSpec.slice`; all empty without one):
+SLICE (true), SIGNAL_OPTION (``--signal=B:USR1@<grace>``), GRACE_SECONDS, SLICES_DIR,
+LATEST_CHECKPOINT_FIND (the ``find`` command listing the checkpoints under the results directory as
+``<mtime> <path>``) and CHECKPOINT_SIGNAL (the signal forwarded to the program, or empty).
 """
 
 from __future__ import annotations
@@ -31,8 +35,15 @@ from typing import Any
 import jinja2
 import jinja2.meta
 
+from airflow_provider_tao_slurm.core.continuation import (
+    SLICE_SIGNAL,
+    SliceScript,
+    check_checkpoint_globs,
+    check_checkpoint_signal,
+    find_names,
+)
 from airflow_provider_tao_slurm.core.resources import Resources, parse_slurm_time
-from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import (
     ImageReferenceError,
     ResourceError,
@@ -132,6 +143,9 @@ class SbatchSpec:
     :param master_port: the rendezvous port (``MASTER_PORT``), or ``None`` (the default) for one the
         script finds free on the master node when the job starts, so jobs sharing a node never
         bind the same port, whatever launcher binds it.
+    :param slice: run as one slice of a training longer than one allocation (``max_continuations``):
+        warned before the time limit, with start and ending markers and the slice's variables; or
+        ``None`` (the default) for an ordinary job.
     """
 
     job_name: str
@@ -159,6 +173,7 @@ class SbatchSpec:
     sbatch_extra: tuple[str, ...] = ()
     gpu_type: str | None = None
     master_port: int | None = None
+    slice: SliceScript | None = None
 
 
 def template_dir() -> Traversable:
@@ -220,6 +235,17 @@ def resource_fields(resources: Resources) -> dict[str, Any]:
     }
 
 
+def _program_timeout(spec: SbatchSpec) -> int:
+    """The program's own ``timeout``: ``timeout_seconds``, except in a slice, which ends at SLURM's limit.
+
+    A slice of a chain (``max_continuations``) runs until SLURM ends it TIMEOUT, after the warning
+    signal: its program is given twice the wall time, so the program's timeout never ends it first.
+    """
+    if spec.slice is None:
+        return spec.timeout_seconds
+    return 2 * round((parse_slurm_time(spec.time) or 0.0) * 3600)
+
+
 def render_sbatch(spec: SbatchSpec) -> str:
     """Render the sbatch script for ``spec``: single-node template for one node, multi-node otherwise.
 
@@ -239,7 +265,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "CPUS_PER_TASK": spec.cpus_per_task,
         "TIME": spec.time,
         "MEM_MB": spec.mem_mb or "",
-        "TIMEOUT_SECONDS": spec.timeout_seconds,
+        "TIMEOUT_SECONDS": _program_timeout(spec),
         "REQUEUE": "--requeue" if spec.requeue else "--no-requeue",
         "GPU_TYPE": spec.gpu_type or "",
         "MASTER_PORT": _master_port(spec),
@@ -255,8 +281,37 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "COMMAND": quote(spec.command),
         "EXTRA_ENV": [f"{name}={quote(value)}" for name, value in _all_env(spec).items()],
         "ENV_FILE": quote(spec.sidecar) if spec.sidecar else "",
+        **_slice_values(spec.slice),
     }
     return render_template(MULTI_NODE_TEMPLATE if spec.num_nodes > 1 else SINGLE_NODE_TEMPLATE, values)
+
+
+def _slice_values(script: SliceScript | None) -> dict[str, object]:
+    """The slice placeholders: all empty (false) outside a chain of slices."""
+    if script is None:
+        return dict.fromkeys(
+            ("SLICE", "SIGNAL_OPTION", "GRACE_SECONDS", "SLICES_DIR", "LATEST_CHECKPOINT_FIND", "CHECKPOINT_SIGNAL"), ""
+        )
+    return {
+        "SLICE": True,
+        "SIGNAL_OPTION": f"--signal=B:{SLICE_SIGNAL}@{script.grace_seconds}",
+        "GRACE_SECONDS": script.grace_seconds,
+        "SLICES_DIR": quote(script.slices_dir),
+        "LATEST_CHECKPOINT_FIND": join(
+            [
+                "find",
+                script.results_dir,
+                "-type",
+                "f",
+                "(",
+                *find_names(script.checkpoint_globs),
+                ")",
+                "-printf",
+                "%T@ %p\\n",
+            ]
+        ),
+        "CHECKPOINT_SIGNAL": script.checkpoint_signal or "",
+    }
 
 
 def _master_port(spec: SbatchSpec) -> str:
@@ -328,6 +383,30 @@ def _validate(spec: SbatchSpec) -> None:
         raise ValidationError("command is empty; give the shell command to run in the container")
     if spec.container_mounts is not None and not spec.container_mounts.strip():
         raise ValidationError("container_mounts is empty; pass None for no mounts or SRC:DST[,...]")
+    if spec.slice is not None:
+        _validate_slice(spec.slice, wall_seconds)
+
+
+def _validate_slice(script: SliceScript, wall_seconds: int) -> None:
+    if not isinstance(script, SliceScript):
+        raise ValidationError(f"slice must be a SliceScript or None, got {type(script).__name__}")
+    for name in ("slices_dir", "results_dir"):
+        path = getattr(script, name)
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValidationError(f"slice {name} must be an absolute path on the cluster, got {path!r}")
+    grace = script.grace_seconds
+    if isinstance(grace, bool) or not isinstance(grace, int) or not 1 <= grace < wall_seconds:
+        raise ResourceError(
+            f"slice grace_seconds={grace!r} must be a whole number of seconds from 1 to less than the wall time "
+            f"({wall_seconds} s): SLURM warns the slice that long before its time limit"
+        )
+    if check_checkpoint_globs(script.checkpoint_globs) != script.checkpoint_globs:
+        raise ValidationError(
+            f"slice checkpoint_globs={script.checkpoint_globs!r} must be a tuple of distinct patterns"
+        )
+    signal = check_checkpoint_signal(script.checkpoint_signal)
+    if signal != script.checkpoint_signal:
+        raise ValidationError(f"checkpoint_signal={script.checkpoint_signal!r} must be written {signal!r}")
 
 
 def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:

@@ -45,6 +45,13 @@ class JobHandle:
     :param infra_retries: how many infrastructure resubmissions led to this job.
     :param num_nodes: nodes the job asked for (checked against the partition on resubmission).
     :param partition: the partition(s) the job asked for.
+    :param max_continuations: how many more slices a training may run after a slice ends at its time
+        limit (0: TIMEOUT is an error); see :mod:`~airflow_provider_tao_slurm.core.continuation`.
+    :param slice_number: which slice of the chain this job is (1 for the first).
+    :param checkpoint_globs: the checkpoint file name patterns a slice must write to be continued.
+    :param time_hours: the slice's wall time in hours (for messages).
+    :param slices: the chain's earlier slices, oldest first: ``job_id``, ``slurm_job_id``, ``state``,
+        ``queue_seconds``, ``elapsed_seconds``, ``gpu_hours``, ``checkpoint``.
     """
 
     job_id: str
@@ -66,12 +73,19 @@ class JobHandle:
     infra_retries: int = 0
     num_nodes: int | None = None
     partition: str | None = None
+    max_continuations: int = 0
+    slice_number: int = 1
+    checkpoint_globs: tuple[str, ...] = ()
+    time_hours: float | None = None
+    slices: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-safe dict (the XCom value)."""
         data = asdict(self)
         data["exclude_nodes"] = list(self.exclude_nodes)
         data["secret_refs"] = dict(self.secret_refs)
+        data["checkpoint_globs"] = list(self.checkpoint_globs)
+        data["slices"] = [dict(item) for item in self.slices]
         return data
 
     @classmethod
@@ -100,6 +114,11 @@ class JobHandle:
             data["exclude_nodes"] = tuple(str(node) for node in (value.get("exclude_nodes") or ()))
             data["secret_refs"] = {str(k): str(v) for k, v in dict(value.get("secret_refs") or {}).items()}
             data["infra_retries"] = int(value.get("infra_retries") or 0)
+            data["max_continuations"] = int(value.get("max_continuations") or 0)
+            data["slice_number"] = int(value.get("slice_number") or 1)
+            data["checkpoint_globs"] = tuple(str(glob) for glob in (value.get("checkpoint_globs") or ()))
+            data["slices"] = tuple(dict(item) for item in (value.get("slices") or ()))
+            data["time_hours"] = None if value.get("time_hours") is None else float(value["time_hours"])
         except (TypeError, ValueError) as exc:
             raise ValidationError(
                 f"job handle has a malformed field ({exc}); pass SbatchSubmitOperator's output"

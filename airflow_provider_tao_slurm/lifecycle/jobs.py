@@ -26,8 +26,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.continuation import (
+    SLICE_ENV,
+    SliceEnd,
+    continuation_verdict,
+    new_checkpoints,
+    parse_new_checkpoints,
+)
 from airflow_provider_tao_slurm.core.failures import Classification
-from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir
+from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir, slices_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
 from airflow_provider_tao_slurm.core.secrets import redact_text, sidecar_text
@@ -214,7 +221,13 @@ class JobLifecycle:
     # ------------------------------------------------------------------ infrastructure resubmission
 
     def resubmit(
-        self, ti: Any, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification
+        self,
+        ti: Any,
+        handle: JobHandle,
+        record: JobRecord,
+        state: JobState,
+        verdict: Classification,
+        usage: JobUsage | None = None,
     ) -> JobHandle:
         """Run the staged script again as a new job (new record, ``retry_of``), avoiding the failed nodes.
 
@@ -223,6 +236,10 @@ class JobLifecycle:
         failure adds the nodes its evidence names (the whole allocation when it names none), as long
         as the partition keeps enough nodes for the job.
 
+        In a chain of slices (``max_continuations``) the resubmission is the next slice: it counts as a
+        continuation and resumes from the checkpoints as any slice does.
+
+        :param usage: the failed job's accounting, kept in the chain's slices.
         :raises JobFailedError: when excluding the failed nodes leaves the partition too small, or
             sbatch refused the resubmission (both records are settled, the sidecar removed).
         """
@@ -249,7 +266,11 @@ class JobLifecycle:
             slurm_id = found[0]
             self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
         else:
-            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded, stage)
+            extra = [f"--exclude={','.join(excluded)}"] if excluded else []
+            hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
+            slurm_id = self._submit_retry(
+                handle, record, new_id, layout, [*extra, *_slice_env(handle)], stage, ("its resubmission", hint)
+            )
         self.log.warning(
             "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
             state.job_id,
@@ -268,7 +289,93 @@ class JobLifecycle:
             retry_of=handle.job_id,
             exclude_nodes=tuple(excluded),
             infra_retries=handle.infra_retries + 1,
+            **_next_slice(handle, state, usage, None),
         )
+
+    def continue_slice(
+        self, ti: Any, handle: JobHandle, record: JobRecord, state: JobState, usage: JobUsage | None
+    ) -> JobHandle:
+        """Follow a slice that ended at its time limit with the next slice, or stop the chain with the reason.
+
+        The next slice runs the same staged script (same results directory, spec, secrets and
+        resources) under a name derived from this slice's, so a retried sensor adopts a slice an
+        earlier try started and never starts a second one. It is only submitted once this slice
+        wrote a new checkpoint (files under ``results_dir`` matching ``checkpoint_globs``, newer
+        than the slice's start) and ``max_continuations`` is not used up.
+
+        :param state: how the slice ended (TIMEOUT, or PREEMPTED that SLURM did not requeue).
+        :param usage: the slice's accounting, kept in the chain's slices.
+        :returns: the handle of the next slice.
+        :raises JobFailedError: naming the stop rule and its fix (the record settled ERROR).
+        :raises RemoteCommandError: when the checkpoints could not be listed (nothing is decided).
+        """
+        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
+        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
+        if len(found) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
+            )
+        end = self._slice_end(handle)
+        checkpoints = end.checkpoints
+        earlier = next((item.get("checkpoint") for item in reversed(handle.slices) if item.get("checkpoint")), None)
+        verdict = continuation_verdict(
+            native=state.native,
+            slice_number=handle.slice_number,
+            max_continuations=handle.max_continuations,
+            time_hours=handle.time_hours or 0.0,
+            checkpoints=checkpoints,
+            last_checkpoint=earlier,
+        )
+        if not verdict.go_on and not found:  # a next slice an earlier try started was decided then
+            self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
+            raise JobFailedError(f"SLURM job {state.job_id}: {verdict.reason}", err_class=str(ErrClass.ERR_PROGRAM))
+        stage = None if found else self._sidecar_stage(handle)
+        continued = verdict.reason if verdict.go_on else f"slice {handle.slice_number} ended {state.native}"
+        continued += " (warned of the limit before)" if end.warned else ""
+        record = _settled(record, TaoState.ERROR, message=f"{continued}; continued as {new_id}", source="sensor")
+        self.write_record(handle.record_path, record)
+        layout = JobLayout(handle.results_base, new_id)
+        if found:
+            slurm_id = found[0]
+            self.log.info("Adopting SLURM job %s, the next slice an earlier try of this sensor started", slurm_id)
+        else:
+            extra = [f"--exclude={','.join(handle.exclude_nodes)}"] if handle.exclude_nodes else []
+            hint = "check the partition and the account, then clear the task"
+            slurm_id = self._submit_retry(
+                handle, record, new_id, layout, [*extra, *_slice_env(handle)], stage, ("its next slice", hint)
+            )
+        self.log.info(
+            "Slice %d of at most %d started (SLURM job %s), resuming from %s",
+            handle.slice_number + 1,
+            handle.max_continuations + 1,
+            slurm_id,
+            checkpoints[-1] if checkpoints else earlier,
+        )
+        return replace(
+            handle,
+            job_id=new_id,
+            slurm_job_id=slurm_id,
+            record_path=layout.record_path,
+            log_dir=f"{record.log_dir}/{new_id}-{slurm_id}",
+            submitted_at=utc_now(),
+            retry_of=handle.job_id,
+            **_next_slice(handle, state, usage, checkpoints[-1] if checkpoints else None),
+        )
+
+    def _slice_end(self, handle: JobHandle) -> SliceEnd:
+        """What the slice left: its markers and the checkpoints it wrote (newer than its start marker).
+
+        :raises RemoteCommandError: when they could not be listed.
+        """
+        command = new_checkpoints(
+            handle.results_dir, slices_dir(handle.job_dir), handle.slurm_job_id, handle.checkpoint_globs
+        )
+        end = parse_new_checkpoints(self.hook.run(command, check=True, what="listing checkpoints").stdout)
+        if not end.started:
+            self.log.warning("Slice %s never started its batch script: it wrote no checkpoint", handle.slurm_job_id)
+        elif end.warned:
+            self.log.info("Slice %s was warned of its time limit before it ended", handle.slurm_job_id)
+        return end
 
     def _exclusions(
         self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
@@ -335,10 +442,16 @@ class JobLifecycle:
         record: JobRecord,
         new_id: str,
         layout: JobLayout,
-        excluded: Sequence[str],
+        extra: Sequence[str],
         stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None,
+        refused: tuple[str, str],
     ) -> str:
-        """Open the retry's record and submit the staged script under the new name (``stage``: its sidecar)."""
+        """Open the next job's record and submit the staged script under the new name.
+
+        :param extra: more sbatch options (``--exclude``, the slice number).
+        :param stage: the secret sidecar to stage again, if any.
+        :param refused: what the job is to the one it follows and the fix, for the error when sbatch refuses it.
+        """
         retry = open_record(
             job_id=new_id,
             cluster=record.cluster,
@@ -354,7 +467,6 @@ class JobLifecycle:
         )
         self.write_record(layout.record_path, retry)
         script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
-        extra = (f"--exclude={','.join(excluded)}",) if excluded else ()
         try:
             slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra, stage=stage)
         except SubmissionError as exc:
@@ -362,9 +474,7 @@ class JobLifecycle:
             self.write_record(layout.record_path, retry)
             self.finish(handle, record)
             raise JobFailedError(
-                f"SLURM job {handle.slurm_job_id} hit an infrastructure failure and its resubmission {new_id} "
-                f"was refused ({exc}); free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear "
-                "the task",
+                f"SLURM job {handle.slurm_job_id} ended and {refused[0]} {new_id} was refused ({exc}); {refused[1]}",
                 err_class=str(ErrClass.ERR_INFRA),
             ) from exc
         self.write_record(
@@ -533,6 +643,46 @@ class JobLifecycle:
         size = self.hook.read_log(path, 0, 1).size
         text = self.hook.read_log(path, max(0, size - max_bytes), max_bytes).data if size else ""
         return redact_text(text, list(secrets))
+
+
+def _slice_env(handle: JobHandle) -> list[str]:
+    """The sbatch option that tells the next slice its number (none outside a chain of slices)."""
+    return [f"--export=ALL,{SLICE_ENV}={handle.slice_number + 1}"] if handle.max_continuations else []
+
+
+def _next_slice(handle: JobHandle, state: JobState, usage: JobUsage | None, checkpoint: str | None) -> dict[str, Any]:
+    """The handle fields of the job that follows ``handle`` in a chain of slices (none outside one)."""
+    if not handle.max_continuations:
+        return {}
+    ended = {
+        "job_id": handle.job_id,
+        "slurm_job_id": handle.slurm_job_id,
+        "state": state.native,
+        "queue_seconds": usage.queue_seconds if usage else None,
+        "elapsed_seconds": usage.elapsed_seconds if usage else None,
+        "gpu_hours": usage.gpu_hours if usage else None,
+        "checkpoint": checkpoint,
+    }
+    return {"slice_number": handle.slice_number + 1, "slices": (*handle.slices, ended)}
+
+
+def chain_summary(handle: JobHandle, state: JobState, usage: JobUsage | None) -> dict[str, Any]:
+    """A finished chain's ``slices`` (every slice, the last one included) and their ``totals``."""
+    last = _next_slice(handle, state, usage, None)["slices"][-1]
+    slices = [dict(item) for item in (*handle.slices, last)]
+
+    def total(key: str) -> float:
+        return round(sum(item.get(key) or 0 for item in slices), 4)
+
+    return {
+        "slices": slices,
+        "totals": {
+            "slices": len(slices),
+            "queue_seconds": total("queue_seconds"),
+            "elapsed_seconds": total("elapsed_seconds"),
+            "gpu_hours": total("gpu_hours"),
+        },
+    }
 
 
 def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:

@@ -104,6 +104,19 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         isolation (``uid``, ``output``, ``job-name``, ``export``, ``wrap`` ...) are refused.
     :param master_port: the rendezvous port; default: a port free on the master node, chosen when the
         job starts, so jobs sharing a node never collide.
+    :param max_continuations: how many more slices a training may run after one ends at its time limit
+        (0, the default: TIMEOUT is an error). A slice that ends TIMEOUT (or PREEMPTED and not requeued)
+        after writing a new checkpoint is followed by the next one: the same script, results directory,
+        spec, secrets and resources; the program resumes from its checkpoints. A slice runs until SLURM's
+        limit (``timeout_hours`` does not stop it early). The sensor watches the whole chain. See the
+        docs' "Long trainings" page.
+    :param checkpoint_glob: file name pattern(s) of the checkpoints under ``results_dir`` a slice must
+        write to be continued (default: TAO's, ``*.pth``, ``*.ckpt``, ``*.tlt``, ``*.hdf5``).
+    :param checkpoint_signal: a signal the program handles by saving a checkpoint, sent to it shortly
+        before each slice's limit (``None``, the default: none is sent; an unhandled ``SIGUSR1`` would
+        end a Python or shell program at once).
+    :param signal_grace_seconds: how long before the limit the batch script is warned (default: a
+        tenth of the slice, 10 s to 10 min).
     :param execution: the spec bundle's ``execution`` block (pre/post commands, declared environment,
         torchrun launcher, child exit-code file, supporting files); see the docs' "Spec bundles" page.
     :param bundle_root: directory (on the worker) the bundle's ``supporting_files`` are relative to.
@@ -164,6 +177,10 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         total_gpus: int | None = None,
         sbatch_options: Mapping[str, Any] | None = None,
         master_port: int | None = None,
+        max_continuations: int = 0,
+        checkpoint_glob: str | Sequence[str] | None = None,
+        checkpoint_signal: str | None = None,
+        signal_grace_seconds: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -195,10 +212,20 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self.total_gpus = total_gpus
         self.sbatch_options = sbatch_options
         self.master_port = master_port
+        self.max_continuations = max_continuations
+        self.checkpoint_glob = checkpoint_glob
+        self.checkpoint_signal = checkpoint_signal
+        self.signal_grace_seconds = signal_grace_seconds
 
     # ------------------------------------------------------------------ validation (no SSH)
 
     def _validated(self) -> dict[str, Any]:
+        from airflow_provider_tao_slurm.core.continuation import (
+            check_checkpoint_globs,
+            check_checkpoint_signal,
+            check_max_continuations,
+            grace_seconds,
+        )
         from airflow_provider_tao_slurm.core.execution import parse_execution
         from airflow_provider_tao_slurm.core.images import parse_image
         from airflow_provider_tao_slurm.core.resources import build_resources, site_options
@@ -274,7 +301,12 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 "for a plain container job; leave it out to decide from the image and the command"
             )
         spec = load_spec(self.spec)
+        max_continuations = check_max_continuations(self.max_continuations)
         return {
+            "max_continuations": max_continuations,
+            "checkpoint_globs": check_checkpoint_globs(self.checkpoint_glob),
+            "checkpoint_signal": check_checkpoint_signal(self.checkpoint_signal),
+            "grace_seconds": grace_seconds(resources.time_hours, self.signal_grace_seconds),
             "settings": settings,
             "command": command,
             "network_arch": job_network_arch(self.network_arch, image, command),
@@ -353,6 +385,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         import yaml
 
         from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
+        from airflow_provider_tao_slurm.core.continuation import SliceScript
         from airflow_provider_tao_slurm.core.execution import build_step_command, canonical_sha256, parse_execution
         from airflow_provider_tao_slurm.core.mounts import check_mounts, spec_dataset_paths
         from airflow_provider_tao_slurm.core.records import open_record
@@ -399,6 +432,18 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             origin="the operator" if self.container_mounts else f"connection {self.slurm_conn_id!r}",
         )
 
+        slice_script = (
+            SliceScript(
+                slices_dir=layout.slices_dir,
+                grace_seconds=checked["grace_seconds"],
+                results_dir=layout.results_dir,
+                checkpoint_globs=checked["checkpoint_globs"],
+                checkpoint_signal=checked["checkpoint_signal"],
+            )
+            if checked["max_continuations"]
+            else None
+        )
+
         def render(resources: Resources) -> str:
             return render_sbatch(
                 SbatchSpec(
@@ -415,6 +460,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                     exit_code_file=layout.exit_code_path,
                     ends_dir=layout.ends_dir,
                     master_port=self.master_port,
+                    slice=slice_script,
                 )
             )
 
@@ -501,6 +547,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             retry_of=record.retry_of,
             num_nodes=resources.num_nodes,
             partition=resources.partition,
+            max_continuations=checked["max_continuations"],
+            checkpoint_globs=checked["checkpoint_globs"] if checked["max_continuations"] else (),
+            time_hours=resources.time_hours,
         ).to_dict()
 
     def _helper_files(

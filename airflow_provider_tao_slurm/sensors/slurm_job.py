@@ -505,10 +505,12 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
 
     def _settle(self, context: Any, handle: JobHandle, event: JobEvent) -> dict[str, Any] | JobHandle:
         """Record what the trigger saw and the outcome; a JobHandle back means "resubmitted, watch this one"."""
+        from airflow_provider_tao_slurm.core.continuation import ends_slice
         from airflow_provider_tao_slurm.core.failures import classify
         from airflow_provider_tao_slurm.core.states import TaoState
         from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError
         from airflow_provider_tao_slurm.lifecycle.events import EventStatus
+        from airflow_provider_tao_slurm.lifecycle.jobs import chain_summary
 
         lifecycle = self.lifecycle
         record = self._observed(handle, lifecycle.require_record(handle), event)
@@ -533,9 +535,13 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if usage is not None:
             record = dataclasses.replace(record, extra={**record.extra, "usage": usage.to_dict()})
             self._report_usage(handle, usage, state)
+        if handle.max_continuations and ends_slice(state.native, state.exit_code):
+            return lifecycle.continue_slice(context["ti"], handle, record, state, usage)
         if state.tao_state is TaoState.COMPLETE:
             result = self._completed(lifecycle, handle, record, state)
             result = {**result, **usage.to_dict()} if usage is not None else result
+            if handle.max_continuations:
+                result = {**result, **chain_summary(handle, state, usage)}
             self._announce(context, handle, result)
             return result
         if state.tao_state is TaoState.CANCELED:
@@ -544,7 +550,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             raise JobFailedError(f"{reason}; it was cancelled outside this task (scancel, preemption or an admin)")
         verdict = classify(state, log_tail)
         if verdict.retryable and handle.infra_retries < self.max_infra_retries:
-            return lifecycle.resubmit(context["ti"], handle, record, state, verdict)
+            return lifecycle.resubmit(context["ti"], handle, record, state, verdict, usage)
         lifecycle.settle(
             handle,
             record,

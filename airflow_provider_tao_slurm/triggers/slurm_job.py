@@ -145,6 +145,7 @@ class SlurmJobTrigger(BaseTrigger):
         last_seen = self.submitted_at
         ended_at: float | None = None
         strange_since: float | None = None
+        ran, restarts = self.last_state == str(TaoState.RUNNING), 0
         try:
             while True:
                 update = await queue.get()
@@ -190,6 +191,15 @@ class SlurmJobTrigger(BaseTrigger):
                     if update.polled_at - ended_at < ACCOUNTING_SETTLE_S:
                         continue  # accounting has not recorded the end yet: wait for its exit code
                 current = (str(state.tao_state), state.reason)
+                if ran and state.tao_state is TaoState.PENDING:
+                    restarts, ran = restarts + 1, False
+                    self.log.warning(
+                        "SLURM job %s went back to the queue: preempted (or a node failed); requeued by SLURM "
+                        "(restart %d), the same job runs again and is watched to its end",
+                        self._job,
+                        restarts,
+                    )
+                ran = ran or state.tao_state is TaoState.RUNNING
                 if current != last:
                     hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
                     self.log.info(

@@ -65,6 +65,7 @@ class ClusterEnv:
     debug_partition: str
     short_partition: str
     hidden_partition: str
+    urgent_partition: str
     qos: str
     node_features: dict[str, list[str]]
     gpu_types: dict[str, str]

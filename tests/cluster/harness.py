@@ -28,7 +28,10 @@ The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (
 node features (n1 ``a100,ib``, n2 ``h100,ib``), and the CPU node ``n3`` (no GPUs, feature ``cpu``).
 Shaped unlike a seed site: GPU partitions ``polar`` (the default, 4 h), ``polar_long`` (48 h),
 ``debug`` (30 minutes: sinfo prints ``30:00``), ``polar_1m`` (one minute: ``1:00``) and the hidden
-``polar_hidden`` (24 h, ``Hidden=YES``: only ``sinfo -a`` lists it), all on n1/n2 with 4 GPUs a node;
+``polar_hidden`` (24 h, ``Hidden=YES``: only ``sinfo -a`` lists it) and ``polar_urgent`` (1 h,
+``PriorityTier=10``: with ``PreemptType=preempt/partition_prio`` and ``PreemptMode=REQUEUE`` its jobs
+requeue the jobs of the other partitions they need the nodes of; ``AuthInfo=cred_expire=60`` has a
+requeued job start again after a minute instead of two), all on n1/n2 with 4 GPUs a node;
 ``cpu_long`` (7 days) on n3 alone; a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
 may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (another person on
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
@@ -153,6 +156,11 @@ SHORT_PARTITION = "polar_1m"
 SHORT_MAX_TIME = "1"
 #: A partition with ``Hidden=YES``: plain ``sinfo`` does not list it, ``sinfo -a`` does.
 HIDDEN_PARTITION = "polar_hidden"
+#: A GPU partition of a higher ``PriorityTier``: its jobs preempt (requeue) jobs of the other partitions.
+URGENT_PARTITION = "polar_urgent"
+#: ``AuthInfo=cred_expire``: a step credential's life, and how long a requeued job waits before it starts
+#: again (SLURM's default 120 s); long enough for a step launch on a loaded machine.
+CRED_EXPIRE_S = 60
 QOS = "long_qos"
 NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832), "n3": ("127.0.1.3", 6833)}
 #: Each GPU node's GPU type (typed GRES) and its features (``--constraint``), as on a mixed site.
@@ -560,7 +568,10 @@ def slurm_conf() -> str:
         f"SlurmctldPort={CTLD_PORT}",
         "SlurmUser=slurm",
         "AuthType=auth/munge",
+        f"AuthInfo=cred_expire={CRED_EXPIRE_S}",
         "CredType=cred/munge",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
         *(["CommunicationParameters=NoCtldInAddrAny"] if loopback_name else []),
         f"StateSaveLocation={STATE}/spool/ctld",
         f"SlurmdSpoolDir={STATE}/spool/%n",
@@ -604,6 +615,7 @@ def slurm_conf() -> str:
         f"PartitionName={DEBUG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={DEBUG_MAX_TIME} State=UP",
         f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME} State=UP",
         f"PartitionName={HIDDEN_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=1-00:00:00 Hidden=YES State=UP",
+        f"PartitionName={URGENT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=01:00:00 PriorityTier=10 State=UP",
     ]
     return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
 
@@ -1626,6 +1638,7 @@ def cluster_env() -> dict[str, object]:
         "debug_partition": DEBUG_PARTITION,
         "short_partition": SHORT_PARTITION,
         "hidden_partition": HIDDEN_PARTITION,
+        "urgent_partition": URGENT_PARTITION,
         "qos": QOS,
         "node_features": {node: list(features) for node, features in NODE_FEATURES.items()},
         "gpu_types": dict(GPU_TYPES),

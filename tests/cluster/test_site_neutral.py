@@ -271,6 +271,7 @@ def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, 
         cluster.debug_partition: Partition(cluster.debug_partition, 0.5, False, 4, both),
         cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both),
         cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both),
+        cluster.urgent_partition: Partition(cluster.urgent_partition, 1.0, False, 4, both),
     }
 
 

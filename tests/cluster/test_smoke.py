@@ -131,6 +131,7 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
         cluster.cpu_partition: dict.fromkeys(cluster.cpu_nodes, "idle"),
         cluster.debug_partition: idle,
         cluster.short_partition: idle,
+        cluster.urgent_partition: idle,
     }  # the hidden partition only with -a
     deadline = time.monotonic() + 20  # a job of an earlier run may still be finishing
     while (seen := partitions()) != wanted and time.monotonic() < deadline:
@@ -151,6 +152,7 @@ def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: Cluster
         cluster.debug_partition: "30:00",
         cluster.short_partition: "1:00",
         cluster.hidden_partition: "1-00:00:00",
+        cluster.urgent_partition: "1:00:00",
     }
     assert limits[cluster.cpu_partition][1] == "(null)"
     rc, out, err = ssh_run("sinfo -h -o '%P'")

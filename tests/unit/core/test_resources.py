@@ -281,7 +281,13 @@ SLURM_TIMES = [
     pytest.param(0.5, "00:30:00", id="half"),
     pytest.param(0.25, "00:15:00", id="quarter"),
     pytest.param(3.8, "03:48:00", id="tao-timeout"),
-    pytest.param(1 / 3600, "00:00:01", id="one-second"),
+    pytest.param(1 / 3600, "00:01:00", id="one-second-is-a-minute"),
+    pytest.param(1 / 60, "00:01:00", id="one-minute"),
+    pytest.param(0.001, "00:01:00", id="seconds-round-up-to-a-minute"),
+    pytest.param(61 / 3600, "00:02:00", id="a-minute-and-a-second"),
+    pytest.param(0.1, "00:06:00", id="float-tenth-stays-six-minutes"),
+    pytest.param(59 / 60 + 1 / 3600, "01:00:00", id="rounds-up-to-an-hour"),
+    pytest.param(24 - 1 / 3600, "1-00:00:00", id="rounds-up-to-a-day"),
     pytest.param(23.5, "23:30:00", id="under-a-day"),
     pytest.param(24, "1-00:00:00", id="one-day"),
     pytest.param(26.0, "1-02:00:00", id="day-and-two-hours"),
@@ -368,7 +374,7 @@ def test_parse_slurm_time_rejects(text: Any) -> None:
         parse_slurm_time(text)
 
 
-@pytest.mark.parametrize("hours", [0.5, 3.8, 4, 26, 168, 100.75])
+@pytest.mark.parametrize("hours", [1 / 60, 0.25, 0.5, 3.8, 4, 26, 168, 100.75])
 def test_slurm_time_round_trip(hours: float) -> None:
     assert parse_slurm_time(hours_to_slurm_time(hours)) == pytest.approx(hours)
 

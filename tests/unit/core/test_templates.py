@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 
+from airflow_provider_tao_slurm.core.continuation import (
+    LATEST_CHECKPOINT_ENV,
+    SLICE_ENV,
+    SLICE_SIGNAL,
+    SliceScript,
+    slice_marker,
+)
 from airflow_provider_tao_slurm.core.secrets import lint_script
+from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.templates import (
     MULTI_NODE_TEMPLATE,
     SINGLE_NODE_TEMPLATE,
@@ -94,6 +102,29 @@ GOLDEN_CASES: dict[str, SbatchSpec] = {
         command=HOSTILE_COMMAND,
         env={"MSG": "say \"hi\" and 'bye' $HOME `id` $(id); done\nnext line"},
         sidecar="/lustre/proj/my jobs/it's here/.secrets env",
+    ),
+    "single_slice": replace(
+        BASE,
+        time="00:30:00",
+        timeout_seconds=1700,
+        slice=SliceScript(
+            slices_dir="/lustre/proj/results/jobs/tao-20240601-abc123/slices",
+            grace_seconds=180,
+            results_dir="/lustre/proj/results/results/tao-20240601-abc123",
+        ),
+    ),
+    "multi_2x1_slice_signal": replace(
+        BASE,
+        num_nodes=2,
+        gpus_per_node=1,
+        nccl_env={"NCCL_IB_DISABLE": "1"},
+        slice=SliceScript(
+            slices_dir="/lustre/proj/my jobs/it's $(here)/slices",
+            grace_seconds=600,
+            results_dir="/lustre/proj/my results/it's `here`",
+            checkpoint_globs=("*.pth", "model_[0-9]*.ckpt"),
+            checkpoint_signal="USR2",
+        ),
     ),
 }
 
@@ -680,3 +711,270 @@ def test_gpu_type_goes_into_gres() -> None:
     assert "#SBATCH --gres=gpu:h100:2\n" in render_sbatch(replace(BASE, gpus_per_node=2, gpu_type="h100"))
     with pytest.raises(ValidationError, match="gpu_type"):
         render_sbatch(replace(BASE, gpu_type="h100 --uid=0"))
+
+
+# --- one slice of a training longer than one allocation (core/continuation.py) ---------------------------
+
+#: srun as a slice's batch shell sees it: the step runs in the background, srun passes USR1 and USR2 on to
+#: its first process (as proctrack/cgroup delivers them) and exits with the step's status.
+FORWARDING_SRUN = r"""#!/bin/bash
+printf '%s\0' "$@" > "$FAKE_DIR/srun.args"
+while [ $# -gt 0 ]; do case "$1" in --*) shift ;; *) break ;; esac; done
+SLURM_NODEID=0 "$@" < /dev/null &
+child=$!
+trap 'kill -s USR1 "$child"' USR1
+trap 'kill -s USR2 "$child"' USR2
+while kill -0 "$child" 2> /dev/null; do wait "$child"; done
+wait "$child"
+"""
+#: A step that runs a while: it says when it started and when it got to its end.
+LONG_STEP = 'touch "$FAKE_DIR/step.started"; sleep 3; touch "$FAKE_DIR/step.done"; exit 3'
+
+
+def slice_run(tmp_path: Path, command: str, spec: dict[str, Any] | None = None, **slice_changes: Any) -> Run:
+    """A slice script (30 s warning) with the signal-forwarding srun; slices and results dirs under ``tmp_path``."""
+    script = SliceScript(
+        slices_dir=str(tmp_path / "slices 'x'"), grace_seconds=30, results_dir=str(tmp_path / "results $(x)")
+    )
+    run = Run(tmp_path, command=command, sidecar=None, slice=replace(script, **slice_changes), **(spec or {}))
+    (run.bin / "srun").write_text(FORWARDING_SRUN)
+    return run
+
+
+def wait_for(path: Path, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} did not appear"
+        time.sleep(0.02)
+
+
+def warn_during_step(run: Run, slices: Path) -> tuple[int, str, str, bool]:
+    """Run the script and send its batch shell SIGUSR1 (``--signal=B:USR1@...``) while the step runs.
+
+    :returns: the exit status, stdout, stderr, and whether the step was still running when the ending
+        marker appeared.
+    """
+    process = subprocess.Popen(
+        ["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    wait_for(run.job_dir / "step.started")
+    process.send_signal(signal.SIGUSR1)
+    wait_for(slices / slice_marker("4242", 0, "ending"))
+    running = not (run.job_dir / "step.done").exists()
+    stdout, stderr = process.communicate(timeout=30)
+    return process.returncode, stdout, stderr, running
+
+
+def test_slice_script_directives_and_shared_names() -> None:
+    script = render_sbatch(GOLDEN_CASES["single_slice"])
+    assert f"#SBATCH --signal=B:{SLICE_SIGNAL}@180\n" in script
+    assert f'export {SLICE_ENV}="${{{SLICE_ENV}:-1}}"\n' in script
+    assert f"export {LATEST_CHECKPOINT_ENV}\n" in script
+    # a slice ends at SLURM's limit: its program's timeout is twice the 30-minute wall, never timeout_seconds
+    assert f"    timeout 3600 bash -c {quote(BASE.command)}\ntao_slurm_step_rc\nTAO_SLURM_STEP_RC=$?\n" in script
+    assert "\ntao_slurm_step srun --input=none " in script
+    assert "TAO_SLURM_STEP_RELAY" not in script, "without checkpoint_signal the step is started as ever"
+    assert "--signal" not in render_sbatch(BASE)
+
+
+@pytest.fixture
+def slices(tmp_path: Path) -> Path:
+    return tmp_path / "slices 'x'"
+
+
+def test_slice_warning_leaves_the_ending_marker_while_the_step_runs_on(tmp_path: Path, slices: Path) -> None:
+    run = slice_run(tmp_path, LONG_STEP)
+    rc, stdout, _, running = warn_during_step(run, slices)
+    assert running, "the warning must not stop the step: without checkpoint_signal nothing is forwarded"
+    assert rc == 3
+    assert run.exit_code_file.read_text() == "3\n"
+    assert (run.job_dir / "step.done").exists()
+    assert sorted(path.name for path in slices.iterdir()) == ["4242-0.ending", "4242-0.start"]
+    assert (slices / "4242-0.ending").read_text().strip(), "the ending marker holds the date of the warning"
+    assert (
+        "TAO_SLURM: slice 1 ends in about 30 s (time limit): the program is not signalled (no checkpoint_signal); "
+        "the next slice resumes from the latest checkpoint"
+    ) in stdout.splitlines()
+    assert stdout.splitlines()[-2:] == ["TAO_SLURM: step exit code 3", "TAO_SLURM: end"]
+    assert sorted(path.name for path in run.ends.iterdir()) == ["4242-0-3.end"]
+
+
+@pytest.mark.parametrize("name", ["USR1", "USR2"])
+def test_slice_warning_forwards_checkpoint_signal_to_an_unhandling_program(
+    tmp_path: Path, slices: Path, name: str
+) -> None:
+    """Forwarded, a signal the program does not handle ends it at once: the step's status says so."""
+    run = slice_run(tmp_path, LONG_STEP, checkpoint_signal=name)
+    rc, stdout, _, _ = warn_during_step(run, slices)
+    number = signal.Signals[f"SIG{name}"].value
+    assert rc == 128 + number
+    assert not (run.job_dir / "step.done").exists()
+    assert run.exit_code_file.read_text() == f"{128 + number}\n"
+    assert f"TAO_SLURM: slice 1 ends in about 30 s (time limit): SIG{name} goes to the program (checkpoint_signal)" in (
+        stdout.splitlines()
+    )
+    args = run.srun_args()
+    assert (args[-7:-5], args[-4:]) == (["bash", "-c"], ["tao-step", "28800", name, LONG_STEP])
+
+
+@pytest.mark.parametrize("name", ["USR1", "USR2"])
+def test_slice_warning_reaches_a_program_that_handles_checkpoint_signal(
+    tmp_path: Path, slices: Path, name: str
+) -> None:
+    """The program's own handler runs (timeout in between survives the signal) and the program goes on."""
+    command = f"trap 'touch \"$FAKE_DIR/saved\"' {name}; {LONG_STEP}"
+    run = slice_run(tmp_path, command, checkpoint_signal=name)
+    rc, _, stderr, _ = warn_during_step(run, slices)
+    assert (rc, (run.job_dir / "saved").exists(), (run.job_dir / "step.done").exists()) == (3, True, True), stderr
+    assert run.exit_code_file.read_text() == "3\n"
+
+
+def test_slice_program_starts_with_the_signal_ignored_where_env_lacks_default_signal(
+    tmp_path: Path, slices: Path
+) -> None:
+    """An image whose env has no --default-signal (coreutils < 8.31): the program runs with the signal
+    ignored, so the warning neither kills it nor reaches a shell trap; the log says why."""
+    command = f"trap 'touch \"$FAKE_DIR/saved\"' USR1; {LONG_STEP}"
+    run = slice_run(tmp_path, command, checkpoint_signal="USR1")
+    old_env = '#!/bin/bash\ncase "$1" in --default-signal=*) exit 125 ;; esac\nexec /usr/bin/env "$@"\n'
+    (run.bin / "env").write_text(old_env)
+    (run.bin / "env").chmod(0o755)
+    rc, _, stderr, _ = warn_during_step(run, slices)
+    assert (rc, (run.job_dir / "saved").exists()) == (3, False)
+    assert (
+        "TAO_SLURM: env in the image has no --default-signal (coreutils 8.31+): the program starts with SIGUSR1 "
+        "ignored" in stderr
+    )
+
+
+@pytest.mark.parametrize("checkpoint_signal", [None, "USR1"], ids=["plain", "relay"])
+@pytest.mark.parametrize(
+    ("command", "timeout_seconds", "rc"),
+    [
+        pytest.param("exit 4", 13680, 4, id="failure"),
+        pytest.param("true", 13680, 0, id="success"),
+        pytest.param("sleep 2", 1, 0, id="timeout-seconds-does-not-end-a-slice"),
+    ],
+)
+def test_slice_step_exit_code_is_kept(
+    tmp_path: Path, command: str, timeout_seconds: int, rc: int, checkpoint_signal: str | None
+) -> None:
+    run = slice_run(tmp_path, command, {"timeout_seconds": timeout_seconds}, checkpoint_signal=checkpoint_signal)
+    result = run.run()
+    assert result.returncode == rc, result.stderr
+    assert run.exit_code_file.read_text() == f"{rc}\n"
+    assert "program stopped by timeout" not in result.stdout
+    assert sorted(path.name for path in run.ends.iterdir()) == [f"4242-0-{rc}.end"]
+
+
+@pytest.mark.parametrize("checkpoint_signal", [None, "USR1"], ids=["plain", "relay"])
+def test_slice_step_output_and_signal_death_are_kept(tmp_path: Path, checkpoint_signal: str | None) -> None:
+    """The step's output reaches the log (not the pipe its status comes through) and a step killed by a
+    signal has the status bash gives it, as outside a slice."""
+    run = slice_run(tmp_path, "echo out; echo err >&2; kill -s KILL $$", checkpoint_signal=checkpoint_signal)
+    result = run.run()
+    assert result.returncode == 128 + signal.SIGKILL, result.stderr
+    assert run.exit_code_file.read_text() == f"{128 + signal.SIGKILL}\n"
+    assert result.stdout.splitlines()[-4:] == [
+        "TAO_SLURM: step start",
+        "out",
+        "TAO_SLURM: step exit code 137",
+        "TAO_SLURM: end",
+    ]
+    assert "err" in result.stderr.splitlines()
+
+
+def test_slice_multi_node_relay_sets_the_node_rank(tmp_path: Path) -> None:
+    command = 'echo "rank=$NODE_RANK tao_rank=$TAO_NODE_RANK world=$WORLD_SIZE"'
+    run = slice_run(tmp_path, command, {"num_nodes": 2, "gpus_per_node": 1}, checkpoint_signal="USR2")
+    result = run.run()
+    assert result.returncode == 0, result.stderr
+    assert "rank=0 tao_rank=0 world=2" in result.stdout.splitlines()
+
+
+def test_slice_sigterm_keeps_todays_semantics(tmp_path: Path) -> None:
+    """A cancel or requeue SIGTERMs batch shell and step together: the trap runs while srun is waited for."""
+    run = Run(tmp_path, command="true", sidecar=None, slice=SliceScript(str(tmp_path / "s"), 30, str(tmp_path)))
+    rc, _, stderr = run_until_sigterm(run)
+    assert rc == 128 + signal.SIGTERM
+    assert stderr.splitlines()[-1] == "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)"
+    assert run.exit_code_file.read_text() == f"{128 + signal.SIGTERM}\n"
+    assert list(run.ends.iterdir()) == []
+
+
+def test_slice_start_marker_and_directory_mode(tmp_path: Path, slices: Path) -> None:
+    run = slice_run(tmp_path, "true")
+    run.env["SLURM_RESTART_COUNT"] = "2"
+    result = run.run()
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in slices.iterdir()) == [slice_marker("4242", 2, "start")]
+    assert (slices / "4242-2.start").read_bytes() == b""
+    assert slices.stat().st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize(
+    ("files", "globs", "slice_env", "expected"),
+    [
+        pytest.param({}, None, None, "", id="no-results-dir"),
+        pytest.param({"status.json": 300}, None, None, "", id="no-checkpoint"),
+        pytest.param(
+            {"a.pth": 100, "sub dir/b 'x'.ckpt": 200, "c.tlt": 150, "later.txt": 300},
+            None, "3", "sub dir/b 'x'.ckpt", id="newest-matching-in-a-subdir",
+        ),
+        pytest.param({"w.hdf5": 100, "x.pth": 50}, None, None, "w.hdf5", id="tf-checkpoint"),
+        pytest.param({"a.pth": 300, "model_7.ckpt": 100}, ("model_[0-9]*.ckpt",), None, "model_7.ckpt", id="globs"),
+    ],
+)  # fmt: skip
+def test_slice_latest_checkpoint_and_slice_number(
+    tmp_path: Path, files: dict[str, int], globs: tuple[str, ...] | None, slice_env: str | None, expected: str
+) -> None:
+    command = f'printf "%s|%s" "${SLICE_ENV}" "${LATEST_CHECKPOINT_ENV}" > "$FAKE_DIR/seen"'
+    run = slice_run(tmp_path, command, **({"checkpoint_globs": globs} if globs else {}))
+    results = tmp_path / "results $(x)"
+    if files:
+        results.mkdir()
+    for name, age in files.items():
+        (results / name).parent.mkdir(parents=True, exist_ok=True)
+        (results / name).write_text("x")
+        os.utime(results / name, (1_700_000_000 + age, 1_700_000_000 + age))
+    if slice_env:
+        run.env[SLICE_ENV] = slice_env
+    result = run.run()
+    assert result.returncode == 0, result.stderr
+    latest = str(results / expected) if expected else ""
+    assert (run.job_dir / "seen").read_text() == f"{slice_env or 1}|{latest}"
+    assert (
+        f"TAO_SLURM: slice {slice_env or 1} (TAO_SLURM_SLICE), latest checkpoint '{latest}' "
+        "(TAO_SLURM_LATEST_CHECKPOINT)" in result.stdout.splitlines()
+    )
+
+
+SLICE = SliceScript(slices_dir="/lustre/proj/results/jobs/x/slices", grace_seconds=30, results_dir="/lustre/proj/r")
+
+
+@pytest.mark.parametrize(
+    ("changes", "error", "fragment"),
+    [
+        pytest.param({"grace_seconds": 0}, ResourceError, "grace_seconds=0", id="grace-zero"),
+        pytest.param({"grace_seconds": True}, ResourceError, "grace_seconds=True", id="grace-bool"),
+        pytest.param({"grace_seconds": 14400}, ResourceError, "less than the wall time", id="grace-whole-slice"),
+        pytest.param({"grace_seconds": 2.5}, ResourceError, "whole number", id="grace-float"),
+        pytest.param({"slices_dir": "slices"}, ValidationError, "slices_dir", id="slices-relative"),
+        pytest.param({"results_dir": ""}, ValidationError, "results_dir", id="results-empty"),
+        pytest.param({"checkpoint_globs": ("a/*.pth",)}, ValidationError, "checkpoint_glob", id="glob-path"),
+        pytest.param({"checkpoint_globs": ["*.pth"]}, ValidationError, "tuple", id="glob-list"),
+        pytest.param({"checkpoint_signal": "KILL"}, ValidationError, "checkpoint_signal", id="signal-unknown"),
+        pytest.param({"checkpoint_signal": "TERM"}, ValidationError, "srun kills the step", id="signal-term"),
+        pytest.param({"checkpoint_signal": "INT"}, ValidationError, "ignores INT", id="signal-int-ignored"),
+        pytest.param({"checkpoint_signal": "SIGUSR1"}, ValidationError, "'USR1'", id="signal-spelling"),
+    ],
+)  # fmt: skip
+def test_render_rejects_bad_slices(changes: dict[str, Any], error: type[Exception], fragment: str) -> None:
+    with pytest.raises(error) as raised:
+        render_sbatch(replace(BASE, slice=replace(SLICE, **changes)))
+    assert fragment in str(raised.value)
+
+
+def test_render_rejects_a_slice_that_is_no_slice_script() -> None:
+    with pytest.raises(ValidationError, match="SliceScript"):
+        render_sbatch(replace(BASE, slice={"grace_seconds": 30}))  # type: ignore[arg-type]

@@ -46,6 +46,21 @@ FULL = {
     "infra_retries": 1,
     "num_nodes": 2,
     "partition": "gpu,debug",
+    "max_continuations": 4,
+    "slice_number": 2,
+    "checkpoint_globs": ["*.pth", "*.ckpt"],
+    "time_hours": 0.5,
+    "slices": [
+        {
+            "job_id": mint_job_id("dag", "submit", "run0"),
+            "slurm_job_id": "499",
+            "state": "TIMEOUT",
+            "queue_seconds": 3,
+            "elapsed_seconds": 1800,
+            "gpu_hours": 2.0,
+            "checkpoint": f"{BASE}/results/{JOB_ID}/epoch_3.pth",
+        }
+    ],
 }
 
 
@@ -72,6 +87,7 @@ def test_handle_defaults_and_normalisation() -> None:
     assert handle.slurm_job_id == "500"
     assert (handle.exclude_nodes, handle.infra_retries, handle.retry_of) == ((), 0, None)
     assert (handle.num_nodes, handle.partition, handle.sidecar_path) == (None, None, None)
+    assert (handle.max_continuations, handle.slice_number, handle.checkpoint_globs, handle.slices) == (0, 1, (), ())
     assert "newer_key" not in handle.to_dict()
     assert set(JobHandle.from_dict(REQUIRED).to_dict()) == set(FULL)
 

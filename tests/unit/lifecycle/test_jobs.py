@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -19,11 +20,13 @@ from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_native
+from airflow_provider_tao_slurm.core.usage import JobUsage
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
+    RemoteCommandError,
     SubmissionError,
     ValidationError,
 )
@@ -88,6 +91,7 @@ class FakeHook:
         self.released: list[tuple[str, str, str]] = []
         self.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
         self.allocation = "n1\nn2\n"
+        self.checkpoints = CommandResult(0, "NOSTART\n", "")
 
     # -- sync
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
@@ -103,6 +107,10 @@ class FakeHook:
             return CommandResult(0, self.sinfo, "")
         if command.startswith("sinfo -h -N -o %N -n"):
             return CommandResult(0, self.allocation, "")
+        if "-newer" in command:  # the slice's new checkpoints
+            if check and self.checkpoints.rc:
+                raise RemoteCommandError(f"{what} failed", rc=self.checkpoints.rc, stderr=self.checkpoints.stderr)
+            return self.checkpoints
         return CommandResult(0, "", "")
 
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
@@ -738,3 +746,102 @@ def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
         hook.files["/l/main.out"] = text
 
     assert JobLifecycle(hook).log_tail("/l/main.out", max_bytes, secrets=["secret-value"]) == expected
+
+
+# ---------------------------------------------------------------------- continue_slice: a training over several slices
+
+SLICE_USAGE = JobUsage(queue_seconds=2, elapsed_seconds=65, gpus=1, gpu_hours=0.0181, node_list="n1", exit_code=0)
+
+
+def chain(**changes: Any) -> JobHandle:
+    values: dict[str, Any] = {"max_continuations": 2, "checkpoint_globs": ["*.pth"], "time_hours": 1 / 60}
+    return handle(**{**values, **changes})
+
+
+def timed_out() -> JobState:
+    return state_from_native("500", "TIMEOUT", source="sacct", exit_code=0, signal=0, node_list="n1")
+
+
+def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TAO_TEST_SRC", "s3cr3t")
+    hook = StagingHook()
+    hook.store(record_of(FIRST))
+    hook.checkpoints = CommandResult(
+        0, f"START\n1.5 {LAYOUT.results_dir}/e1.pth\n2.5 {LAYOUT.results_dir}/e2.pth\n", ""
+    )
+    old = chain(secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
+
+    new = JobLifecycle(hook).continue_slice(SENSOR_TI, old, hook.record(FIRST), timed_out(), SLICE_USAGE)
+
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, f"{BASE}/logs", ("--export=ALL,TAO_SLURM_SLICE=2",))]
+    assert list(hook.contents) == [LAYOUT.sidecar_path], "the ended slice's EXIT trap removed it"
+    assert (new.job_id, new.slurm_job_id, new.retry_of, new.slice_number) == (RETRY_ID, "501", FIRST, 2)
+    assert (new.results_dir, new.script_path, new.infra_retries) == (old.results_dir, old.script_path, 0)
+    assert new.slices == (
+        {
+            "job_id": FIRST,
+            "slurm_job_id": "500",
+            "state": "TIMEOUT",
+            "queue_seconds": 2,
+            "elapsed_seconds": 65,
+            "gpu_hours": 0.0181,
+            "checkpoint": f"{LAYOUT.results_dir}/e2.pth",
+        },
+    )
+    ended = hook.record(FIRST)
+    assert ended.terminal_state is TaoState.ERROR
+    assert ended.transitions[-1].message == (
+        f"slice 1 ended TIMEOUT after writing 2 checkpoint(s); slice 2 of at most 3 resumes from "
+        f"{LAYOUT.results_dir}/e2.pth; continued as {RETRY_ID}"
+    )
+    assert hook.record(RETRY_ID).retry_of == FIRST
+
+
+@pytest.mark.parametrize(
+    ("changes", "listing", "message"),
+    [
+        pytest.param({}, "START\n", "the 1 min slice 1 ended TIMEOUT and wrote no checkpoint", id="no-checkpoint"),
+        pytest.param({}, "NOSTART\n", "the 1 min slice 1 ended TIMEOUT and wrote no checkpoint", id="never-started"),
+        pytest.param(
+            {"slice_number": 3},
+            "START\n1 /r/e9.pth\n",
+            "max_continuations=2 is used up; the last checkpoint is /r/e9.pth",
+            id="used-up",
+        ),
+    ],
+)
+def test_the_chain_stops_with_the_rule_and_its_fix(changes: dict[str, Any], listing: str, message: str) -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.checkpoints = CommandResult(0, listing, "")
+
+    with pytest.raises(JobFailedError, match=re.escape(message)):
+        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(**changes), hook.record(FIRST), timed_out(), None)
+
+    assert hook.submits == []
+    ended = hook.record(FIRST)
+    assert (ended.terminal_state, ended.err_class) == (TaoState.ERROR, ErrClass.ERR_PROGRAM)
+    assert SETTLED_REMOVAL in hook.sidecar_removals
+
+
+def test_a_next_slice_an_earlier_try_started_is_adopted() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.found[RETRY_ID] = ["611"]
+    hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
+
+    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), hook.record(FIRST), timed_out(), None)
+
+    assert (hook.submits, new.slurm_job_id, new.slice_number) == ([], "611", 2)
+
+
+def test_a_checkpoint_listing_that_failed_decides_nothing() -> None:
+    hook = FakeHook()
+    hook.store(record_of(FIRST))
+    hook.checkpoints = CommandResult(1, "START\n", "find: Input/output error")
+
+    with pytest.raises(RemoteCommandError):
+        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), hook.record(FIRST), timed_out(), None)
+
+    assert hook.submits == []
+    assert hook.record(FIRST).terminal_state is None

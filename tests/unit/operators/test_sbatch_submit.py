@@ -502,3 +502,41 @@ def test_mounts_that_show_the_jobs_files_are_accepted(connection_mounts: str | N
 
     assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
     assert handle["results_dir"] == RESULTS_DIR
+
+
+# ---------------------------------------------------------------------- trainings over several slices (issue 33)
+
+
+def test_a_training_with_continuations_runs_as_a_slice_and_its_handle_carries_the_chain() -> None:
+    hook = FakeHook()
+    handle = operator(hook, max_continuations=3, checkpoint_glob="*.pth", time_hours=0.5, timeout_hours=0.45).execute(
+        ctx()
+    )
+    script = staged_text(hook, LAYOUT.script_path)
+    assert "#SBATCH --signal=B:USR1@180\n" in script
+    assert f"{LAYOUT.slices_dir}" in script
+    assert (handle["max_continuations"], handle["slice_number"], handle["checkpoint_globs"]) == (3, 1, ["*.pth"])
+    assert (handle["time_hours"], handle["slices"]) == (0.5, [])
+
+
+def test_without_continuations_the_script_is_the_seeds() -> None:
+    hook = FakeHook()
+    handle = operator(hook).execute(ctx())
+    assert "--signal" not in staged_text(hook, LAYOUT.script_path)
+    assert (handle["max_continuations"], handle["checkpoint_globs"]) == (0, [])
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_continuations": -1}, "max_continuations=-1 must be a whole number"),
+        ({"max_continuations": 2, "checkpoint_glob": "ckpt/*.pth"}, "checkpoint_glob='ckpt/*.pth' must be"),
+        ({"max_continuations": 2, "checkpoint_signal": "KILL"}, "checkpoint_signal='KILL' must be one of"),
+        ({"max_continuations": 2, "signal_grace_seconds": 99999}, "signal_grace_seconds=99999 must be"),
+    ],
+)
+def test_bad_continuation_parameters_are_refused_before_any_ssh(
+    no_ssh: SlurmHook, kwargs: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(message)):
+        operator(no_ssh, **kwargs).execute(ctx())

@@ -106,6 +106,7 @@ class FakeHook:
         self.submit_error: Exception | None = None
         self.status: list[dict[str, Any]] | None = None
         self.usage_stdout = ""
+        self.checkpoints = "NOSTART\n"
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         return self.files.get(path)
@@ -127,6 +128,8 @@ class FakeHook:
             return CommandResult(0, "n1|polar*|idle\nn2|polar*|down*\n", "")
         if command == usage_command(SLURM_ID):
             return CommandResult(0, self.usage_stdout, "")
+        if "-newer" in command:  # a slice's new checkpoints
+            return CommandResult(0, self.checkpoints, "")
         return CommandResult(0, "n2\n" if command.startswith("sinfo") else "", "")
 
     def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
@@ -1056,3 +1059,67 @@ def test_the_trigger_reads_the_jobs_end_markers() -> None:
     with pytest.raises(TaskDeferred) as deferred:
         sensor_with(NoHook()).execute(CTX)
     assert deferred.value.trigger.end_marker_dir == f"{BASE}/ends"
+
+
+# ---------------------------------------------------------------------- a training over several slices (issue 33)
+
+CHAIN = {"max_continuations": 3, "checkpoint_globs": ["*.pth"], "time_hours": 1 / 60}
+
+
+@pytest.mark.parametrize(
+    ("native", "exit_code"),
+    [("TIMEOUT", 0), ("PREEMPTED", 0), ("FAILED", 124)],
+    ids=["timeout", "preempted", "timeout-124"],
+)
+def test_a_slice_that_ran_out_of_time_after_a_checkpoint_is_continued(native: str, exit_code: int) -> None:
+    hook = FakeHook()
+    hook.checkpoints = f"START\n9.5 {LAYOUT.results_dir}/train/epoch_5.pth\n"
+
+    with pytest.raises(TaskDeferred) as deferred:
+        complete(sensor_with(hook), terminal(native, exit_code=exit_code), make_handle(**CHAIN))
+
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--export=ALL,TAO_SLURM_SLICE=2",))]
+    handle = deferred.value.kwargs["job"]
+    assert (handle["job_id"], handle["slurm_job_id"], handle["slice_number"]) == (RETRY_ID, "501", 2)
+    assert [item["checkpoint"] for item in handle["slices"]] == [f"{LAYOUT.results_dir}/train/epoch_5.pth"]
+    assert deferred.value.trigger.slurm_job_id == "501"
+    assert XCOM[WATCHED_JOB_KEY] == handle, "the extra links follow the current slice"
+
+
+def test_without_continuations_a_timeout_stays_an_error() -> None:
+    hook = FakeHook()
+    hook.checkpoints = f"START\n9.5 {LAYOUT.results_dir}/train/epoch_5.pth\n"
+
+    with pytest.raises(JobFailedError, match="TIMEOUT"):
+        complete(sensor_with(hook), terminal("TIMEOUT"))
+
+    assert (hook.submits, hook.record()["terminal_state"]) == ([], "ERROR")
+
+
+def test_a_slice_without_a_new_checkpoint_stops_the_chain_naming_the_fix() -> None:
+    hook = FakeHook()
+    with pytest.raises(JobFailedError, match=r"slice 1 ended TIMEOUT and wrote no checkpoint: lower the training"):
+        complete(sensor_with(hook), terminal("TIMEOUT"), make_handle(**CHAIN))
+    assert hook.submits == []
+    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
+
+
+def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
+    hook = FakeHook()
+    hook.status = [{"status": "SUCCESS"}]
+    earlier = {
+        "job_id": "tao-a-0000000000000001",
+        "slurm_job_id": "400",
+        "state": "TIMEOUT",
+        "queue_seconds": 3,
+        "elapsed_seconds": 70,
+        "gpu_hours": 0.0194,
+        "checkpoint": f"{LAYOUT.results_dir}/train/epoch_5.pth",
+    }
+    result = complete(sensor_with(hook), terminal("COMPLETED"), make_handle(**CHAIN, slice_number=2, slices=[earlier]))
+
+    assert result["terminal_state"] == "COMPLETE"
+    assert [item["state"] for item in result["slices"]] == ["TIMEOUT", "COMPLETED"]
+    assert result["slices"][-1]["slurm_job_id"] == SLURM_ID
+    assert result["totals"]["slices"] == 2
+    assert result["totals"]["elapsed_seconds"] == 70

@@ -189,6 +189,31 @@ def test_last_state_from_kwargs_is_not_reported_again(hook: FakeHook) -> None:
     assert [t["state"] for t in event["transitions"]] == ["ERROR"]
 
 
+def test_a_requeue_is_watched_to_the_real_end_and_said_once_per_restart(
+    hook: FakeHook, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Preempted (or its node failed) and requeued by SLURM twice: the job goes back to PENDING after RUNNING;
+    the trigger says so with the restart count and keeps watching the same job id to COMPLETED."""
+    hook.script = [
+        squeue("RUNNING"),
+        squeue("PENDING", "BeginTime"),
+        squeue("RUNNING"),
+        squeue("PENDING", "BeginTime"),
+        squeue("PENDING", "Priority"),
+        squeue("RUNNING"),
+        sacct("COMPLETED"),
+    ]
+
+    (event,) = run(all_events(make()))
+
+    assert event["state"]["native"] == "COMPLETED"
+    output = capsys.readouterr().out
+    said = re.findall(
+        r"went back to the queue: preempted \(or a node failed\); requeued by SLURM \(restart (\d)\)", output
+    )
+    assert said == ["1", "2"]
+
+
 def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: FakeHook) -> None:
     hook.script = [squeue("RUNNING"), squeue("FAILED", "NonZeroExitCode"), squeue("FAILED"), sacct("FAILED", 3)]
 

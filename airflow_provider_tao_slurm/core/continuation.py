@@ -1,0 +1,246 @@
+"""Trainings longer than one allocation: slices, checkpoints and the rules that continue or stop them.
+
+A training submitted with ``max_continuations=N`` runs as a chain of SLURM jobs ("slices") of the
+same batch script, results directory, spec, secrets and resources. A slice that ends TIMEOUT (or
+PREEMPTED when SLURM did not requeue it) and wrote a new checkpoint during its run is followed by
+the next slice; the program resumes from its checkpoints (TAO's trainers do by themselves).
+
+What the batch script does for a slice (rendered from :class:`SliceScript`): it asks SLURM for
+``--signal=B:USR1@<grace>``, traps it outside the container and leaves ``<slices>/<id>.ending``
+(forwarding a signal to the program only when the user named one it handles), leaves
+``<slices>/<id>.start`` when it starts (the "newer than" reference for checkpoints), and exports
+:data:`SLICE_ENV` and :data:`LATEST_CHECKPOINT_ENV` to the program. ``<id>`` is
+``<SLURM job id>-<restart count>``.
+
+Pure: no I/O. The lifecycle layer runs the commands and decides with :func:`continuation_verdict`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from airflow_provider_tao_slurm.core.shell import join, quote
+from airflow_provider_tao_slurm.core.storage import display_value
+from airflow_provider_tao_slurm.exceptions import ValidationError
+
+#: TAO's checkpoint file names (PyTorch ``.pth``, Lightning ``.ckpt``, TF ``.tlt``/``.hdf5``).
+DEFAULT_CHECKPOINT_GLOBS = ("*.pth", "*.ckpt", "*.tlt", "*.hdf5")
+#: The slice number (1 for the first job of the chain), exported to the program.
+SLICE_ENV = "TAO_SLURM_SLICE"
+#: The newest checkpoint under the results directory when the slice started ("" when none).
+LATEST_CHECKPOINT_ENV = "TAO_SLURM_LATEST_CHECKPOINT"
+#: The signal SLURM sends the batch shell before the slice's time limit.
+SLICE_SIGNAL = "USR1"
+#: Signals a program may ask to be sent before the limit (``checkpoint_signal``): srun turns a TERM or HUP it
+#: receives into killing the step, and a background srun ignores INT, so only the user signals pass.
+FORWARDABLE_SIGNALS = frozenset({"USR1", "USR2"})
+#: Bounds of the warning before the limit, in seconds (SLURM may send it up to 60 s early).
+MIN_GRACE_S = 10
+MAX_GRACE_S = 600
+#: ``timeout``'s exit status when it stopped the program (the batch script runs it with the program timeout).
+PROGRAM_TIMEOUT_EXIT = 124
+_GLOB_RE = re.compile(r"[A-Za-z0-9_.*?\[\]-]+")
+_MAX_CONTINUATIONS = 1000
+
+
+@dataclass(frozen=True)
+class SliceScript:
+    """What a batch script needs to run as one slice of a chain.
+
+    :param slices_dir: where the script leaves ``<id>.start`` and ``<id>.ending`` (under the job dir).
+    :param grace_seconds: ``--signal=B:USR1@<grace_seconds>``.
+    :param results_dir: the training's results directory, searched for the latest checkpoint.
+    :param checkpoint_globs: the checkpoint file name patterns (for the latest-checkpoint variable).
+    :param checkpoint_signal: a signal to forward to the program at the warning, or ``None``.
+    """
+
+    slices_dir: str
+    grace_seconds: int
+    results_dir: str
+    checkpoint_globs: tuple[str, ...] = DEFAULT_CHECKPOINT_GLOBS
+    checkpoint_signal: str | None = None
+
+
+def check_max_continuations(value: object) -> int:
+    """``max_continuations``: a whole number from 0 (no continuation, TIMEOUT is an ERROR).
+
+    :raises ValidationError: naming the value and the fix.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_CONTINUATIONS:
+        raise ValidationError(
+            f"max_continuations={display_value(value)} must be a whole number from 0 (TIMEOUT is an error) to "
+            f"{_MAX_CONTINUATIONS}, e.g. max_continuations=5 for up to six slices"
+        )
+    return value
+
+
+def check_checkpoint_globs(value: object) -> tuple[str, ...]:
+    """``checkpoint_glob``: a file name pattern or a list of them (``None``: TAO's checkpoint names).
+
+    :raises ValidationError: for an empty list or a pattern with a path or characters a name glob has not.
+    """
+    if value is None:
+        return DEFAULT_CHECKPOINT_GLOBS
+    items = [value] if isinstance(value, str) else list(value) if isinstance(value, list | tuple) else None
+    if not items or not all(isinstance(item, str) and _GLOB_RE.fullmatch(item) for item in items):
+        raise ValidationError(
+            f"checkpoint_glob={display_value(value)} must be a file name pattern or a list of them, such as "
+            "'*.pth' or ['*.pth', '*.ckpt'] (letters, digits, _ . - and * ? [ ]; no directory)"
+        )
+    return tuple(dict.fromkeys(str(item) for item in items))
+
+
+def check_checkpoint_signal(value: object) -> str | None:
+    """``checkpoint_signal``: a signal the program handles, forwarded before the limit (``None``: none).
+
+    :raises ValidationError: for a signal that is not one of :data:`FORWARDABLE_SIGNALS`.
+    """
+    if value is None:
+        return None
+    name = value.upper().removeprefix("SIG") if isinstance(value, str) else None
+    if name not in FORWARDABLE_SIGNALS:
+        raise ValidationError(
+            f"checkpoint_signal={display_value(value)} must be one of {', '.join(sorted(FORWARDABLE_SIGNALS))} "
+            "(a signal your program handles by saving a checkpoint; srun kills the step on TERM and HUP and a "
+            "background srun ignores INT), or None"
+        )
+    return name
+
+
+def grace_seconds(time_hours: float, override: object = None) -> int:
+    """How long before a slice's limit the batch shell is warned: a tenth of the slice, 10 s to 10 min.
+
+    :param override: ``signal_grace_seconds`` given by the user (checked, not clamped).
+    :raises ValidationError: for an override that is not a whole number of seconds shorter than the slice.
+    """
+    slice_s = round(time_hours * 3600)
+    if override is None:
+        return max(MIN_GRACE_S, min(MAX_GRACE_S, slice_s // 10))
+    if isinstance(override, bool) or not isinstance(override, int) or not 1 <= override < max(slice_s, 2):
+        raise ValidationError(
+            f"signal_grace_seconds={display_value(override)} must be a whole number of seconds from 1 to less than "
+            f"the slice ({slice_s} s)"
+        )
+    return override
+
+
+def slice_marker(slurm_job_id: str, restart: int, kind: str) -> str:
+    """``<slurm job id>-<restart>.<kind>``: the file a slice leaves in the slices directory (start, ending)."""
+    return f"{slurm_job_id}-{restart}.{kind}"
+
+
+def find_names(globs: Sequence[str]) -> list[str]:
+    """``find`` arguments matching any of ``globs``: ``-name a -o -name b`` (inside ``(`` ``)``)."""
+    return [word for glob in globs for word in ("-o", "-name", glob)][1:]
+
+
+def new_checkpoints(results_dir: str, slices_dir: str, slurm_job_id: str, globs: Sequence[str]) -> str:
+    """List the checkpoints under ``results_dir`` newer than the slice's start marker, newest last.
+
+    The marker is that of the job's last run (the highest restart count: a requeued job starts
+    again). Prints ``START`` when there is one (``NOSTART`` when not: the slice never started its
+    script), ``WARNED`` when that run also left its ending marker (SLURM's warning before the limit
+    arrived), then one ``<mtime> <path>`` line per checkpoint written after the start. A ``find``
+    that fails exits non-zero: a failed read is never "no checkpoint".
+
+    :param results_dir: the results directory (absolute).
+    :param slices_dir: the directory of the slice markers (absolute).
+    :param slurm_job_id: the slice's SLURM job id.
+    :param globs: file name patterns (:func:`check_checkpoint_globs`).
+    :returns: the command line; read it with :func:`parse_new_checkpoints`.
+    :raises ValidationError: for a SLURM job id that is not a number.
+    """
+    if not slurm_job_id.isdigit():
+        raise ValidationError(f"SLURM job id {slurm_job_id!r} is not a number")
+    find = join(["find", results_dir, "-type", "f", "(", *find_names(globs), ")", "-newer"])
+    return (
+        f's=; b=-1; for f in {quote(slices_dir)}/{slurm_job_id}-*.start; do [ -e "$f" ] || continue; '
+        'r=${f##*-}; r=${r%.start}; case $r in ""|*[!0-9]*) continue;; esac; '
+        'if [ "$r" -gt "$b" ]; then b=$r; s=$f; fi; done; '
+        'if [ -z "$s" ]; then echo NOSTART; exit 0; fi; echo START; '
+        'if [ -e "${s%.start}.ending" ]; then echo WARNED; fi; '
+        f"out=$({find} \"$s\" -printf '%T@ %p\\n') || exit $?; printf '%s\\n' \"$out\" | sort -n"
+    )
+
+
+@dataclass(frozen=True)
+class SliceEnd:
+    """What a slice left behind, from :func:`new_checkpoints`.
+
+    :param started: its batch script started (left its start marker).
+    :param warned: the batch shell got SLURM's warning before the limit (left its ending marker).
+    :param checkpoints: the checkpoints written during the slice, oldest first.
+    """
+
+    started: bool
+    warned: bool
+    checkpoints: list[str]
+
+
+def parse_new_checkpoints(stdout: str) -> SliceEnd:
+    """Read :func:`new_checkpoints`' output."""
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    started = bool(lines) and lines[0] == "START"
+    rest = lines[1:] if started else []
+    warned = bool(rest) and rest[0] == "WARNED"
+    paths = [line.split(" ", 1)[1] for line in rest[1 if warned else 0 :] if " " in line]
+    return SliceEnd(started, warned, paths)
+
+
+def ends_slice(native: str, exit_code: int | None) -> bool:
+    """Whether a job's end is a slice's time running out (continued when the chain allows it).
+
+    TIMEOUT (SLURM's limit), PREEMPTED (a terminal one: SLURM did not requeue the job), and exit code
+    124 of a FAILED job (the program's own ``timeout`` stopped it before the limit).
+    """
+    return native in ("TIMEOUT", "PREEMPTED") or (native == "FAILED" and exit_code == PROGRAM_TIMEOUT_EXIT)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a slice's end continues the chain.
+
+    :param go_on: submit the next slice.
+    :param reason: the message for the task log and the record (the stop rule's fix when not).
+    """
+
+    go_on: bool
+    reason: str
+
+
+def continuation_verdict(
+    *,
+    native: str,
+    slice_number: int,
+    max_continuations: int,
+    time_hours: float,
+    checkpoints: Sequence[str],
+    last_checkpoint: str | None,
+) -> Verdict:
+    """The stop rules of a chain, once a slice ended ``native`` (TIMEOUT, or PREEMPTED not requeued).
+
+    :param slice_number: the slice that ended (1 for the first).
+    :param checkpoints: checkpoints written during the slice (oldest first).
+    :param last_checkpoint: the newest checkpoint of any earlier slice, for the message.
+    """
+    hours = f"{time_hours * 60:g} min" if time_hours < 1 else f"{time_hours:g} h"
+    if not checkpoints:
+        return Verdict(
+            False,
+            f"the {hours} slice {slice_number} ended {native} and wrote no checkpoint: lower the training's checkpoint "
+            "interval (TAO: train.checkpoint_interval) so it saves within a slice, or raise time_hours"
+            + (f"; the last checkpoint is {last_checkpoint}" if last_checkpoint else ""),
+        )
+    if slice_number > max_continuations:
+        return Verdict(
+            False,
+            f"slice {slice_number} ended {native} and max_continuations={max_continuations} is used up; the last "
+            f"checkpoint is {checkpoints[-1]}: raise max_continuations, or resume from it by hand",
+        )
+    return Verdict(
+        True,
+        f"slice {slice_number} ended {native} after writing {len(checkpoints)} checkpoint(s); "
+        f"slice {slice_number + 1} of at most {max_continuations + 1} resumes from {checkpoints[-1]}",
+    )

@@ -1,0 +1,232 @@
+"""Trainings longer than one allocation (issue 33), on the real test cluster.
+
+The training stand-in (``dags/programs/tao_like_train.py``) checkpoints every epoch and resumes after
+its last checkpoint, as TAO's trainers do. The partition ``polar_1m`` has a one-minute ``MaxTime``, so
+a training of 12 epochs of 10 s needs several slices; SLURM ends each one TIMEOUT. The chains run at
+the same time (one GPU each) to keep the module short.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from airflow.sdk.exceptions import TaskDeferred
+from clusterkit import (
+    SECRET_SOURCE,
+    as_other,
+    conn,
+    dag_id,
+    image,
+    record_of,
+    remote_text,
+    secret_value,
+    sensor_for,
+    squeue_field,
+    submit,
+    submit_op,
+)
+from deferral import context, defer, first_event, resume, run_async, run_deferrable, wait_until
+from demo import DEMO_DIR, load_cluster, stage_assets
+
+from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.exceptions import JobFailedError
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import ClusterEnv, SshRun
+
+pytestmark = pytest.mark.cluster
+
+__all__ = ["conn", "dag_id", "image", "secret_value"]
+
+PROGRAM = f"python3 {DEMO_DIR}/tao_like_train.py"
+SLICE = {"time_hours": 1 / 60, "timeout_hours": 0.95 / 60}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def program() -> None:
+    """The training stand-in and its datasets under the demo directory."""
+    stage_assets(load_cluster())
+
+
+def training(image: str, partition: str, epochs: int, epoch_seconds: int = 10, **kwargs: Any) -> Any:
+    """A TAO-like training of ``epochs`` epochs of ``epoch_seconds`` each."""
+    kwargs.setdefault("secret_env", None)
+    return submit_op(
+        image,
+        f"{PROGRAM} --spec {{config_path}} --results {{results_dir}} --epoch-seconds {epoch_seconds}",
+        spec={"train": {"epochs": epochs}},
+        partition=partition,
+        network_arch="classification_pyt",
+        **{**SLICE, **kwargs},
+    )
+
+
+def sacct_rows(ssh_run: SshRun, job_ids: list[str]) -> list[list[str]]:
+    """``JobName|JobID|State`` of the SLURM jobs named ``job_ids`` (one row per job, its last run)."""
+    command = join(
+        ["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={','.join(job_ids)}", "-o", "JobName,JobID,State"]
+    )
+    return [line.split("|") for line in ssh_run(command)[1].splitlines() if line.strip()]
+
+
+def in_thread(work: Callable[[], Any]) -> Callable[[], Any]:
+    """Run ``work`` now in a thread; the returned call joins it and returns its result or raises its error."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the caller
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def join_() -> Any:
+        thread.join(600)
+        assert not thread.is_alive(), "the chain did not end within 10 minutes"
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome.get("value")
+
+    return join_
+
+
+def test_trainings_over_several_slices(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """Four chains on the one-minute partition at once:
+
+    - 12 epochs, ``max_continuations=4``: the sensor succeeds over at least two slices; every epoch runs
+      exactly once; every slice but the last ended TIMEOUT, the last COMPLETED; one SLURM job per slice;
+      the sensor's retry right after a slice ended adopts the next slice instead of starting another;
+    - a program that writes no checkpoint: the sensor fails after the first slice naming the missing
+      checkpoint, with exactly one job;
+    - ``max_continuations=0``: TIMEOUT stays an ERROR (the seed's rule);
+    - a user kill during slice 2 cancels that slice and records CANCELED.
+    """
+    long_ctx = context(dag_id, "train", "r1")
+    long = submit(training(image, cluster.short_partition, 12, max_continuations=4), long_ctx)
+    none_ctx = context(dag_id, "none", "r1")
+    no_checkpoint = submit(
+        submit_op(image, "sleep 200", partition=cluster.short_partition, secret_env=None, max_continuations=2, **SLICE),
+        none_ctx,
+    )
+    seed_ctx = context(dag_id, "seed", "r1")
+    # ignores the SIGTERM of its own timeout: SLURM's limit ends it, TIMEOUT
+    seed_job = submit_op(image, "trap '' TERM; sleep 200", partition=cluster.short_partition, secret_env=None, **SLICE)
+    seed = submit(seed_job, seed_ctx)
+    kill_ctx = context(dag_id, "kill", "r1")
+    killed = submit(training(image, cluster.short_partition, 30, max_continuations=4), kill_ctx)
+
+    def chain_with_a_retry() -> Any:
+        """The first slice's end is settled twice (a sensor retry): the second adopts the slice the first started."""
+        sensor = sensor_for(long)
+        first = defer(sensor, long_ctx)
+        event = run_async(first_event(first.trigger, 200))
+        started = []
+        for _ in range(2):
+            with pytest.raises(TaskDeferred) as next_slice:  # the next slice is watched
+                resume(sensor_for(long), long_ctx, first, event)
+            started.append(next_slice.value.trigger.slurm_job_id)
+        assert len(set(started)) == 1, started
+        return run_deferrable(sensor_for(next_slice.value.kwargs["job"]), long_ctx, timeout=200)
+
+    def kill_in_slice_two() -> Any:
+        """The user marks the task failed while slice 2 runs: the triggerer cancels run(), then on_kill()."""
+        sensor = sensor_for(killed)
+        deferred = defer(sensor, kill_ctx)
+        event = run_async(first_event(deferred.trigger, 200))
+        with pytest.raises(TaskDeferred) as watching:
+            resume(sensor, kill_ctx, deferred, event)
+        second = watching.value.kwargs["job"]
+        wait_until(
+            lambda: squeue_field(ssh_run, second["slurm_job_id"], "%T") == "RUNNING", "slice 2 running", timeout=120
+        )
+        run_async(watching.value.trigger.on_kill())
+        return second
+
+    results = {
+        name: in_thread(work)
+        for name, work in {
+            "long": chain_with_a_retry,
+            "none": lambda: run_deferrable(sensor_for(no_checkpoint), none_ctx, timeout=200),
+            "seed": lambda: run_deferrable(sensor_for(seed), seed_ctx, timeout=200),
+            "kill": kill_in_slice_two,
+        }.items()
+    }
+
+    done = results["long"]()
+    assert done["terminal_state"] == "COMPLETE"
+    slices = done["slices"]
+    assert len(slices) >= 2, slices
+    assert [item["state"] for item in slices] == ["TIMEOUT"] * (len(slices) - 1) + ["COMPLETED"]
+    assert done["totals"]["slices"] == len(slices)
+    rows = sacct_rows(ssh_run, [item["job_id"] for item in slices])
+    assert sorted(row[1] for row in rows) == sorted(item["slurm_job_id"] for item in slices), "one job per slice"
+    epochs = re.findall(
+        r"^Epoch (\d+)/12:",
+        "".join(remote_text(ssh_run, f"{cluster.results_dir}/logs/{s['job_id']}-{s['slurm_job_id']}/main.out")
+                for s in slices),
+        re.M,
+    )  # fmt: skip
+    assert epochs == [str(n) for n in range(1, 13)], "every epoch ran exactly once, in order"
+
+    with pytest.raises(JobFailedError, match=r"slice 1 ended TIMEOUT and wrote no checkpoint: lower the training"):
+        results["none"]()
+    assert [row[2] for row in sacct_rows(ssh_run, [no_checkpoint["job_id"]])] == ["TIMEOUT"]
+    assert record_of(ssh_run, no_checkpoint["record_path"])["err_class"] == "ERR_PROGRAM"
+
+    with pytest.raises(JobFailedError, match=r"wall-time limit reached \(TIMEOUT\)"):
+        results["seed"]()
+    assert record_of(ssh_run, seed["record_path"])["terminal_state"] == "ERROR"
+    assert [row[2] for row in sacct_rows(ssh_run, [seed["job_id"]])] == ["TIMEOUT"]
+
+    second = results["kill"]()
+    assert record_of(ssh_run, second["record_path"])["terminal_state"] == "CANCELED"
+    assert [row[2].split()[0] for row in sacct_rows(ssh_run, [second["job_id"]])] == ["CANCELLED"]
+
+
+def test_a_preempted_training_is_requeued_by_slurm_and_resumes(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A training on the default partition (requeue on, the seed's default) is preempted by another user's job
+    on the higher-tier partition that needs every GPU of its node. Expected: SLURM requeues the same job id;
+    the sensor says so and watches it to its real end; the rerun has its secret (the sidecar survived) and
+    resumes from its checkpoints; the task succeeds with one submission."""
+    ctx = context(dag_id, "train", "r1")
+    handle = submit(
+        training(image, cluster.gpu_partition, 6, epoch_seconds=5, time_hours=0.2, timeout_hours=0.15, secret_env={
+            "RL_TOKEN": f"env:{SECRET_SOURCE}"}),
+        ctx,
+    )  # fmt: skip
+    slurm_id = handle["slurm_job_id"]
+    watching = in_thread(lambda: run_deferrable(sensor_for(handle), ctx, timeout=300))
+    checkpoint = f"{handle['results_dir']}/checkpoints/epoch_1.ckpt"
+    wait_until(lambda: ssh_run(join(["test", "-e", checkpoint]))[0] == 0, "the first checkpoint", timeout=120)
+    node = squeue_field(ssh_run, slurm_id, "%N")
+    rc, _, err = as_other(
+        cluster,
+        join([
+            "sbatch", "--parsable", f"--partition={cluster.urgent_partition}", f"--nodelist={node}",
+            f"--gres=gpu:{cluster.gpus_per_node}", "--time=5", f"--output={cluster.other_dir}/urgent-%j.out",
+            "--wrap=sleep 10",
+        ]),
+    )  # fmt: skip
+    assert rc == 0, err
+
+    done = watching()
+
+    assert done["terminal_state"] == "COMPLETE"
+    runs = ssh_run(join(["sacct", "-D", "-X", "-n", "-P", "-j", slurm_id, "-o", "State"]))[1].split()
+    assert runs[-1] == "COMPLETED", runs
+    assert {"PREEMPTED", "REQUEUED"} & set(runs[:-1]), runs
+    assert [row[1] for row in sacct_rows(ssh_run, [handle["job_id"]])] == [slurm_id], "one submission"
+    assert "requeued by SLURM (restart 1)" in capfd.readouterr().out
+    main_out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
+    assert main_out.count("RL_TOKEN is set") == 2, "the rerun read the sidecar too"
+    assert "resuming after epoch" in main_out

@@ -1,0 +1,195 @@
+"""Trainings over several allocations: parameters, the checkpoint listing and the stop rules, table-driven."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_provider_tao_slurm.core.continuation import (
+    DEFAULT_CHECKPOINT_GLOBS,
+    SliceEnd,
+    check_checkpoint_globs,
+    check_checkpoint_signal,
+    check_max_continuations,
+    continuation_verdict,
+    ends_slice,
+    grace_seconds,
+    new_checkpoints,
+    parse_new_checkpoints,
+    slice_marker,
+)
+from airflow_provider_tao_slurm.exceptions import ValidationError
+
+
+@pytest.mark.parametrize(("value", "expected"), [(0, 0), (1, 1), (5, 5), (1000, 1000)])
+def test_max_continuations(value: int, expected: int) -> None:
+    assert check_max_continuations(value) == expected
+
+
+@pytest.mark.parametrize("value", [-1, 1001, 1.5, "3", True, None])
+def test_max_continuations_refused(value: Any) -> None:
+    with pytest.raises(ValidationError, match=r"max_continuations=.* must be a whole number from 0"):
+        check_max_continuations(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        pytest.param(None, DEFAULT_CHECKPOINT_GLOBS, id="tao-default"),
+        pytest.param("*.pth", ("*.pth",), id="one"),
+        pytest.param(["*.pth", "epoch_[0-9]*.ckpt", "*.pth"], ("*.pth", "epoch_[0-9]*.ckpt"), id="list-deduplicated"),
+    ],
+)
+def test_checkpoint_globs(value: Any, expected: tuple[str, ...]) -> None:
+    assert check_checkpoint_globs(value) == expected
+
+
+@pytest.mark.parametrize("value", ["", [], "ckpt/*.pth", "*.pth; rm -rf ~", "$(id).pth", "a b", 3, ["*.pth", 3]])
+def test_checkpoint_globs_refused(value: Any) -> None:
+    with pytest.raises(ValidationError, match=r"checkpoint_glob=.* must be a file name pattern"):
+        check_checkpoint_globs(value)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [(None, None), ("USR1", "USR1"), ("sigusr2", "USR2"), ("SIGUSR1", "USR1")]
+)
+def test_checkpoint_signal(value: Any, expected: str | None) -> None:
+    assert check_checkpoint_signal(value) == expected
+
+
+@pytest.mark.parametrize("value", ["KILL", "STOP", "TERM", "HUP", "INT", "USR1; id", 10, ""])
+def test_checkpoint_signal_refused(value: Any) -> None:
+    with pytest.raises(ValidationError, match=r"checkpoint_signal=.* must be one of USR1, USR2"):
+        check_checkpoint_signal(value)
+
+
+@pytest.mark.parametrize(
+    ("hours", "override", "expected"),
+    [
+        pytest.param(1 / 60, None, 10, id="one-minute-slice-10-s"),
+        pytest.param(0.25, None, 90, id="quarter-hour-a-tenth"),
+        pytest.param(4, None, 600, id="four-hours-capped"),
+        pytest.param(4, 120, 120, id="given"),
+    ],
+)
+def test_grace_seconds(hours: float, override: int | None, expected: int) -> None:
+    assert grace_seconds(hours, override) == expected
+
+
+@pytest.mark.parametrize("override", [0, 60, 1.5, True, "30"])
+def test_grace_seconds_refused(override: Any) -> None:
+    with pytest.raises(ValidationError, match=r"signal_grace_seconds=.* from 1 to less than the slice"):
+        grace_seconds(1 / 60, override)
+
+
+@pytest.mark.parametrize(
+    ("native", "exit_code", "expected"),
+    [
+        ("TIMEOUT", 0, True),
+        ("PREEMPTED", 0, True),
+        ("FAILED", 124, True),
+        ("FAILED", 1, False),
+        ("COMPLETED", 0, False),
+        ("CANCELLED", 0, False),
+        ("NODE_FAIL", 1, False),
+        ("OUT_OF_MEMORY", 0, False),
+    ],
+)
+def test_ends_slice(native: str, exit_code: int, expected: bool) -> None:
+    assert ends_slice(native, exit_code) is expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "go_on", "message"),
+    [
+        pytest.param(
+            {"checkpoints": ["/r/train/epoch_5.pth"]},
+            True,
+            "slice 1 ended TIMEOUT after writing 1 checkpoint(s); slice 2 of at most 5 resumes from "
+            "/r/train/epoch_5.pth",
+            id="continues",
+        ),
+        pytest.param(
+            {"checkpoints": [], "time_hours": 4.0},
+            False,
+            "the 4 h slice 1 ended TIMEOUT and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
+            "train.checkpoint_interval) so it saves within a slice, or raise time_hours",
+            id="no-checkpoint",
+        ),
+        pytest.param(
+            {"checkpoints": [], "slice_number": 3, "last_checkpoint": "/r/e9.pth"},
+            False,
+            "the 1 min slice 3 ended TIMEOUT and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
+            "train.checkpoint_interval) so it saves within a slice, or raise time_hours; the last checkpoint is "
+            "/r/e9.pth",
+            id="no-checkpoint-names-the-last",
+        ),
+        pytest.param(
+            {"checkpoints": ["/r/e20.pth"], "slice_number": 5},
+            False,
+            "slice 5 ended TIMEOUT and max_continuations=4 is used up; the last checkpoint is /r/e20.pth: raise "
+            "max_continuations, or resume from it by hand",
+            id="used-up",
+        ),
+    ],
+)
+def test_continuation_verdict(kwargs: dict[str, Any], go_on: bool, message: str) -> None:
+    values: dict[str, Any] = {
+        "native": "TIMEOUT",
+        "slice_number": 1,
+        "max_continuations": 4,
+        "time_hours": 1 / 60,
+        "checkpoints": [],
+        "last_checkpoint": None,
+    }
+    verdict = continuation_verdict(**{**values, **kwargs})
+    assert (verdict.go_on, verdict.reason) == (go_on, message)
+
+
+def _touch(path: Path, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("x")
+    os.utime(path, (mtime, mtime))
+
+
+def test_new_checkpoints_lists_only_the_slices_own_matching_files(tmp_path: Path) -> None:
+    """Checkpoints older than the slice's last start marker (a requeued run starts again), other files, and
+    files in a hostile directory name are told apart by a real shell."""
+    results, slices = tmp_path / "res $(id) 'q'", tmp_path / "slices"
+    now = time.time()
+    _touch(results / "train" / "epoch_1.pth", now - 300)
+    _touch(slices / slice_marker("77", 0, "start"), now - 250)
+    _touch(results / "train" / "epoch_2.pth", now - 200)
+    _touch(slices / slice_marker("77", 0, "ending"), now - 240)
+    _touch(slices / slice_marker("77", 1, "start"), now - 150)  # the requeued run
+    _touch(slices / slice_marker("77", 1, "ending"), now - 20)
+    _touch(results / "train" / "epoch_3.ckpt", now - 100)
+    _touch(results / "train" / "notes.txt", now - 50)
+    _touch(results / "train" / "epoch_4.pth", now - 10)
+    command = new_checkpoints(str(results), str(slices), "77", ("*.pth", "*.ckpt"))
+    out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+    assert parse_new_checkpoints(out) == SliceEnd(
+        started=True,
+        warned=True,
+        checkpoints=[str(results / "train" / "epoch_3.ckpt"), str(results / "train" / "epoch_4.pth")],
+    )
+    none = subprocess.run(["sh", "-c", new_checkpoints(str(results), str(slices), "78", ("*.pth",))], text=True,
+                          capture_output=True, check=True)  # fmt: skip
+    assert parse_new_checkpoints(none.stdout) == SliceEnd(started=False, warned=False, checkpoints=[])
+
+
+def test_a_listing_that_failed_is_no_answer(tmp_path: Path) -> None:
+    slices = tmp_path / "slices"
+    _touch(slices / slice_marker("77", 0, "start"), time.time())
+    command = new_checkpoints(str(tmp_path / "absent"), str(slices), "77", ("*.pth",))
+    assert subprocess.run(["sh", "-c", command], capture_output=True, text=True).returncode != 0
+
+
+def test_new_checkpoints_refuses_a_bad_job_id() -> None:
+    with pytest.raises(ValidationError, match="is not a number"):
+        new_checkpoints("/r", "/s", "77; id", ("*.pth",))
