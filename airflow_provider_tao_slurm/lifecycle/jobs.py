@@ -243,13 +243,8 @@ class JobLifecycle:
         :raises JobFailedError: when excluding the failed nodes leaves the partition too small, or
             sbatch refused the resubmission (both records are settled, the sidecar removed).
         """
-        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
+        new_id, found = self._next_job(ti, handle)
         layout = JobLayout(handle.results_base, new_id)
-        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
-        if len(found) > 1:
-            raise AmbiguousSubmissionError(
-                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
-            )
         # The same evidence gives the same exclusions as when an earlier try resubmitted it (found).
         excluded = self._exclusions(handle, record, state, verdict, check_fit=not found)
         stage = None if found else self._sidecar_stage(handle)  # before any record says "resubmitted"
@@ -279,14 +274,11 @@ class JobLifecycle:
             slurm_id,
             f", excluding {','.join(excluded)}" if excluded else "",
         )
-        return replace(
+        return _followed_by(
             handle,
-            job_id=new_id,
-            slurm_job_id=slurm_id,
-            record_path=layout.record_path,
-            log_dir=f"{record.log_dir}/{new_id}-{slurm_id}",
-            submitted_at=utc_now(),
-            retry_of=handle.job_id,
+            record,
+            new_id,
+            slurm_id,
             exclude_nodes=tuple(excluded),
             infra_retries=handle.infra_retries + 1,
             **_next_slice(handle, state, usage, None),
@@ -309,12 +301,7 @@ class JobLifecycle:
         :raises JobFailedError: naming the stop rule and its fix (the record settled ERROR).
         :raises RemoteCommandError: when the checkpoints could not be listed (nothing is decided).
         """
-        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
-        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
-        if len(found) > 1:
-            raise AmbiguousSubmissionError(
-                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
-            )
+        new_id, found = self._next_job(ti, handle)
         end = self._slice_end(handle)
         checkpoints = end.checkpoints
         earlier = next((item.get("checkpoint") for item in reversed(handle.slices) if item.get("checkpoint")), None)
@@ -351,14 +338,11 @@ class JobLifecycle:
             slurm_id,
             checkpoints[-1] if checkpoints else earlier,
         )
-        return replace(
+        return _followed_by(
             handle,
-            job_id=new_id,
-            slurm_job_id=slurm_id,
-            record_path=layout.record_path,
-            log_dir=f"{record.log_dir}/{new_id}-{slurm_id}",
-            submitted_at=utc_now(),
-            retry_of=handle.job_id,
+            record,
+            new_id,
+            slurm_id,
             **_next_slice(handle, state, usage, checkpoints[-1] if checkpoints else None),
         )
 
@@ -376,6 +360,19 @@ class JobLifecycle:
         elif end.warned:
             self.log.info("Slice %s was warned of its time limit before it ended", handle.slurm_job_id)
         return end
+
+    def _next_job(self, ti: Any, handle: JobHandle) -> tuple[str, list[str]]:
+        """The id of the job that follows ``handle`` (derived from it) and the SLURM jobs of that name already.
+
+        :raises AmbiguousSubmissionError: when several jobs carry the name.
+        """
+        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
+        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
+        if len(found) > 1:
+            raise AmbiguousSubmissionError(
+                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
+            )
+        return new_id, found
 
     def _exclusions(
         self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
@@ -643,6 +640,20 @@ class JobLifecycle:
         size = self.hook.read_log(path, 0, 1).size
         text = self.hook.read_log(path, max(0, size - max_bytes), max_bytes).data if size else ""
         return redact_text(text, list(secrets))
+
+
+def _followed_by(handle: JobHandle, record: JobRecord, new_id: str, slurm_id: str, **changes: Any) -> JobHandle:
+    """The handle of the job ``new_id`` (SLURM ``slurm_id``) that runs ``handle``'s script after it."""
+    return replace(
+        handle,
+        job_id=new_id,
+        slurm_job_id=slurm_id,
+        record_path=JobLayout(handle.results_base, new_id).record_path,
+        log_dir=f"{record.log_dir}/{new_id}-{slurm_id}",
+        submitted_at=utc_now(),
+        retry_of=handle.job_id,
+        **changes,
+    )
 
 
 def _slice_env(handle: JobHandle) -> list[str]:
