@@ -537,11 +537,13 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             self._report_usage(handle, usage, state)
         if handle.max_continuations and ends_slice(state.native, state.exit_code):
             return lifecycle.continue_slice(context["ti"], handle, record, state, usage)
+        chain = chain_summary(handle, state, usage) if handle.max_continuations else {}
+        if chain:  # the last slice's record carries the whole chain
+            record = dataclasses.replace(record, extra={**record.extra, **chain})
         if state.tao_state is TaoState.COMPLETE:
             result = self._completed(lifecycle, handle, record, state)
             result = {**result, **usage.to_dict()} if usage is not None else result
-            if handle.max_continuations:
-                result = {**result, **chain_summary(handle, state, usage)}
+            result = {**result, **chain}
             self._announce(context, handle, result)
             return result
         if state.tao_state is TaoState.CANCELED:

@@ -1123,3 +1123,9 @@ def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
     assert result["slices"][-1]["slurm_job_id"] == SLURM_ID
     assert result["totals"]["slices"] == 2
     assert result["totals"]["elapsed_seconds"] == 70
+    record = hook.record()
+    assert (record["terminal_state"], record["extra"]["totals"], record["extra"]["slices"]) == (
+        "COMPLETE",
+        result["totals"],
+        result["slices"],
+    ), "the final record carries every slice too"
