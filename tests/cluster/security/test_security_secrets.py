@@ -60,7 +60,8 @@ SECRET = f"rl-secret-{uuid.uuid4().hex}-$(id)'\"&;|`x`*?"
 RERUN_FAST = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; sleep 60'
 COMMANDS = {
     "success": f"{SHOW_SECRET}; sleep 3",
-    "failure": f"{SHOW_SECRET}; exit 3",
+    # alive a few seconds: its own EXIT trap removes the sidecar as soon as it ends (SLURM will not rerun it)
+    "failure": f"{SHOW_SECRET}; sleep 3; exit 3",
     "cancel": f"{SHOW_SECRET}; sleep 60",
     "requeue": f"{SHOW_SECRET}; {RERUN_FAST}",
 }
