@@ -261,11 +261,8 @@ class JobLifecycle:
             slurm_id = found[0]
             self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
         else:
-            extra = [f"--exclude={','.join(excluded)}"] if excluded else []
             hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
-            slurm_id = self._submit_retry(
-                handle, record, new_id, layout, [*extra, *_slice_env(handle)], stage, ("its resubmission", hint)
-            )
+            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded, stage, ("its resubmission", hint))
         self.log.warning(
             "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
             state.job_id,
@@ -326,10 +323,9 @@ class JobLifecycle:
             slurm_id = found[0]
             self.log.info("Adopting SLURM job %s, the next slice an earlier try of this sensor started", slurm_id)
         else:
-            extra = [f"--exclude={','.join(handle.exclude_nodes)}"] if handle.exclude_nodes else []
             hint = "check the partition and the account, then clear the task"
             slurm_id = self._submit_retry(
-                handle, record, new_id, layout, [*extra, *_slice_env(handle)], stage, ("its next slice", hint)
+                handle, record, new_id, layout, handle.exclude_nodes, stage, ("its next slice", hint)
             )
         self.log.info(
             "Slice %d of at most %d started (SLURM job %s), resuming from %s",
@@ -439,13 +435,13 @@ class JobLifecycle:
         record: JobRecord,
         new_id: str,
         layout: JobLayout,
-        extra: Sequence[str],
+        excluded: Sequence[str],
         stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None,
         refused: tuple[str, str],
     ) -> str:
         """Open the next job's record and submit the staged script under the new name.
 
-        :param extra: more sbatch options (``--exclude``, the slice number).
+        :param excluded: the nodes the job avoids (``--exclude``); in a chain the slice number goes along.
         :param stage: the secret sidecar to stage again, if any.
         :param refused: what the job is to the one it follows and the fix, for the error when sbatch refuses it.
         """
@@ -465,6 +461,7 @@ class JobLifecycle:
         self.write_record(layout.record_path, retry)
         script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
         try:
+            extra = [*([f"--exclude={','.join(excluded)}"] if excluded else []), *_slice_env(handle)]
             slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra, stage=stage)
         except SubmissionError as exc:
             retry = mark(retry, TaoState.ERROR, now=utc_now(), message=f"sbatch refused it: {exc}", source="sensor")
