@@ -253,3 +253,16 @@ def cpu_partition(known: Sequence[Partition], cluster: str, time_hours: float) -
         "GPU partition: set the connection's conversion_partition extra (or partition= on EnrootImportOperator) to "
         "a CPU partition"
     )
+
+
+def choose_partitions(
+    requested: Sequence[str], known: Sequence[Partition], cluster: str, time_hours: float, *, cpu_only: bool = False
+) -> tuple[str, ...]:
+    """The partitions a job goes to: ``requested``, else the cluster's default, or for a CPU job
+    (``cpu_only``: an image conversion) a partition without GPUs (:func:`cpu_partition`).
+
+    :raises ResourceError: as :func:`resolve_partitions` and :func:`cpu_partition` do.
+    """
+    if cpu_only and not requested:
+        return (cpu_partition(known, cluster, time_hours),)
+    return resolve_partitions(requested, known, cluster)

@@ -216,18 +216,14 @@ def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, p
 def _chosen_partitions(
     hook: SlurmHook, requested: object, time_hours: float, param: str, cpu_only: bool
 ) -> tuple[tuple[str, ...], list[Partition]]:
-    from airflow_provider_tao_slurm.core.partitions import check_partition_limits, cpu_partition, resolve_partitions
+    from airflow_provider_tao_slurm.core.partitions import check_partition_limits, choose_partitions
     from airflow_provider_tao_slurm.core.resources import parse_partitions
 
     wanted = parse_partitions(requested)  # type: ignore[arg-type]
     known = hook.partition_limits()
     if any(name not in {p.name for p in known} for name in wanted):
         known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
-    cluster = hook.settings.cluster_name
-    if cpu_only and not wanted:
-        chosen: tuple[str, ...] = (cpu_partition(known, cluster, time_hours),)
-    else:
-        chosen = resolve_partitions(wanted, known, cluster)
+    chosen = choose_partitions(wanted, known, hook.settings.cluster_name, time_hours, cpu_only=cpu_only)
     check_partition_limits(time_hours, chosen, known, param)
     return chosen, known
 

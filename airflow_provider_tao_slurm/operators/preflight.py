@@ -225,18 +225,14 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         self, gpu: tuple[str, ...], conversion: tuple[str, ...], resolved: dict[str, str]
     ) -> tuple[bool, str]:
         """The GPU partitions exist and have GPUs; the conversion partition exists (chosen without GPUs if unset)."""
-        from airflow_provider_tao_slurm.core.partitions import cpu_partition, resolve_partitions
+        from airflow_provider_tao_slurm.core.partitions import choose_partitions, resolve_partitions
         from airflow_provider_tao_slurm.exceptions import ResourceError
 
         known = self.hook.partition_limits(fresh=True)
         cluster = self.hook.settings.cluster_name
         try:
             gpu_names = resolve_partitions(gpu, known, cluster)
-            conversion_names = (
-                resolve_partitions(conversion, known, cluster)
-                if conversion
-                else (cpu_partition(known, cluster, CONVERSION_TIME_HOURS),)
-            )
+            conversion_names = choose_partitions(conversion, known, cluster, CONVERSION_TIME_HOURS, cpu_only=True)
         except ResourceError as exc:
             return False, f"{exc}; fix partition / conversion_partition on the connection or the operator"
         resolved["conversion"] = conversion_names[0]
