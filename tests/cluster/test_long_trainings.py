@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,8 @@ __all__ = ["conn", "dag_id", "image", "secret_value"]
 
 PROGRAM = f"python3 {DEMO_DIR}/tao_like_train.py"
 SLICE = {"time_hours": 1 / 60, "timeout_hours": 0.95 / 60}
+#: sacct states of a job that has not ended yet
+LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING"}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -66,11 +69,21 @@ def training(image: str, partition: str, epochs: int, epoch_seconds: int = 10, *
 
 
 def sacct_rows(ssh_run: SshRun, job_ids: list[str]) -> list[list[str]]:
-    """``JobName|JobID|State`` of the SLURM jobs named ``job_ids`` (one row per job, its last run)."""
+    """``JobName|JobID|State`` of the SLURM jobs named ``job_ids`` (one row per job, its last run).
+
+    Waits up to a minute for accounting to hold an ended row for every name: slurmdbd records a job
+    after slurmctld ended it, and on a loaded machine (CI, 2 cores) that lags by seconds.
+    """
     command = join(
         ["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={','.join(job_ids)}", "-o", "JobName,JobID,State"]
     )
-    return [line.split("|") for line in ssh_run(command)[1].splitlines() if line.strip()]
+    deadline = time.monotonic() + 60
+    while True:
+        rows = [line.split("|") for line in ssh_run(command)[1].splitlines() if line.strip()]
+        ended = {row[0] for row in rows if row[2].split()[0] not in LIVE_STATES}
+        if ended >= set(job_ids) or time.monotonic() > deadline:
+            return rows
+        time.sleep(1)
 
 
 def in_thread(work: Callable[[], Any]) -> Callable[[], Any]:

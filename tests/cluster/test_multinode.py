@@ -214,8 +214,10 @@ def test_probe_all_reduces_across_both_nodes_with_gloo(
     )
     assert ok is not None, log
     assert ok.group(1) == cluster.gpu_partition
+    # The ranks above are the evidence of the two nodes: on a loaded CI machine, sacct once gave this job's
+    # NodeList as ``n1`` although both ranks had run, one on each node.
     row = sacct_row(ssh_run, deferrals[0].trigger.slurm_job_id)
-    assert (row["State"], row["ExitCode"], row["NodeList"]) == ("COMPLETED", "0:0", "n[1-2]")
+    assert (row["State"], row["ExitCode"]) == ("COMPLETED", "0:0")
     entry = cache_entry(ssh_run, cluster, results_dir, "multi-node/gloo")
     assert (entry["env"], entry["slurm_job_id"], entry["backend"], entry["image"]) == (
         {},
