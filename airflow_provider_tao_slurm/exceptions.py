@@ -113,6 +113,28 @@ class RemoteCommandError(TaoSlurmError):
         self.stderr = stderr
 
 
+class RemoteReadError(RemoteCommandError):
+    """Reading a remote file failed for another reason than its absence (I/O error, stale handle, permission).
+
+    Never read as "no such file": the file may exist, and a caller that took the failure for a
+    missing file would overwrite, resubmit or report on what it never saw.
+
+    :param path: the file that could not be read.
+    """
+
+    def __init__(self, message: str, path: str, rc: int | None = None, stderr: str = "") -> None:
+        super().__init__(message, rc=rc, stderr=stderr)
+        self.path = path
+
+
+class CommandTimeoutError(RemoteCommandError):
+    """A remote command did not finish within its timeout: it may still be running on the login host.
+
+    Never read as "the command failed": whatever it was doing (an sbatch) may complete after the reply
+    was given up.
+    """
+
+
 class JobLookupError(RemoteCommandError):
     """A scheduler query (squeue, sacct) failed: it says nothing about whether a job exists.
 
@@ -141,6 +163,20 @@ class StatusQueryError(JobLookupError):
 
 class SubmissionError(RemoteCommandError):
     """``sbatch`` refused the job (bad partition, account, time limit, ...)."""
+
+
+class SubmissionOutcomeUnknownError(RemoteCommandError):
+    """An ``sbatch`` whose outcome is unknown: it timed out, the connection dropped, its reply had no job id,
+    or the job exists but could not be checked for a twin or released.
+
+    The job may exist: it is looked up by its exact name before anything else happens.
+
+    :param job_id: the id the reply named, when it named one.
+    """
+
+    def __init__(self, message: str, job_id: str | None = None, rc: int | None = None, stderr: str = "") -> None:
+        super().__init__(message, rc=rc, stderr=stderr)
+        self.job_id = job_id
 
 
 class AmbiguousSubmissionError(TaoSlurmError, AirflowFailException):

@@ -19,7 +19,7 @@ import re
 import secrets as _random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, AnyStr, Generic
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_BYTES_PER_POLL
 from airflow_provider_tao_slurm.core.secrets import redact_line
@@ -86,24 +86,46 @@ class TailRequest:
     cursor_path: str | None = None
 
 
+#: ``data`` of a chunk built without it (a missing file's): no bytes.
+_NO_DATA: Any = b""
+
+
 @dataclass(frozen=True)
-class TailChunk:
-    """What the script read of one file.
+class TailChunk(Generic[AnyStr]):
+    """A bounded piece of a remote file read from a byte offset: the one chunk type of every log reader.
+
+    Two readers fill it, each with what its command reports (the rest keep their defaults):
+
+    - the batched reader (:func:`parse_tail_output`, ``SlurmHook.tail_many``) reads bytes:
+      ``missing``, ``offset``, ``skipped`` and ``data``;
+    - the single read (``SlurmHook.read_log``) decodes text: ``size``, ``data``, ``next_offset`` and
+      ``restarted``.
+
+    :attr:`end` is where the next read starts, for either.
 
     :param missing: the file does not exist (yet).
     :param offset: where reading started (0 after the file was truncated or replaced).
     :param skipped: bytes skipped beyond the per-poll budget.
-    :param data: the bytes read.
+    :param data: what was read: bytes (batched reader) or UTF-8 text (single read; a character cut at
+        the end is left for the next read).
+    :param size: the file's size when read (0 when it does not exist).
+    :param next_offset: where the next read starts, when the reader says so (``None``: right after ``data``).
+    :param restarted: the file shrank (a requeued rerun truncated it) and reading starts again at 0.
     """
 
-    missing: bool
+    missing: bool = False
     offset: int = 0
     skipped: int = 0
-    data: bytes = b""
+    data: AnyStr = _NO_DATA
+    size: int = 0
+    next_offset: int | None = None
+    restarted: bool = False
 
     @property
     def end(self) -> int:
         """Where the next read starts."""
+        if self.next_offset is not None:
+            return self.next_offset
         return self.offset + self.skipped + len(self.data)
 
 
@@ -147,14 +169,14 @@ def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tu
     return "\n".join(lines) + "\n", token
 
 
-def parse_tail_output(stdout: bytes, count: int, nonce: str) -> list[TailChunk]:
+def parse_tail_output(stdout: bytes, count: int, nonce: str) -> list[TailChunk[bytes]]:
     """Read :func:`tail_script`'s answer for ``count`` requests.
 
     :raises RemoteCommandError: when an answer is missing or malformed (the shell failed half-way).
     """
     token = re.escape(nonce.encode())
     header = re.compile(rb"@@tail " + token + rb" (\d+) (?:MISSING|OFFSET (\d+) SKIP (\d+))\n")
-    chunks: list[TailChunk] = []
+    chunks: list[TailChunk[bytes]] = []
     position = 0
     for index in range(count):
         match = header.match(stdout, position)
@@ -266,7 +288,7 @@ class LineStream:
         self._asked = self.max_bytes if budget is None else max(1, min(self.max_bytes, budget))
         return TailRequest(self.path, self.offset, self._asked, self.cursor_path)
 
-    def feed(self, chunk: TailChunk) -> list[str]:
+    def feed(self, chunk: TailChunk[bytes]) -> list[str]:
         """Take one read; return the complete lines it finished, each starting with ``label | ``."""
         if chunk.missing:
             return []

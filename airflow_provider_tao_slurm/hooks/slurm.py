@@ -1,33 +1,30 @@
-"""``SlurmHook``: the only place in the provider that talks SSH.
+"""``SlurmHook``: the provider's one door to a SLURM cluster, over SSH.
 
-The sync side (operators) is built on the SSH provider's :class:`~airflow.providers.ssh.hooks.ssh.SSHHook`
-(paramiko) and keeps ONE connection for the hook's lifetime, failing over between login hosts in
-order. The async side (triggers) uses asyncssh through a per-process pool: one connection per
-cluster account, shared by every trigger of a triggerer, reconnecting with backoff.
+The hook speaks SLURM (submit, poll, cancel, read and write files, partitions); how it gets there lives
+beside it: :mod:`~airflow_provider_tao_slurm.hooks.options` turns the connection into SSH options once
+for both transports, :mod:`~airflow_provider_tao_slurm.hooks.failover` tries the login hosts in
+order, :mod:`~airflow_provider_tao_slurm.hooks.transport` is the sync side (paramiko, through the SSH
+provider's :class:`~airflow.providers.ssh.hooks.ssh.SSHHook`: ONE connection for the hook's lifetime)
+and :mod:`~airflow_provider_tao_slurm.hooks.async_transport` the async side (asyncssh: one pooled
+connection per cluster account, shared by every trigger of a triggerer). Replies are read in
+:mod:`~airflow_provider_tao_slurm.hooks.replies`.
 
 Every command string comes from :mod:`airflow_provider_tao_slurm.core.commands` (every value
 quoted); every output is parsed by the core. Secrets travel only over stdin.
+
+What tests, benchmarks and older code import from this module stays importable here (``async_pool``,
+``check_key_file``, ``LogChunk``, a few private helpers): those names are re-exported (``import x as x``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import io
-import logging
-import math
 import os
-import random
 import re
-import selectors
 import shlex
-import socket
-import stat
 import tarfile
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -35,56 +32,58 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.config import (
-    ClusterSettings,
-    proxy_argv,
-    settings_from_connection,
-    settings_from_env,
-)
+from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection, settings_from_env
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
-from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, parse_tail_output, tail_script
+from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, tail_script
 from airflow_provider_tao_slurm.core.partitions import Partition, parse_sinfo_partitions
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
-    SQUEUE_UNKNOWN_JOB,
     JobState,
     NameLookup,
-    merge_states,
     parse_jobs_by_name,
     parse_sacct,
     parse_sbatch_reply,
-    parse_squeue,
 )
 from airflow_provider_tao_slurm.core.status import parse_status_lines
 from airflow_provider_tao_slurm.exceptions import (
-    AmbiguousSubmissionError,
+    CommandTimeoutError,
     ConnectionConfigError,
     ConnectionLostError,
-    HostKeyError,
     JobLookupError,
-    KeyFilePermissionError,
     RemoteCommandError,
-    SlurmAuthenticationError,
     SlurmConnectionError,
-    StatusQueryError,
-    StoragePathError,
     SubmissionError,
+    SubmissionOutcomeUnknownError,
 )
+from airflow_provider_tao_slurm.hooks.async_transport import async_pool as async_pool
+from airflow_provider_tao_slurm.hooks.failover import _describe_connect_error as _describe_connect_error
+from airflow_provider_tao_slurm.hooks.failover import _no_host_answered as _no_host_answered
+from airflow_provider_tao_slurm.hooks.failover import connect_first_blocking
+from airflow_provider_tao_slurm.hooks.options import _pinned_host_key as _pinned_host_key
+from airflow_provider_tao_slurm.hooks.options import check_key_file as check_key_file
+from airflow_provider_tao_slurm.hooks.options import ssh_options
+from airflow_provider_tao_slurm.hooks.replies import (
+    CommandResult,
+    _check_scancel,
+    _combine_poll,
+    _file_text,
+    _log_chunk,
+    _needs_sacct,
+    _result,
+    _tail_chunks,
+)
+from airflow_provider_tao_slurm.hooks.replies import _utf8_complete as _utf8_complete
+from airflow_provider_tao_slurm.hooks.transport import _exec_channel, connect
+from airflow_provider_tao_slurm.hooks.transport import _send_without_delay as _send_without_delay
 
 if TYPE_CHECKING:
-    import asyncssh
     import paramiko
 
-log = logging.getLogger(__name__)
-# paramiko logs every connection ("Connected (version 2.0 ...)", "Authentication ... successful!") at INFO:
-# the task log is for the job, so only its warnings and errors are kept (as for asyncssh, see _async_connect).
-logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
+#: The name :meth:`SlurmHook.read_log`'s chunks had before every log reader shared one chunk type.
+LogChunk = TailChunk
 
 #: sacct looks back this far when searching by name (without ``--starttime`` it starts at midnight).
 DEFAULT_SACCT_WINDOW = "now-7days"
-#: How long an unclear ``sbatch`` reply is reconciled by exact job name before resubmitting.
-RECONCILE_TIMEOUT_S = 60.0
-RECONCILE_INTERVAL_S = 2.0
 #: stderr marker of a combined stage-and-submit command whose staging failed (sbatch never ran).
 STAGING_FAILED = "#tao-slurm-staging-failed"
 #: How long one sinfo answer about the partitions serves every worker of a cluster.
@@ -92,187 +91,6 @@ PARTITION_CACHE_S = 600
 #: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
 #: cached by a version that asked sinfo for other fields is never read as this one's.
 PARTITION_CACHE_NAME = "partitions-a-gres"
-#: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
-ASYNC_MAX_SESSIONS = 8
-
-
-@dataclass(frozen=True)
-class CommandResult:
-    """Outcome of one remote command: exit status, decoded stdout and stderr, and the host used."""
-
-    rc: int
-    stdout: str
-    stderr: str
-    host: str = ""
-
-
-@dataclass(frozen=True)
-class LogChunk:
-    """A bounded piece of a remote log read from a byte offset.
-
-    :ivar size: the file's current size (0 when it does not exist yet).
-    :ivar data: the bytes read, decoded as UTF-8 with replacement.
-    :ivar next_offset: where the next read starts.
-    :ivar restarted: True when the file shrank (a requeued rerun truncated it) and reading restarted at 0.
-    """
-
-    size: int
-    data: str
-    next_offset: int
-    restarted: bool = False
-
-
-def check_key_file(path: str) -> None:
-    """Refuse a private key that is missing or readable by group or others.
-
-    :raises KeyFilePermissionError: with the ``chmod 600`` fix.
-    """
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise KeyFilePermissionError(f"SSH key file {path!r} does not exist: fix key_file (or SSH_KEY_PATH)") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise KeyFilePermissionError(
-            f"SSH key file {path!r} is accessible by group or others (mode {stat.S_IMODE(mode):o}); "
-            f"run: chmod 600 {path}"
-        )
-
-
-def _pinned_host_key(host_key: str) -> paramiko.RSAKey | paramiko.ECDSAKey | paramiko.Ed25519Key:
-    """The pinned ``host_key`` extra (``<type> <base64>``, as in known_hosts) as a paramiko key.
-
-    :raises ConnectionConfigError: for text that is not such a key, or a key type SSH hosts do not use.
-    """
-    import paramiko
-    from airflow.providers.ssh.hooks.ssh import SSHHook
-
-    fix = "copy the '<type> <base64>' part of the host's line from `ssh-keyscan -p PORT HOST`"
-    key_type, key_data = [*host_key.split(), "", ""][:2]
-    constructor = SSHHook._host_key_mappings.get(key_type)
-    if constructor is None:
-        raise ConnectionConfigError(
-            f"host_key type {key_type!r} is not one of {', '.join(SSHHook._host_key_mappings)}; {fix}"
-        )
-    try:
-        return constructor(data=base64.b64decode(key_data, validate=True))
-    except (ValueError, paramiko.SSHException) as exc:
-        raise ConnectionConfigError(f"host_key is not a valid {key_type} key ({exc}); {fix}") from None
-
-
-def _error_text(exc: BaseException) -> str:
-    """Why a connection attempt failed, in words: ``Connection refused`` rather than ``[Errno None] ...``."""
-    import paramiko
-
-    if isinstance(exc, paramiko.ssh_exception.NoValidConnectionsError):
-        return "; ".join(dict.fromkeys(_error_text(inner) for inner in exc.errors.values()))
-    if isinstance(exc, OSError) and exc.errno:
-        return os.strerror(exc.errno)
-    if isinstance(exc, TimeoutError) and not str(exc):  # asyncio's timeouts carry no text
-        return "timed out"
-    return str(exc) or type(exc).__name__
-
-
-#: What paramiko says when a host ran out of time: the session never negotiated (``start_client`` gave up),
-#: no SSH banner within ``banner_timeout``, no answer to authentication within ``auth_timeout``.
-_PARAMIKO_TIMEOUTS = ("No existing session", "Error reading SSH protocol banner", "Authentication timeout.")
-
-
-def _timed_out(exc: BaseException) -> bool:
-    """Whether a connection attempt failed for lack of an answer (a hung sshd, dropped traffic), not a refusal."""
-    import paramiko
-
-    if isinstance(exc, TimeoutError):
-        return True
-    return isinstance(exc, paramiko.SSHException) and str(exc).startswith(_PARAMIKO_TIMEOUTS)
-
-
-def _describe_connect_error(
-    host: str, port: int, exc: BaseException, *, timeout: float | None = None, pinned: bool = False
-) -> tuple[str, type[SlurmConnectionError]]:
-    """One login host's failure (paramiko or asyncssh) as a message with its fix, and the error class.
-
-    :param timeout: the connection's ``conn_timeout``; when given, a host that did not answer in time is
-        reported as such (with the timeout) rather than as unreachable.
-    :param pinned: whether the connection pins the host key (``host_key``): a key that is not trusted then
-        is a key that CHANGED, never one to go and pin.
-    """
-    import asyncssh
-    import paramiko
-
-    text = _error_text(exc)
-    if timeout is not None and _timed_out(exc):
-        return (
-            f"{host} port {port} did not answer within conn_timeout={timeout:g} s ({text}): no SSH handshake "
-            "(a hung or overloaded sshd, or a firewall dropping the traffic); check that sshd answers there "
-            "(ssh -v), or raise the connection's conn_timeout",
-            SlurmConnectionError,
-        )
-    if isinstance(exc, paramiko.BadHostKeyException) or (pinned and isinstance(exc, asyncssh.HostKeyNotVerifiable)):
-        return (
-            f"host key of {host} CHANGED ({text}); if the cluster's key really changed, confirm the new key "
-            "with its admins and update the connection's host_key extra (or ~/.ssh/known_hosts); otherwise "
-            "someone may be intercepting the connection",
-            HostKeyError,
-        )
-    if "known_hosts" in text or "Host key" in text:
-        return (
-            f"host key of {host} is not trusted ({text}); pin it with the connection's host_key extra "
-            "(ssh-keyscan shows it) or add it to ~/.ssh/known_hosts",
-            HostKeyError,
-        )
-    if isinstance(exc, paramiko.AuthenticationException | asyncssh.PermissionDenied):
-        return f"{host} refused the key ({text}); check the user and that the key is authorised", (
-            SlurmAuthenticationError
-        )
-    return (
-        f"{host} port {port} unreachable ({text}); check the host name and port, and that sshd runs there",
-        SlurmConnectionError,
-    )
-
-
-def _check_pinned_key(client: paramiko.SSHClient, host: str, host_key: str) -> None:
-    """Close ``client`` unless its server presented the pinned ``host_key``.
-
-    SSHHook pins the key next to ``~/.ssh/known_hosts``, and paramiko prefers the known_hosts entry: a
-    host listed there is checked against that entry only, so the pin alone cannot be trusted to hold.
-
-    :raises paramiko.BadHostKeyException: when the server's key is not the pinned one.
-    :raises paramiko.SSHException: when the connection closed before its key could be checked.
-    """
-    import paramiko
-
-    pinned = _pinned_host_key(host_key)
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        client.close()
-        raise paramiko.SSHException("the connection closed before its host key could be checked")
-    offered = transport.get_remote_server_key()
-    if offered != pinned:
-        client.close()
-        raise paramiko.BadHostKeyException(host, offered, pinned)
-
-
-def _send_without_delay(client: paramiko.SSHClient) -> None:
-    """Turn off Nagle's algorithm on the connection's TCP socket, as asyncssh and OpenSSH do.
-
-    paramiko leaves it on. A command is several small SSH packets in a row (channel open, exec
-    request, stdin, EOF); with Nagle each waits for the server's ACK of the one before, which the
-    server delays (40 ms on Linux), so every command cost 40-90 ms of waiting however fast it ran.
-    A connection through a ProxyCommand has no socket of ours and is left as it is.
-    """
-    transport = client.get_transport()
-    sock = getattr(transport, "sock", None)
-    if isinstance(sock, socket.socket) and sock.family in (socket.AF_INET, socket.AF_INET6):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def _no_host_answered(
-    cluster_name: str, failures: Sequence[tuple[str, str]], kinds: set[type[SlurmConnectionError]]
-) -> SlurmConnectionError:
-    """The error for a failover that ran out of login hosts: the common error class, every host and why."""
-    kind = kinds.pop() if len(kinds) == 1 else SlurmConnectionError
-    detail = "; ".join(reason for _, reason in failures)
-    return kind(f"no login host of cluster {cluster_name!r} answered: {detail}", failures)
 
 
 class SlurmHook(BaseHook):
@@ -343,57 +161,12 @@ class SlurmHook(BaseHook):
         """The login host the current connection goes to (None before connecting)."""
         return self._host
 
-    def _ssh_hook(self, host: str) -> Any:
-        """An SSH provider hook for one login host, configured from our settings."""
-        from airflow.providers.ssh.hooks.ssh import SSHHook
-
-        s = self.settings
-        if s.key_file:
-            check_key_file(s.key_file)
-        if s.no_host_key_check:
-            self.log.warning(
-                "Host key checking is OFF for %s (no_host_key_check): connections are open to "
-                "man-in-the-middle attacks",
-                host,
-            )
-        ssh = SSHHook(
-            remote_host=host,
-            username=s.user,
-            key_file=s.key_file,
-            port=s.port,
-            conn_timeout=math.ceil(s.conn_timeout),  # int(0.5) would be 0: a non-blocking connect
-            cmd_timeout=s.cmd_timeout,
-            banner_timeout=s.conn_timeout,  # the SSH provider waits 30 s for a silent host's banner
-            auth_timeout=math.ceil(s.conn_timeout),
-            conn_retry_attempts=1,
-            no_host_key_check=s.no_host_key_check,
-            host_proxy_cmd=shlex.join(proxy_argv(s.proxy_command, host, s.port, s.user)) if s.proxy_command else None,
-        )
-        ssh.look_for_keys = False
-        if s.private_key:
-            ssh.pkey = ssh._pkey_from_private_key(s.private_key, passphrase=s.private_key_passphrase)
-        if s.host_key:
-            ssh.host_key = _pinned_host_key(s.host_key)
-        return ssh
-
     def _connect(self, host: str) -> paramiko.SSHClient:
-        """Connect to one login host; the TCP connect, the SSH banner and the authentication each get
-        ``conn_timeout``, and a pinned host key must be the one the server presents.
+        """Connect to one login host (see :func:`~airflow_provider_tao_slurm.hooks.transport.connect`).
 
         :raises SlurmConnectionError: (or a subclass) naming the host and why.
         """
-        import paramiko
-
-        s = self.settings
-        try:
-            client = self._ssh_hook(host).get_conn()
-            if s.host_key:
-                _check_pinned_key(client, host, s.host_key)
-            _send_without_delay(client)
-            return client
-        except (OSError, paramiko.SSHException, EOFError) as exc:
-            message, kind = _describe_connect_error(host, s.port, exc, timeout=s.conn_timeout, pinned=bool(s.host_key))
-            raise kind(message, [(host, message)]) from None
+        return connect(ssh_options(self.settings, host))
 
     def get_conn(self) -> paramiko.SSHClient:
         """Return the hook's SSH connection, connecting to the first login host that answers.
@@ -405,21 +178,9 @@ class SlurmHook(BaseHook):
             if transport is not None and transport.is_active():
                 return self._client
             self.close()
-        failures: list[tuple[str, str]] = []
-        kinds: set[type[SlurmConnectionError]] = set()
-        for host in self.settings.hosts:
-            try:
-                self._client = self._connect(host)
-            except SlurmConnectionError as exc:
-                failures.extend(exc.failures)
-                kinds.add(type(exc))
-                self.log.warning("Login host failed, trying the next one: %s", exc)
-                continue
-            self._host = host
-            if failures:
-                self.log.warning("Connected to %s after %d failed login host(s)", host, len(failures))
-            return self._client
-        raise _no_host_answered(self.settings.cluster_name, failures, kinds)
+        host, client = connect_first_blocking(self.settings.cluster_name, self.settings.hosts, self._connect)
+        self._host, self._client = host, client
+        return client
 
     def close(self) -> None:
         """Close the SSH connection (a later call reconnects)."""
@@ -449,14 +210,7 @@ class SlurmHook(BaseHook):
             could plant files in (:func:`~airflow_provider_tao_slurm.core.commands.secure_dirs`), whatever ``check``.
         """
         rc, out, err, host = self._run_bytes(command, stdin, timeout)
-        result = _result(rc, out, err, host)
-        if check and rc != 0:
-            raise RemoteCommandError(
-                f"{what} failed on {host} with exit status {rc}: {result.stderr.strip()[-2000:]}",
-                rc=rc,
-                stderr=result.stderr,
-            )
-        return result
+        return _result(rc, out, err, host, check=check, what=what)
 
     def _run_bytes(self, command: str, stdin: bytes | None, timeout: float | None) -> tuple[int, bytes, bytes, str]:
         """Run ``command``; return the exit status, raw stdout and stderr, and the host used."""
@@ -484,13 +238,14 @@ class SlurmHook(BaseHook):
         self.run(commands.write_file_from_stdin(path, mode, base), stdin=data, check=True, what=f"writing {path}")
 
     def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        """Read at most ``max_bytes`` of a remote text file; None when it does not exist."""
-        result = self.run(commands.read_file(path, max_bytes), what=f"reading {path}")
-        if result.rc != 0:
-            return None
-        return result.stdout
+        """Read at most ``max_bytes`` of a remote text file; None only when it does not exist.
 
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+        :raises RemoteReadError: when the read failed otherwise (I/O error, stale handle, permission, a
+            killed command): the file may exist, so that is never None.
+        """
+        return _file_text(self.run(commands.read_file(path, max_bytes)), path)
+
+    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> TailChunk[str]:
         """Read a log from a byte offset, at most ``max_bytes``; restarts at 0 if the file shrank.
 
         A multi-byte UTF-8 character cut by ``max_bytes`` is left for the next read, so joining the
@@ -499,7 +254,7 @@ class SlurmHook(BaseHook):
         _rc, out, _err, _host = self._run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
         return _log_chunk(out, offset)
 
-    def tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+    def tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk[bytes]]:
         """Read what every file appended since its offset, in one round trip (the script goes over stdin).
 
         :raises RemoteCommandError: when the reading script failed or its answer is incomplete.
@@ -511,7 +266,10 @@ class SlurmHook(BaseHook):
         return _tail_chunks(rc, out, err, host, len(requests), nonce)
 
     def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
-        """Read TAO ``status.json`` (JSON lines, or one JSON document); None when missing."""
+        """Read TAO ``status.json`` (JSON lines, or one JSON document); None only when it does not exist.
+
+        :raises RemoteReadError: when the read failed otherwise.
+        """
         text = self.read_file(path, max_bytes)
         return None if text is None else parse_status_lines(text)
 
@@ -534,22 +292,19 @@ class SlurmHook(BaseHook):
         log_dir: str,
         extra_args: Sequence[str] = (),
         stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
-        reconcile_timeout: float = RECONCILE_TIMEOUT_S,
-        reconcile_interval: float = RECONCILE_INTERVAL_S,
     ) -> str:
-        """Submit a staged batch script once and return its SLURM job id.
+        """Submit a staged batch script in one round trip and return its SLURM job id.
 
-        The job is submitted held, its log directory ``<log_dir>/<job_name>-<id>`` created, then
-        released (one round trip). When ``sbatch`` answers nothing usable or the connection drops
-        after sending, the job may exist: it is looked up by its exact ``job_name`` on every login
-        host within ``reconcile_timeout``. Exactly one match is adopted (and released); several
-        raise; only when none appears is the script submitted again (once).
+        The job is submitted held, checked to be the only live job of its name (an older twin wins), its
+        log directory ``<log_dir>/<job_name>-<id>`` created, then released. This is one try: what to do
+        when its outcome is unknown is :func:`~airflow_provider_tao_slurm.lifecycle.submission.submit_job`'s.
 
         :param stage: ``(base, files)`` as :meth:`stage_files` takes them, staged in the same round
-            trip right before sbatch (and again with a second submission).
+            trip right before sbatch.
         :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
         :raises RemoteCommandError: when staging the files failed (nothing was submitted).
-        :raises AmbiguousSubmissionError: when several jobs carry ``job_name``.
+        :raises SubmissionOutcomeUnknownError: when the job may exist: the command timed out, the
+            connection dropped, the reply had no job id, or the job was submitted but not released.
         """
         command = commands.sbatch_submit_held(
             script_path,
@@ -563,21 +318,11 @@ class SlurmHook(BaseHook):
         if stage is not None:
             staging, archive = _staging(*stage)
             command = f"{{ {staging}; }} || {{ rc=$?; echo {shlex.quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
-        job_id = self._sbatch(command, script_path, archive)
-        if job_id is not None:
-            return job_id
-        self.log.warning("sbatch reply for job %s unclear: reconciling by exact job name", job_name)
-        found = self.reconcile_by_name(job_name, timeout=reconcile_timeout, interval=reconcile_interval)
-        if found is None:
-            self.log.warning("job %s not found after %.0f s: submitting it again", job_name, reconcile_timeout)
-            found = self._sbatch(command, script_path, archive)
-            if found is None:
-                raise SubmissionError(
-                    f"sbatch gave no job id twice for {job_name}; check the cluster (squeue --name={job_name})"
-                )
-            return found
-        self.prepare_job_logs(log_dir, job_name, found)
-        return found
+        try:
+            result = self.run(command, stdin=archive, what="sbatch")
+        except (ConnectionLostError, CommandTimeoutError) as exc:
+            raise SubmissionOutcomeUnknownError(f"sbatch of {job_name}: {exc}") from exc
+        return self._sbatch_reply(result, script_path, job_name)
 
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
         """Create the log directory ``<log_dir>/<job_name>-<job_id>`` of an adopted job and release it if held.
@@ -590,11 +335,8 @@ class SlurmHook(BaseHook):
             commands.prepare_job_logs(log_dir, job_name, job_id, base), check=True, what="releasing the adopted job"
         )
 
-    def _sbatch(self, command: str, script_path: str, stdin: bytes | None = None) -> str | None:
-        try:
-            result = self.run(command, stdin=stdin, what="sbatch")
-        except ConnectionLostError:
-            return None
+    def _sbatch_reply(self, result: CommandResult, script_path: str, job_name: str) -> str:
+        """The job id from the submitting round trip's reply, or the error it means."""
         if result.rc != 0 and STAGING_FAILED in result.stderr:
             raise RemoteCommandError(
                 f"staging the job's files failed on {result.host} with exit status {result.rc}, so nothing was "
@@ -612,44 +354,21 @@ class SlurmHook(BaseHook):
                 concurrent.group(1),
                 concurrent.group(2),
             )
-        if result.rc != 0:
-            held = f" (job {parsed[0]} exists but is held: scontrol release {parsed[0]})" if parsed else ""
-            raise SubmissionError(
-                f"sbatch refused {script_path}{held}: {result.stderr.strip()[-2000:]}",
+        if result.rc != 0 and parsed:
+            raise SubmissionOutcomeUnknownError(
+                f"sbatch submitted {job_name} as job {parsed[0]}, but checking it for a twin or releasing it failed "
+                f"(exit status {result.rc}): {result.stderr.strip()[-2000:]}",
+                job_id=parsed[0],
                 rc=result.rc,
                 stderr=result.stderr,
             )
-        return parsed[0] if parsed else None
-
-    def reconcile_by_name(self, job_name: str, *, timeout: float, interval: float) -> str | None:
-        """Poll every login host for our jobs named exactly ``job_name`` until one appears or time runs out.
-
-        A lookup that failed is asked again until ``timeout``; only answered lookups can end in "none".
-
-        :raises AmbiguousSubmissionError: when more than one job has that name.
-        :raises JobLookupError: when the last lookup before the deadline failed.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                ids = self.find_jobs_by_name(job_name, all_hosts=True)
-            except JobLookupError as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                self.log.warning("job lookup failed, asking again: %s", exc)
-                time.sleep(interval)
-                continue
-            if len(ids) > 1:
-                raise AmbiguousSubmissionError(
-                    f"{len(ids)} jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones with "
-                    "scancel before retrying",
-                    ids,
-                )
-            if ids:
-                return ids[0]
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(interval)
+        if result.rc != 0:
+            raise SubmissionError(
+                f"sbatch refused {script_path}: {result.stderr.strip()[-2000:]}", rc=result.rc, stderr=result.stderr
+            )
+        if not parsed:
+            raise SubmissionOutcomeUnknownError(f"sbatch of {job_name} answered no job id: {result.stdout[-500:]!r}")
+        return parsed[0]
 
     def find_jobs_by_name(
         self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
@@ -814,20 +533,31 @@ class SlurmHook(BaseHook):
 
     # ------------------------------------------------------------------ async twins (triggers)
 
-    async def a_run(self, command: str, *, stdin: bytes | None = None, timeout: float | None = None) -> CommandResult:
+    async def a_run(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
+        check: bool = False,
+        what: str = "command",
+    ) -> CommandResult:
         """Async twin of :meth:`run` over the process-wide pooled connection.
 
+        :param check: raise :class:`RemoteCommandError` on a non-zero exit status.
+        :param what: a short description used in errors.
         :raises ConnectionLostError: when the connection dropped after the command was sent (it is
             never sent again: it may have taken effect).
+        :raises StoragePathError: as :meth:`run`, whatever ``check``.
         """
         rc, out, err, host = await self._a_run_bytes(command, stdin, timeout)
-        return _result(rc, out, err, host)
+        return _result(rc, out, err, host, check=check, what=what)
 
     async def _a_run_bytes(
         self, command: str, stdin: bytes | None, timeout: float | None
     ) -> tuple[int, bytes, bytes, str]:
         settings = await self.a_settings()
-        return await _ASYNC_POOL.run(settings, command, stdin, settings.cmd_timeout if timeout is None else timeout)
+        return await async_pool().run(settings, command, stdin, settings.cmd_timeout if timeout is None else timeout)
 
     async def a_settings(self) -> ClusterSettings:
         """Settings read with the async connection API (safe inside the triggerer's event loop), read once.
@@ -887,12 +617,12 @@ class SlurmHook(BaseHook):
             )
         return {job_id: state for job_id, state in parse_sacct(result.stdout).items() if job_id in ids}
 
-    async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
+    async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> TailChunk[str]:
         """Async twin of :meth:`read_log`."""
         _rc, out, _err, _host = await self._a_run_bytes(commands.tail_bytes(path, offset, max_bytes), None, None)
         return _log_chunk(out, offset)
 
-    async def a_tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk]:
+    async def a_tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk[bytes]]:
         """Async twin of :meth:`tail_many` (the shared poller reads every watched job's logs with it)."""
         if not requests:
             return []
@@ -923,9 +653,11 @@ class SlurmHook(BaseHook):
             _check_scancel(await self.a_run(commands.scancel(job_ids, name=job_name, user=user)))
 
     async def a_read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        """Async twin of :meth:`read_file`."""
-        result = await self.a_run(commands.read_file(path, max_bytes))
-        return result.stdout if result.rc == 0 else None
+        """Async twin of :meth:`read_file`: None only when the file does not exist.
+
+        :raises RemoteReadError: when the read failed otherwise.
+        """
+        return _file_text(await self.a_run(commands.read_file(path, max_bytes)), path)
 
     async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
         """Async twin of :meth:`write_file` (content over stdin).
@@ -933,16 +665,9 @@ class SlurmHook(BaseHook):
         :raises RemoteCommandError: when the write failed.
         """
         base = commands.trusted_base(path, (await self.a_settings()).results_dir)
-        result = await self.a_run(commands.write_file_from_stdin(path, mode, base), stdin=data)
-        if result.rc != 0:
-            raise RemoteCommandError(
-                f"writing {path} failed on {result.host} with exit status {result.rc}: {result.stderr.strip()[-2000:]}",
-                rc=result.rc,
-                stderr=result.stderr,
-            )
-
-
-# ---------------------------------------------------------------------- helpers shared by both sides
+        await self.a_run(
+            commands.write_file_from_stdin(path, mode, base), stdin=data, check=True, what=f"writing {path}"
+        )
 
 
 def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[str, bytes]:
@@ -965,309 +690,3 @@ def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[
         [name for name, (content, _mode) in files.items() if content is None],
     )
     return command, buffer.getvalue()
-
-
-def _result(rc: int, out: bytes, err: bytes, host: str) -> CommandResult:
-    """A command's result, its stderr redacted.
-
-    :raises StoragePathError: for a command that :func:`~airflow_provider_tao_slurm.core.commands.secure_dirs`
-        stopped: nothing was written (or submitted) after the check.
-    """
-    stderr = redact_text(err.decode("utf-8", "replace"))
-    unsafe = commands.UNSAFE_PATH_RE.search(stderr) if rc == commands.UNSAFE_PATH_STATUS else None
-    if unsafe is not None:
-        path, reason = unsafe.groups()
-        raise StoragePathError(
-            f"{path} {reason} on {host}, so another user could plant links or files where this task writes "
-            "(secrets, records, scripts); nothing was written or submitted. Make every directory from results_dir "
-            f"down yours and writable by you only (e.g. chmod go-w -- {shlex.quote(path)}, or remove a planted "
-            "link), or set the connection's results_dir to a directory only you can write"
-        )
-    return CommandResult(rc, out.decode("utf-8", "replace"), stderr, host)
-
-
-def _utf8_complete(data: bytes) -> int:
-    """How many leading bytes of ``data`` end on a UTF-8 character boundary (drops a cut-off character)."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 != 0x80:  # ASCII or the lead byte of a multi-byte character
-            need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
-            return len(data) - back if need > back else len(data)
-    return len(data)
-
-
-def _log_chunk(stdout: bytes, offset: int) -> LogChunk:
-    """Parse ``tail_bytes`` output; a character cut at the end waits for the next read (unless nothing else fits)."""
-    header, newline, body = stdout.partition(b"\n")
-    chunk = commands.parse_tail((header + newline).decode("utf-8", "replace"))
-    body = body[: chunk.length]
-    keep = _utf8_complete(body) or len(body)
-    next_offset, restarted = commands.next_offset(offset, chunk.size, keep)
-    return LogChunk(
-        size=chunk.size or 0,
-        data=body[:keep].decode("utf-8", "replace"),
-        next_offset=next_offset,
-        restarted=restarted,
-    )
-
-
-def _tail_chunks(rc: int, out: bytes, err: bytes, host: str, count: int, nonce: str) -> list[TailChunk]:
-    """Parse a batched log read; a failed shell is an error, not "no new lines"."""
-    if rc != 0:
-        stderr = redact_text(err.decode("utf-8", "replace"))
-        raise RemoteCommandError(
-            f"log read on {host} exited {rc}: {stderr.strip()[-500:]}; it is read again next poll",
-            rc=rc,
-            stderr=stderr,
-        )
-    return parse_tail_output(out, count, nonce)
-
-
-def _check_scancel(result: CommandResult) -> None:
-    """Accept ``scancel -Q``'s silent exit 1 (a name filter matched no live job: finished, unknown or not ours).
-
-    :raises RemoteCommandError: when scancel printed an error.
-    """
-    if result.rc != 0 and result.stderr.strip():
-        raise RemoteCommandError(
-            f"scancel failed on {result.host} with exit status {result.rc}: {result.stderr.strip()[-2000:]}; "
-            "check that slurmctld is up (scontrol ping) and cancel again",
-            rc=result.rc,
-            stderr=result.stderr,
-        )
-
-
-def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
-    """The ids squeue did not answer for (or saw finish): sacct has their final state and exit code."""
-    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
-    return [i for i in ids if i not in live or live[i].is_terminal]
-
-
-def _combine_poll(ids: Sequence[str], squeue: CommandResult, sacct: CommandResult | None) -> dict[str, JobState]:
-    """Merge one squeue and one sacct answer; squeue wins for live jobs, sacct fills in the rest.
-
-    A failed query is not an answer: when squeue or sacct failed, every job that the other did not
-    answer for is "unanswered", never "not found". squeue's "Invalid job id specified" (asked about
-    one id it does not know) is an answer: not in the queue.
-
-    :raises StatusQueryError: when some job was left unanswered (e.g. controller or accounting down).
-    """
-    wanted = set(ids)
-    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
-    finished = parse_sacct(sacct.stdout) if sacct is not None and sacct.rc == 0 else {}
-    states = {job_id: state for job_id, state in merge_states(live, finished).items() if job_id in wanted}
-    squeue_failed = squeue.rc != 0 and SQUEUE_UNKNOWN_JOB not in squeue.stderr
-    failures = [f"squeue exited {squeue.rc}: {squeue.stderr.strip()[-300:]}"] if squeue_failed else []
-    if sacct is not None and sacct.rc != 0:
-        failures.append(f"sacct exited {sacct.rc}: {sacct.stderr.strip()[-300:]}")
-    unanswered = [job_id for job_id in ids if job_id not in states] if failures else []
-    if unanswered:
-        evidence = "; ".join(failures)
-        raise StatusQueryError(
-            f"{len(unanswered)} of {len(ids)} job(s) unanswered on {squeue.host} ({evidence}); they are not taken "
-            "as gone: check that slurmctld and slurmdbd are up (scontrol ping)",
-            states,
-            unanswered,
-            evidence=evidence,
-        )
-    return states
-
-
-def _exec_channel(
-    client: paramiko.SSHClient, command: str, stdin: bytes | None, timeout: float | None
-) -> tuple[int, bytes, bytes]:
-    """Run one command on a new channel of ``client``; returns ``(rc, stdout, stderr)`` as raw bytes.
-
-    :raises ConnectionLostError: when the channel closes without an exit status.
-    :raises RemoteCommandError: when the command does not finish within ``timeout``.
-    """
-    import paramiko
-
-    transport = client.get_transport()
-    if transport is None or not transport.is_active():
-        raise ConnectionLostError("the SSH connection is closed")
-    try:
-        channel = transport.open_session(timeout=timeout)
-        channel.exec_command(command)
-        if stdin:
-            channel.sendall(stdin)
-        channel.shutdown_write()
-    except (OSError, paramiko.SSHException, EOFError) as exc:
-        raise ConnectionLostError(f"the SSH connection dropped while sending a command: {exc}") from None
-    out, err = bytearray(), bytearray()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    with selectors.DefaultSelector() as selector:
-        selector.register(channel, selectors.EVENT_READ)
-        while True:
-            while channel.recv_ready():
-                out += channel.recv(65536)
-            while channel.recv_stderr_ready():
-                err += channel.recv_stderr(65536)
-            if channel.exit_status_ready() and channel.eof_received:
-                break
-            if channel.closed or not transport.is_active():
-                if channel.exit_status_ready():
-                    break
-                raise ConnectionLostError("the SSH connection dropped before the command's reply arrived")
-            if deadline is not None and time.monotonic() > deadline:
-                channel.close()
-                raise RemoteCommandError(f"remote command did not finish within {timeout:.0f} s")
-            selector.select(0.5)
-    while channel.recv_ready():  # output that arrived together with the EOF
-        out += channel.recv(65536)
-    while channel.recv_stderr_ready():
-        err += channel.recv_stderr(65536)
-    rc = channel.recv_exit_status()
-    channel.close()
-    if rc == -1:
-        raise ConnectionLostError("the remote command ended without an exit status (connection cut)")
-    return rc, bytes(out), bytes(err)
-
-
-@dataclass
-class _Pooled:
-    """One cluster account's pooled connection in one event loop."""
-
-    lock: asyncio.Lock
-    sessions: asyncio.Semaphore
-    conn: asyncssh.SSHClientConnection | None = None
-
-
-class _AsyncConnectionPool:
-    """One asyncssh connection per (cluster account, event loop), shared by all triggers of a process.
-
-    Entries are kept per event-loop object (weakly), so a new loop never inherits a closed loop's
-    connection, lock or semaphore.
-    """
-
-    def __init__(self) -> None:
-        self._loops: weakref.WeakKeyDictionary[
-            asyncio.AbstractEventLoop, dict[tuple[str, tuple[str, ...], int], _Pooled]
-        ]
-        self._loops = weakref.WeakKeyDictionary()
-        #: connections opened since start (benchmarks and tests read it)
-        self.opened = 0
-
-    def _entry(self, s: ClusterSettings) -> _Pooled:
-        entries = self._loops.setdefault(asyncio.get_running_loop(), {})
-        key = (s.pool_key, s.hosts, s.port)
-        if key not in entries:
-            entries[key] = _Pooled(asyncio.Lock(), asyncio.Semaphore(ASYNC_MAX_SESSIONS))
-        return entries[key]
-
-    async def connection(self, s: ClusterSettings) -> asyncssh.SSHClientConnection:
-        entry = self._entry(s)
-        async with entry.lock:
-            if entry.conn is not None and not entry.conn.is_closed():
-                return entry.conn
-            entry.conn = await _async_connect(s)
-            self.opened += 1
-            return entry.conn
-
-    async def run(
-        self, s: ClusterSettings, command: str, stdin: bytes | None, timeout: float | None
-    ) -> tuple[int, bytes, bytes, str]:
-        """Run ``command``; return the exit status, raw stdout and stderr, and the host used.
-
-        Only a session that could not be opened (the command never started) is retried, on a fresh
-        connection with backoff; a command cut off after it started is never sent again.
-
-        :raises ConnectionLostError: when the connection dropped while the command ran, or kept
-            dropping before it could start.
-        :raises RemoteCommandError: when the command does not finish within ``timeout``.
-        """
-        import asyncssh
-
-        delay = 0.5
-        for attempt in range(4):
-            conn = await self.connection(s)
-            async with self._entry(s).sessions:
-                try:
-                    process = await conn.create_process(command, input=stdin, encoding=None)
-                except (OSError, asyncssh.Error) as exc:
-                    conn.close()
-                    failure = exc
-                else:
-                    return await _finish(process, timeout, getattr(conn, "_tao_host", ""))
-            if attempt == 3:
-                raise ConnectionLostError(f"the SSH connection to {s.cluster_name} keeps dropping: {failure}")
-            await asyncio.sleep(delay + random.uniform(0, delay))  # noqa: S311 - jitter, not crypto
-            delay *= 2
-        raise AssertionError("unreachable")
-
-    async def close_all(self) -> None:
-        """Close every pooled connection of the running loop (tests, benchmarks)."""
-        for entry in self._loops.pop(asyncio.get_running_loop(), {}).values():
-            if entry.conn is not None:
-                entry.conn.close()
-
-
-async def _finish(
-    process: asyncssh.SSHClientProcess[bytes], timeout: float | None, host: str
-) -> tuple[int, bytes, bytes, str]:
-    """Wait for a started remote command: ``(rc, stdout, stderr, host)``; a lost connection is an error."""
-    try:
-        async with asyncio.timeout(timeout):
-            result = await process.wait()
-    except TimeoutError:
-        process.close()
-        raise RemoteCommandError(f"remote command did not finish within {timeout} s on {host}") from None
-    if result.exit_status is None and result.exit_signal is None:
-        raise ConnectionLostError(
-            f"the SSH connection to {host} dropped before the command's reply arrived; it may or may not have "
-            "taken effect"
-        )
-    rc = result.exit_status if result.exit_status is not None else -1
-    return rc, _raw(result.stdout), _raw(result.stderr), host
-
-
-def _raw(data: bytes | str | None) -> bytes:
-    if isinstance(data, str):
-        return data.encode()
-    return data or b""
-
-
-async def _async_connect(s: ClusterSettings) -> asyncssh.SSHClientConnection:
-    import asyncssh
-
-    # asyncssh logs every channel and command at INFO: it would bury the trigger's own lines in the task log.
-    asyncssh.set_log_level(logging.WARNING)
-    if s.key_file:
-        check_key_file(s.key_file)
-    failures: list[tuple[str, str]] = []
-    kinds: set[type[SlurmConnectionError]] = set()
-    for host in s.hosts:
-        options: dict[str, Any] = {"username": s.user, "port": s.port, "connect_timeout": s.conn_timeout}
-        if s.proxy_command:
-            options["proxy_command"] = proxy_argv(s.proxy_command, host, s.port, s.user)
-        if s.key_file:
-            options["client_keys"] = [s.key_file]
-        elif s.private_key:
-            options["client_keys"] = [asyncssh.import_private_key(s.private_key, s.private_key_passphrase)]
-        if s.no_host_key_check:
-            options["known_hosts"] = None
-        elif s.host_key:
-            pinned = _pinned_host_key(s.host_key)
-            entry = host if s.port == 22 else f"[{host}]:{s.port}"
-            options["known_hosts"] = asyncssh.import_known_hosts(f"{entry} {pinned.get_name()} {pinned.get_base64()}\n")
-        try:
-            conn = await asyncssh.connect(host, keepalive_interval=30, **options)
-        except (OSError, asyncssh.Error) as exc:
-            message, kind = _describe_connect_error(host, s.port, exc, timeout=s.conn_timeout, pinned=bool(s.host_key))
-            failures.append((host, message))
-            kinds.add(kind)
-            log.warning("Login host failed, trying the next one: %s", message)
-            continue
-        if failures:
-            log.warning("Connected to %s after %d failed login host(s)", host, len(failures))
-        conn._tao_host = host  # type: ignore[attr-defined]
-        return conn
-    raise _no_host_answered(s.cluster_name, failures, kinds)
-
-
-_ASYNC_POOL = _AsyncConnectionPool()
-
-
-def async_pool() -> _AsyncConnectionPool:
-    """The process-wide async connection pool (shared by every trigger in a triggerer)."""
-    return _ASYNC_POOL

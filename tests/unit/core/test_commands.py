@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from airflow_provider_tao_slurm.core import commands
-from airflow_provider_tao_slurm.core.commands import TailChunk
 from airflow_provider_tao_slurm.core.defaults import PYXIS_SRUN_OPTIONS
 from airflow_provider_tao_slurm.core.states import parse_jobs_by_name
 from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError, ValidationError
@@ -194,7 +193,12 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
         lambda: commands.writable_dir("/r"),
         '[ -d /r ] && t=$(mktemp /r/.tao-probe.XXXXXX) && rm -f -- "$t"',
     ),
-    ("read-file", lambda: commands.read_file("/r/status.json", 1024), "head -c 1024 -- /r/status.json"),
+    (
+        "read-file",
+        lambda: commands.read_file("/r/status.json", 1024),
+        '{ e=$(LC_ALL=C head -c 1024 -- /r/status.json 2>&1 >&3); r=$?; } 3>&1; if [ "$r" -ne 0 ]; then '
+        'printf \'%s\\n\' "$e" >&2; case $e in *": No such file or directory") exit 44;; esac; exit "$r"; fi',
+    ),
     ("remove-files", lambda: commands.remove_files(["/r/a", "/r/b c"]), "rm -f -- /r/a '/r/b c'"),
     ("rename", lambda: commands.rename("/i/.x.tmp", "/i/x.sqsh"), "mv -f -- /i/.x.tmp /i/x.sqsh"),
     (
@@ -368,15 +372,16 @@ def test_parse_which() -> None:
 @pytest.mark.parametrize(
     ("stdout", "expected"),
     [
-        ("MISSING\n", TailChunk(None, 0, "")),
-        ("SIZE 10 LEN 0\n", TailChunk(10, 0, "")),
-        ("SIZE 10 LEN 5\nab\ncd", TailChunk(10, 5, "ab\ncd")),
-        ("SIZE 10 LEN 9\nSIZE 1 LEN 1\n", TailChunk(10, 9, "SIZE 1 LEN 1\n")),
-        ("SIZE 3 LEN 3\n\ufffd\ufffd\n", TailChunk(3, 3, "\ufffd\ufffd\n")),
+        ("MISSING\n", (None, 0)),
+        ("SIZE 10 LEN 0\n", (10, 0)),
+        ("SIZE 10 LEN 5\nab\ncd", (10, 5)),
+        ("SIZE 10 LEN 9\nSIZE 1 LEN 1\n", (10, 9)),
+        ("SIZE 3 LEN 3\n\ufffd\ufffd\n", (3, 3)),
+        ("SIZE 3 LEN 3", (3, 3)),
     ],
-    ids=["missing", "nothing-new", "chunk-with-newline", "chunk-looks-like-header", "undecodable-bytes"],
+    ids=["missing", "nothing-new", "chunk-with-newline", "chunk-looks-like-header", "undecodable-bytes", "header-only"],
 )
-def test_parse_tail(stdout: str, expected: TailChunk) -> None:
+def test_parse_tail(stdout: str, expected: tuple[int | None, int]) -> None:
     assert commands.parse_tail(stdout) == expected
 
 
@@ -572,8 +577,59 @@ def test_write_file_replaces_atomically_and_keeps_the_old_file_on_failure(shell:
 
 
 @pytest.mark.parametrize("shell", SHELLS)
-def test_read_file_of_missing_file_fails(shell: str, work: Path) -> None:
-    assert run_shell(shell, commands.read_file(str(work / "nope"), 10), work).returncode != 0
+@pytest.mark.parametrize(
+    "missing",
+    ["nope", "no dir/nope", "dangling", f"{INJECT}: No such file or directory"],
+    ids=["file", "directory-above", "dangling-link", "hostile-name"],
+)
+def test_read_file_of_a_missing_file_exits_with_its_own_status(shell: str, missing: str, work: Path) -> None:
+    (work / "dangling").symlink_to(work / "gone")
+    result = run_shell(shell, commands.read_file(str(work / missing), 10), work)
+    assert (result.returncode, result.stdout) == (commands.MISSING_FILE_STATUS, b"")
+    assert b"No such file or directory" in result.stderr
+    assert_no_canary(work)
+
+
+def _read_as_another_user(shell: str, path: Path) -> subprocess.CompletedProcess[bytes]:
+    """Read ``path`` (mode 000) as a user it does not belong to: ``nobody`` when the tests run as root."""
+    path.chmod(0o000)
+    other = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    command = commands.read_file(str(path), 10)
+    return subprocess.run([shell, "-c", command], cwd="/", capture_output=True, timeout=60, check=False, **other)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+@pytest.mark.parametrize("case", ["directory", "not-a-directory-above", "io-error", "permission", "killed"])
+def test_a_read_that_fails_otherwise_keeps_its_status_and_says_why(
+    shell: str, case: str, work: Path, tmp_path: Path
+) -> None:
+    """EIO, a denied read, a directory, a killed reader: none of them is "missing", whatever the file is called."""
+    plain = work / "status.json"
+    plain.write_text("{}")
+    if case == "permission":
+        unreadable = work / "x: No such file or directory"
+        unreadable.write_text("{}")
+        result = _read_as_another_user(shell, unreadable)
+        why = b"Permission denied"
+    elif case == "killed":
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        _tool(bin_dir, "head", "kill -9 $$")
+        env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        result = run_shell(shell, commands.read_file(str(plain), 10), work, env=env)
+        why = b""
+    else:
+        path, why = {
+            "directory": (work, b"Is a directory"),
+            "not-a-directory-above": (plain / "x", b"Not a directory"),
+            "io-error": (Path("/proc/self/mem"), b"Input/output error"),
+        }[case]
+        if case == "io-error" and not path.exists():
+            pytest.skip("no /proc/self/mem to fail a read with EIO")
+        result = run_shell(shell, commands.read_file(str(path), 10), work)
+    assert result.returncode not in (0, commands.MISSING_FILE_STATUS), result.stderr
+    assert why in result.stderr
+    assert result.stdout == b""
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -611,14 +667,14 @@ def _read_all(shell: str, path: Path, cwd: Path, offset: int, max_bytes: int) ->
         result = run_shell(shell, commands.tail_bytes(str(path), offset, max_bytes), cwd)
         assert result.returncode == 0, result.stderr
         raw = result.stdout.partition(b"\n")[2]
-        chunk = commands.parse_tail(result.stdout.decode("utf-8", "replace"))
-        assert len(raw) == chunk.length
-        offset, again = commands.next_offset(offset, chunk.size, chunk.length)
+        size, length = commands.parse_tail(result.stdout.decode("utf-8", "replace"))
+        assert len(raw) == length
+        offset, again = commands.next_offset(offset, size, length)
         restarted |= again
         if again:
             continue
         data += raw
-        if chunk.length == 0:
+        if length == 0:
             return data, offset, restarted
 
 
@@ -641,7 +697,7 @@ def test_tail_bytes_reads_everything_once(shell: str, name: str, work: Path) -> 
 def test_tail_bytes_restarts_after_truncation_and_handles_missing(shell: str, work: Path) -> None:
     log = work / "main.out"
     result = run_shell(shell, commands.tail_bytes(str(log), 0, 10), work)
-    assert commands.parse_tail(result.stdout.decode()) == TailChunk(None, 0, "")
+    assert commands.parse_tail(result.stdout.decode()) == (None, 0)
     log.write_bytes(b"first run " * 10)
     _, offset, _ = _read_all(shell, log, work, 0, 64)
     assert offset == 100

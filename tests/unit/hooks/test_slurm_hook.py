@@ -22,17 +22,23 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings
+from airflow_provider_tao_slurm.core.logstream import TailChunk
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
+    CommandTimeoutError,
     ConnectionConfigError,
+    ConnectionLostError,
     HostKeyError,
     JobLookupError,
     KeyFilePermissionError,
     RemoteCommandError,
+    RemoteReadError,
     SlurmAuthenticationError,
     SlurmConnectionError,
     StatusQueryError,
     StoragePathError,
+    SubmissionError,
+    SubmissionOutcomeUnknownError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import (
     STAGING_FAILED,
@@ -408,7 +414,7 @@ def test_failover_error_keeps_a_common_class_and_every_failure(
 @pytest.mark.parametrize(
     ("rc", "stdout", "expected"),
     [
-        (1, "", None),
+        (commands.MISSING_FILE_STATUS, "", None),
         (0, "", []),
         (0, '{"status": "STARTED"}\n{"status": "SUCCESS"}\n', [{"status": "STARTED"}, {"status": "SUCCESS"}]),
         (0, '{"status": "SUCCESS", "message": "done"}', [{"status": "SUCCESS", "message": "done"}]),
@@ -429,7 +435,59 @@ def test_read_status_json(
 
     monkeypatch.setattr(hook, "run", run)
     assert hook.read_status_json("/lustre/alice/job/status.json") == expected
-    assert sent == ["head -c 1048576 -- /lustre/alice/job/status.json"]
+    assert sent == [commands.read_file("/lustre/alice/job/status.json", 1 << 20)]
+
+
+EIO = "head: error reading '/lustre/alice/job/status.json': Input/output error"
+
+
+def call(hook: SlurmHook, method: str, *args: Any) -> Any:
+    """``hook.<method>(*args)``, run to its end when it is an async twin (``a_...``)."""
+    outcome = getattr(hook, method)(*args)
+    return asyncio.run(outcome) if method.startswith("a_") else outcome
+
+
+@pytest.mark.parametrize(
+    ("rc", "stderr"),
+    [(1, EIO), (1, "head: cannot open 'x' for reading: Permission denied"), (137, ""), (-1, "")],
+    ids=["eio", "permission", "killed", "no-exit-status"],
+)
+@pytest.mark.parametrize("read", ["read_file", "a_read_file", "read_status_json"])
+def test_a_failed_read_raises_and_is_never_no_file(
+    monkeypatch: pytest.MonkeyPatch, rc: int, stderr: str, read: str
+) -> None:
+    hook = SlurmHook(settings=settings())
+    answer = (rc, b"", stderr.encode(), "login1")
+
+    async def a_run_bytes(*_: Any) -> tuple[int, bytes, bytes, str]:
+        return answer
+
+    monkeypatch.setattr(hook, "_run_bytes", lambda *_: answer)
+    monkeypatch.setattr(hook, "_a_run_bytes", a_run_bytes)
+    path = "/lustre/alice/job/status.json"
+
+    with pytest.raises(RemoteReadError) as caught:
+        call(hook, read, path)
+    message = str(caught.value)
+    assert isinstance(caught.value, RemoteCommandError)
+    assert (caught.value.path, caught.value.rc) == (path, rc)
+    assert message.startswith(f"reading {path} failed on login1 with exit status {rc}: ")
+    assert (stderr or "no error message") in message
+    assert "a failed read is not 'no file'" in message
+
+
+@pytest.mark.parametrize("read", ["read_file", "a_read_file"])
+def test_a_read_file_that_does_not_exist_is_none(monkeypatch: pytest.MonkeyPatch, read: str) -> None:
+    """Only the read command's own "no such file" status means None; its stderr is not parsed by the hook."""
+    hook = SlurmHook(settings=settings())
+    answer = (commands.MISSING_FILE_STATUS, b"", b"head: cannot open 'x' for reading: No such file or directory\n", "h")
+
+    async def a_run_bytes(*_: Any) -> tuple[int, bytes, bytes, str]:
+        return answer
+
+    monkeypatch.setattr(hook, "_run_bytes", lambda *_: answer)
+    monkeypatch.setattr(hook, "_a_run_bytes", a_run_bytes)
+    assert call(hook, read, "/lustre/alice/records/r.json") is None
 
 
 EURO = "€".encode()  # 3 bytes
@@ -509,6 +567,16 @@ def test_log_chunk(stdout: bytes, offset: int, expected: LogChunk) -> None:
 def test_log_chunk_without_header_asks_to_read_again() -> None:
     with pytest.raises(RemoteCommandError, match="instead of 'SIZE <n> LEN <m>'; run it again"):
         _log_chunk(b"Welcome to the cluster!\nSIZE 3 LEN 3\nabc", 0)
+
+
+def test_one_chunk_type_serves_the_single_read_and_the_batched_reader() -> None:
+    single = _log_chunk(b"SIZE 10 LEN 3\nabc", 4)
+    assert LogChunk is TailChunk
+    assert isinstance(single, TailChunk)
+    assert (single.data, single.size, single.end, single.restarted) == ("abc", 10, 7, False)
+    batched = TailChunk(False, 4, 2, b"xyz")
+    assert (batched.next_offset, batched.end) == (None, 9)
+    assert TailChunk(missing=True).data == b""
 
 
 def test_results_and_chunks_are_immutable_values() -> None:
@@ -781,35 +849,76 @@ def test_find_jobs_by_name_on_all_hosts_with_none_reachable_raises(monkeypatch: 
     assert "login2.example.org: connection refused" in caught.value.evidence
 
 
-def test_reconcile_by_name_asks_again_after_a_failed_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = SlurmHook(settings=settings())
-    answers: list[Any] = [JobLookupError("down", evidence="squeue exited 1"), ["41"]]
-    calls: list[str] = []
+@pytest.mark.parametrize(
+    ("answer", "job_id"),
+    [
+        pytest.param(CommandTimeoutError("remote command did not finish within 3 s"), None, id="timed-out"),
+        pytest.param(ConnectionLostError("the connection dropped before the reply"), None, id="connection-lost"),
+        pytest.param(CommandResult(0, "sbatch: warning\n", "", "login1"), None, id="no-id-in-the-reply"),
+        pytest.param(
+            CommandResult(4, "42\n", "squeue: error: Socket timed out\nsqueue failed", "login1"),
+            "42",
+            id="held-its-twin-unchecked",
+        ),
+    ],
+)
+def test_a_submission_whose_outcome_is_unknown_says_so_and_submits_once(
+    monkeypatch: pytest.MonkeyPatch, answer: Any, job_id: str | None
+) -> None:
+    """One round trip: the reconcile by name that must follow is the lifecycle's (lifecycle/submission.py)."""
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    sent: list[str] = []
 
-    def lookup(name: str, **_: Any) -> list[str]:
-        calls.append(name)
-        answer = answers.pop(0)
+    def run(command: str, **_: Any) -> CommandResult:
+        sent.append(command)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
-    monkeypatch.setattr(hook, "find_jobs_by_name", lookup)
-    assert hook.reconcile_by_name("tao-x", timeout=5, interval=0.01) == "41"
-    assert calls == ["tao-x", "tao-x"]
+    monkeypatch.setattr(hook, "run", run)
+
+    with pytest.raises(SubmissionOutcomeUnknownError) as caught:
+        hook.submit("/lustre/u/jobs/j/job.sbatch", "j", log_dir="/lustre/u/logs")
+
+    assert caught.value.job_id == job_id
+    assert len(sent) == 1
 
 
-def test_reconcile_by_name_reraises_a_failed_lookup_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = SlurmHook(settings=settings())
-    calls: list[str] = []
+def test_a_refused_submission_is_a_submission_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = SlurmHook(settings=settings(results_dir="/lustre/u"))
+    refused = CommandResult(1, "", "sbatch: error: invalid partition specified: gpu", "login1")
+    monkeypatch.setattr(hook, "run", Recorder(refused))
 
-    def lookup(name: str, **_: Any) -> list[str]:
-        calls.append(name)
-        raise JobLookupError("down", evidence="squeue exited 1")
+    with pytest.raises(SubmissionError, match="invalid partition specified") as caught:
+        hook.submit("/lustre/u/jobs/j/job.sbatch", "j", log_dir="/lustre/u/logs")
 
-    monkeypatch.setattr(hook, "find_jobs_by_name", lookup)
-    with pytest.raises(JobLookupError):
-        hook.reconcile_by_name("tao-x", timeout=0.05, interval=0.01)
-    assert len(calls) >= 2
+    assert not isinstance(caught.value, SubmissionOutcomeUnknownError)
+
+
+def test_the_twin_check_keeps_a_job_held_when_squeue_fails(tmp_path: Path) -> None:
+    """The held job's duplicate check runs squeue; a failed squeue is no answer: no release, exit 4, the id."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in {
+        "sbatch": "echo 42",
+        "squeue": "echo 'squeue: error: Socket timed out' >&2; exit 1",
+        "scontrol": f'echo "$*" >> {tmp_path}/scontrol.calls',
+        "scancel": f'echo "$*" >> {tmp_path}/scancel.calls',
+    }.items():
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    (tmp_path / "logs").mkdir(mode=0o755)
+    command = commands.sbatch_submit_held(
+        "/x/job.sbatch", log_dir=f"{tmp_path}/logs", job_name="j", user="alice", base=str(tmp_path)
+    )
+    done = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, check=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    )
+
+    assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (4, "42"), done.stderr
+    assert "Socket timed out" in done.stderr
+    assert not (tmp_path / "scontrol.calls").exists(), "never released"
+    assert not (tmp_path / "scancel.calls").exists()
 
 
 @pytest.mark.parametrize("side", ["sync", "async"])
@@ -829,7 +938,7 @@ def test_cancel_is_limited_to_our_user_and_the_job_name(monkeypatch: pytest.Monk
     ("result", "expected"),
     [
         pytest.param(CommandResult(0, '{"a": 1}', "", "login1"), '{"a": 1}', id="read"),
-        pytest.param(CommandResult(1, "", "No such file or directory", "login1"), None, id="missing"),
+        pytest.param(CommandResult(commands.MISSING_FILE_STATUS, "", "", "login1"), None, id="missing"),
     ],
 )
 def test_a_read_file(monkeypatch: pytest.MonkeyPatch, result: CommandResult, expected: str | None) -> None:
@@ -857,11 +966,48 @@ def test_a_write_file_sends_the_content_over_stdin(monkeypatch: pytest.MonkeyPat
 
 def test_a_failed_async_write_raises(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = SlurmHook(settings=settings())
-    monkeypatch.setattr(hook, "a_run", Recorder(CommandResult(1, "", "Disk quota exceeded\n", "login1")).a)
 
-    with pytest.raises(RemoteCommandError, match="Disk quota exceeded") as caught:
+    async def a_run_bytes(*_: Any) -> tuple[int, bytes, bytes, str]:
+        return 1, b"", b"Disk quota exceeded\n", "login1"
+
+    monkeypatch.setattr(hook, "_a_run_bytes", a_run_bytes)
+
+    with pytest.raises(RemoteCommandError) as caught:
         asyncio.run(hook.a_write_file("/lustre/u/records/r.json", b"x"))
+    assert str(caught.value) == (
+        "writing /lustre/u/records/r.json failed on login1 with exit status 1: Disk quota exceeded"
+    )
     assert caught.value.rc == 1
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+@pytest.mark.parametrize("check", [False, True])
+def test_run_and_a_run_check_the_exit_status_alike(monkeypatch: pytest.MonkeyPatch, side: str, check: bool) -> None:
+    hook = SlurmHook(settings=settings())
+    answer = (3, b"partial\n", b"sinfo: error: slurm_load_partitions: Unable to contact slurm controller\n", "login1")
+
+    async def a_run_bytes(*_: Any) -> tuple[int, bytes, bytes, str]:
+        return answer
+
+    monkeypatch.setattr(hook, "_run_bytes", lambda *_: answer)
+    monkeypatch.setattr(hook, "_a_run_bytes", a_run_bytes)
+
+    def run() -> CommandResult:
+        if side == "sync":
+            return hook.run("sinfo", check=check, what="reading the partitions")
+        return asyncio.run(hook.a_run("sinfo", check=check, what="reading the partitions"))
+
+    if not check:
+        assert run() == CommandResult(3, "partial\n", answer[2].decode(), "login1")
+        return
+    with pytest.raises(RemoteCommandError) as caught:
+        run()
+    assert type(caught.value) is RemoteCommandError
+    assert str(caught.value) == (
+        "reading the partitions failed on login1 with exit status 3: "
+        "sinfo: error: slurm_load_partitions: Unable to contact slurm controller"
+    )
+    assert (caught.value.rc, caught.value.stderr) == (3, answer[2].decode())
 
 
 def test_a_accounting_states_asks_sacct_once_for_every_job_and_never_squeue(monkeypatch: pytest.MonkeyPatch) -> None:

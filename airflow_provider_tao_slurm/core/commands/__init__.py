@@ -1,0 +1,151 @@
+"""Builders of remote command lines: one string per round trip, every value quoted.
+
+Nothing here runs anything. The hook sends each string to the login host's POSIX shell (sh, bash,
+dash); every caller-supplied value goes through :func:`~airflow_provider_tao_slurm.core.shell.quote`
+or :func:`~airflow_provider_tao_slurm.core.shell.join`, so it stays one word whatever it holds.
+Paths must be absolute, so none can be mistaken for an option. Secrets and file contents travel
+on stdin, never in the command line (which other users of the login host can see in ``ps``).
+
+Commands whose output needs framing print a fixed vocabulary that the ``parse_*`` functions read:
+per-item checks print ``OK <index>`` / ``MISSING <index>`` (an index, never the path, so hostile
+names cannot confuse the parser), the log reader prints a ``SIZE <n> LEN <m>`` header.
+
+The builders live in one module per subject and are all importable from here:
+
+- :mod:`.slurm`: the SLURM verbs (sbatch, squeue, sacct, scontrol, scancel, sinfo, sacctmgr);
+- :mod:`.files`: staging, atomic writes, reads, log tails;
+- :mod:`.guard`: the shared-storage guard every writer runs first;
+- :mod:`.checks`: per-item checks (paths, tools);
+- :mod:`.enroot`: registry credentials and squashfs image checks;
+- :mod:`.preflight`: srun's options and the node probe;
+- :mod:`.markers`: the end markers batch scripts leave;
+- :mod:`.values`: the validation every builder shares.
+"""
+
+from __future__ import annotations
+
+from airflow_provider_tao_slurm.core.commands.checks import parse_test_paths, parse_which, test_paths, which
+from airflow_provider_tao_slurm.core.commands.enroot import (
+    ENROOT_CREDENTIALS,
+    NGC_MACHINES,
+    SQUASHFS_MAGIC_HEX,
+    credentials_line,
+    enroot_credential_machines,
+    enroot_credentials_present,
+    install_enroot_credentials,
+    parse_enroot_credentials_present,
+    parse_sqsh_check,
+    sqsh_check,
+)
+from airflow_provider_tao_slurm.core.commands.files import (
+    MISSING_FILE_STATUS,
+    extract_tar,
+    mkdirs,
+    next_offset,
+    parse_tail,
+    read_file,
+    remove_files,
+    rename,
+    tail_bytes,
+    writable_dir,
+    write_file_from_stdin,
+)
+from airflow_provider_tao_slurm.core.commands.guard import UNSAFE_PATH_RE, UNSAFE_PATH_STATUS, secure_dirs, trusted_base
+from airflow_provider_tao_slurm.core.commands.markers import (
+    EndMarker,
+    end_markers,
+    parse_end_markers,
+    remove_end_markers,
+)
+from airflow_provider_tao_slurm.core.commands.preflight import (
+    NodeProbe,
+    missing_srun_options,
+    node_probe,
+    parse_node_probe,
+    srun_help,
+    srun_probe,
+)
+from airflow_provider_tao_slurm.core.commands.slurm import (
+    IDS_ON_COMMAND_LINE,
+    SHOW_JOB_KEYS,
+    Association,
+    NodeRow,
+    existing_nodes,
+    jobs_by_name,
+    node_states,
+    parse_node_states,
+    parse_sacctmgr_assoc,
+    parse_show_job,
+    prepare_job_logs,
+    sacct_states,
+    sacctmgr_assoc,
+    sbatch_submit,
+    sbatch_submit_held,
+    scancel,
+    show_job,
+    sinfo_partitions,
+    sinfo_partitions_cached,
+    squeue_states,
+)
+
+__all__ = [
+    "ENROOT_CREDENTIALS",
+    "IDS_ON_COMMAND_LINE",
+    "MISSING_FILE_STATUS",
+    "NGC_MACHINES",
+    "SHOW_JOB_KEYS",
+    "SQUASHFS_MAGIC_HEX",
+    "UNSAFE_PATH_RE",
+    "UNSAFE_PATH_STATUS",
+    "Association",
+    "EndMarker",
+    "NodeProbe",
+    "NodeRow",
+    "credentials_line",
+    "end_markers",
+    "enroot_credential_machines",
+    "enroot_credentials_present",
+    "existing_nodes",
+    "extract_tar",
+    "install_enroot_credentials",
+    "jobs_by_name",
+    "missing_srun_options",
+    "mkdirs",
+    "next_offset",
+    "node_probe",
+    "node_states",
+    "parse_end_markers",
+    "parse_enroot_credentials_present",
+    "parse_node_probe",
+    "parse_node_states",
+    "parse_sacctmgr_assoc",
+    "parse_show_job",
+    "parse_sqsh_check",
+    "parse_tail",
+    "parse_test_paths",
+    "parse_which",
+    "prepare_job_logs",
+    "read_file",
+    "remove_end_markers",
+    "remove_files",
+    "rename",
+    "sacct_states",
+    "sacctmgr_assoc",
+    "sbatch_submit",
+    "sbatch_submit_held",
+    "scancel",
+    "secure_dirs",
+    "show_job",
+    "sinfo_partitions",
+    "sinfo_partitions_cached",
+    "sqsh_check",
+    "squeue_states",
+    "srun_help",
+    "srun_probe",
+    "tail_bytes",
+    "test_paths",
+    "trusted_base",
+    "which",
+    "writable_dir",
+    "write_file_from_stdin",
+]
