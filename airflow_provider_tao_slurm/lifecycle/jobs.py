@@ -41,22 +41,30 @@ from airflow_provider_tao_slurm.core.secrets import redact_text, sidecar_text
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_end_evidence
 from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
-    AmbiguousSubmissionError,
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
     RecordError,
+    RemoteReadError,
     SubmissionError,
     TaoSlurmError,
 )
-from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, EventStatus, JobEvent, JobHandle
+from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
 from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
+from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 #: Bytes of each log read for a tail (classification and the task log).
 LOG_TAIL_BYTES = 16384
+#: How long a TAO job's missing ``status.json`` is read again before it counts as missing: NFS and
+#: Lustre clients cache attributes for seconds (``actimeo``), so a login host can miss a file a
+#: node wrote just before the job ended.
+STATUS_SETTLE_S = 10.0
+#: Seconds between those reads.
+STATUS_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -110,7 +118,10 @@ class JobLifecycle:
     # ------------------------------------------------------------------ record store
 
     def read_record(self, path: str) -> JobRecord | None:
-        """The record at ``path``, or None when there is none."""
+        """The record at ``path``, or None when there is none.
+
+        :raises RemoteReadError: when it could not be read (never taken for "no record").
+        """
         text = self.hook.read_file(path)
         return from_json(text) if text is not None else None
 
@@ -140,6 +151,7 @@ class JobLifecycle:
         this try submits a fresh job whose ``retry_of`` is that record.
 
         :raises JobLookupError: when the scheduler could not be asked (never read as "no job").
+        :raises RemoteReadError: when an earlier try's record could not be read (never read as "no record").
         :raises AmbiguousSubmissionError: when several of our jobs carry the name to adopt.
         """
 
@@ -152,7 +164,18 @@ class JobLifecycle:
         candidates = [mint(k) for k in range(ti.try_number - 1, 1, -1)] + [first]
         latest: JobRecord | None = None
         for job_id in candidates:
-            latest = self.read_record(JobLayout(results_base, job_id).record_path)
+            path = JobLayout(results_base, job_id).record_path
+            try:
+                latest = self.read_record(path)
+            except RemoteReadError as exc:
+                raise RemoteReadError(
+                    f"cannot read {path}, the record of an earlier try ({exc}); nothing was submitted, so that no "
+                    "second job runs beside the one it may describe. The task's next try reads it again; if the "
+                    "shared storage keeps failing, fix it first",
+                    path,
+                    rc=exc.rc,
+                    stderr=exc.stderr,
+                ) from exc
             if latest is not None:
                 break
         if latest is None:
@@ -182,16 +205,12 @@ class JobLifecycle:
         :raises AmbiguousSubmissionError: when several of our jobs carry that name.
         :raises JobLookupError: when the lookup failed.
         """
-        ids = self.hook.find_jobs_by_name(job_name, all_hosts=True)
-        if len(ids) > 1:
-            raise AmbiguousSubmissionError(
-                f"{len(ids)} SLURM jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones", ids
-            )
-        if not ids:
+        found = find_job(self.hook, job_name)
+        if found is None:
             return None
-        self.log.info("Adopting SLURM job %s (%s) submitted by an earlier try", ids[0], job_name)
-        self.hook.prepare_job_logs(log_dir, job_name, ids[0])
-        return ids[0]
+        self.log.info("Adopting SLURM job %s (%s) submitted by an earlier try", found, job_name)
+        self.hook.prepare_job_logs(log_dir, job_name, found)
+        return found
 
     def submit_once(
         self,
@@ -208,10 +227,12 @@ class JobLifecycle:
         """
         slurm_id = attempt.adopted
         if slurm_id is None:
-            slurm_id = self.hook.submit(
+            slurm_id = submit_job(
+                self.hook,
                 attempt.layout.script_path,
                 attempt.job_id,
                 log_dir=attempt.layout.log_dir,
+                log=self.log,
                 stage=(results_base, files),  # one round trip: unpack the files, then sbatch
             )
         record = _running(record, slurm_id, f"submitted as SLURM job {slurm_id}", "submit", secrets)
@@ -246,8 +267,8 @@ class JobLifecycle:
         new_id, found = self._next_job(ti, handle)
         layout = JobLayout(handle.results_base, new_id)
         # The same evidence gives the same exclusions as when an earlier try resubmitted it (found).
-        excluded = self._exclusions(handle, record, state, verdict, check_fit=not found)
-        stage = None if found else self._sidecar_stage(handle)  # before any record says "resubmitted"
+        excluded = self._exclusions(handle, record, state, verdict, check_fit=found is None)
+        stage = None if found is not None else self._sidecar_stage(handle)  # before any record says "resubmitted"
         record = _settled(
             record,
             TaoState.ERROR,
@@ -257,8 +278,8 @@ class JobLifecycle:
             err_class=ErrClass.ERR_INFRA,
         )
         self.write_record(handle.record_path, record)
-        if found:
-            slurm_id = found[0]
+        if found is not None:
+            slurm_id = found
             self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
         else:
             hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
@@ -310,17 +331,17 @@ class JobLifecycle:
             checkpoints=checkpoints,
             last_checkpoint=earlier,
         )
-        if not verdict.go_on and not found:  # a next slice an earlier try started was decided then
+        if not verdict.go_on and found is None:  # a next slice an earlier try started was decided then
             self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
             raise JobFailedError(f"SLURM job {state.job_id}: {verdict.reason}", err_class=str(ErrClass.ERR_PROGRAM))
-        stage = None if found else self._sidecar_stage(handle)
+        stage = None if found is not None else self._sidecar_stage(handle)
         continued = verdict.reason if verdict.go_on else f"slice {handle.slice_number} ended {state.native}"
         continued += " (warned of the limit before)" if end.warned else ""
         record = _settled(record, TaoState.ERROR, message=f"{continued}; continued as {new_id}", source="sensor")
         self.write_record(handle.record_path, record)
         layout = JobLayout(handle.results_base, new_id)
-        if found:
-            slurm_id = found[0]
+        if found is not None:
+            slurm_id = found
             self.log.info("Adopting SLURM job %s, the next slice an earlier try of this sensor started", slurm_id)
         else:
             hint = "check the partition and the account, then clear the task"
@@ -357,18 +378,13 @@ class JobLifecycle:
             self.log.info("Slice %s was warned of its time limit before it ended", handle.slurm_job_id)
         return end
 
-    def _next_job(self, ti: Any, handle: JobHandle) -> tuple[str, list[str]]:
-        """The id of the job that follows ``handle`` (derived from it) and the SLURM jobs of that name already.
+    def _next_job(self, ti: Any, handle: JobHandle) -> tuple[str, str | None]:
+        """The id of the job that follows ``handle`` (derived from it) and our SLURM job of that name, if any.
 
         :raises AmbiguousSubmissionError: when several jobs carry the name.
         """
         new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
-        found = self.hook.find_jobs_by_name(new_id, all_hosts=True)
-        if len(found) > 1:
-            raise AmbiguousSubmissionError(
-                f"{len(found)} SLURM jobs are named {new_id} ({', '.join(found)}); cancel the extra ones", found
-            )
-        return new_id, found
+        return new_id, find_job(self.hook, new_id)
 
     def _exclusions(
         self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
@@ -418,12 +434,12 @@ class JobLifecycle:
         """The job's node count and partitions: from the handle, else from the staged ``meta`` file."""
         num_nodes, partition = handle.num_nodes, handle.partition
         if num_nodes is None or partition is None:
-            text = self.hook.read_file(f"{handle.job_dir}/meta")  # a resubmission keeps the first job's job_dir
             meta: dict[str, Any] = {}
             try:
+                text = self.hook.read_file(f"{handle.job_dir}/meta")  # a resubmission keeps the first job's job_dir
                 meta = json.loads(text) if text else {}
-            except ValueError:
-                self.log.warning("The job's meta file is not JSON; the partition check uses the allocation only")
+            except (ValueError, RemoteReadError) as exc:
+                self.log.warning("Cannot use the job's meta file (%s); the partition check uses the allocation", exc)
             num_nodes = num_nodes or meta.get("nodes")
             partition = partition or meta.get("partition")
         count = int(num_nodes) if num_nodes else max(len(allocation), 1)
@@ -462,7 +478,9 @@ class JobLifecycle:
         script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
         try:
             extra = [*([f"--exclude={','.join(excluded)}"] if excluded else []), *_slice_env(handle)]
-            slurm_id = self.hook.submit(script, new_id, log_dir=record.log_dir, extra_args=extra, stage=stage)
+            slurm_id = submit_job(
+                self.hook, script, new_id, log_dir=record.log_dir, log=self.log, extra_args=extra, stage=stage
+            )
         except SubmissionError as exc:
             retry = mark(retry, TaoState.ERROR, now=utc_now(), message=f"sbatch refused it: {exc}", source="sensor")
             self.write_record(layout.record_path, retry)
@@ -516,18 +534,16 @@ class JobLifecycle:
         """How a job that squeue and sacct no longer know ended, by its own files; None when they do not show it.
 
         Reads the job's end markers (the batch script's EXIT trap) and its exit-code file, and decides with
-        :func:`~airflow_provider_tao_slurm.core.states.state_from_end_evidence`. A read that failed shows
-        nothing (the job stays vanished).
+        :func:`~airflow_provider_tao_slurm.core.states.state_from_end_evidence`.
+
+        :raises RemoteCommandError: when the markers or the exit-code file could not be read: nothing is
+            settled on a read that failed (the sensor's next try looks again).
         """
         if not handle.exit_code_path:
             return None
         directory = ends_dir(handle.results_base)
-        try:
-            listed = self.hook.run(commands.end_markers({directory: 0.0}), what="listing the job's end markers")
-            code = self.hook.read_file(handle.exit_code_path) if listed.rc == 0 else None
-        except TaoSlurmError as exc:
-            self.log.warning("Cannot read the end marker of SLURM job %s: %s", handle.slurm_job_id, exc)
-            return None
+        listed = self.hook.run(commands.end_markers({directory: 0.0}), check=True, what="listing the job's end markers")
+        code = self.hook.read_file(handle.exit_code_path)
         if code is None:
             return None
         markers = [
@@ -553,70 +569,107 @@ class JobLifecycle:
             self.remove_sidecar(handle.sidecar_path)
 
     def cancel(self, handle: JobHandle, *, source: str) -> None:
-        """A user kill: scancel our job (by id AND exact name, our user only), record CANCELED, remove the sidecar."""
-        self.log.info("Cancelling SLURM job %s (%s) on user request", handle.slurm_job_id, handle.job_id)
-        self.hook.cancel([handle.slurm_job_id], job_name=handle.job_id)
-        record = self.read_record(handle.record_path)
-        if record is not None:
-            self.write_record(handle.record_path, _canceled(record, handle.slurm_job_id, source))
-        self.remove_sidecar(handle.sidecar_path)
+        """A user kill of the task watching ``handle``: see :meth:`cancel_job`."""
+        self.cancel_job(
+            handle.slurm_job_id,
+            handle.job_id,
+            record_path=handle.record_path,
+            sidecar_path=handle.sidecar_path,
+            source=source,
+        )
+
+    def cancel_job(
+        self,
+        slurm_job_id: str,
+        job_name: str,
+        *,
+        record_path: str | None = None,
+        sidecar_path: str | None = None,
+        source: str,
+    ) -> None:
+        """scancel our job (by id AND exact name, our user only), record CANCELED, remove the sidecar.
+
+        Every cancel of the provider comes here (or to :meth:`a_cancel` in the triggerer): a user
+        kill of a watching task and a probe that is given up alike.
+
+        :param source: who cancels (``sensor on_kill``, ``nccl probe`` ...), said in the log and the record.
+        """
+        self.log.info("Cancelling SLURM job %s (%s): %s", slurm_job_id, job_name, source)
+        self.hook.cancel([slurm_job_id], job_name=job_name)
+        try:
+            record = self.read_record(record_path) if record_path else None
+            if record_path and record is not None:
+                self.write_record(record_path, _canceled(record, slurm_job_id, source))
+        finally:  # the job will not run again: its secrets go whatever became of the record
+            self.remove_sidecar(sidecar_path)
 
     async def a_cancel(
         self, slurm_job_id: str, job_name: str, *, record_path: str | None, sidecar_path: str | None, source: str
     ) -> None:
-        """Async twin of :meth:`cancel` (the trigger's ``on_kill``)."""
-        self.log.info("Cancelling SLURM job %s (%s) on user request", slurm_job_id, job_name)
+        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``)."""
+        self.log.info("Cancelling SLURM job %s (%s): %s", slurm_job_id, job_name, source)
         await self.hook.a_cancel([slurm_job_id], job_name=job_name)
-        if record_path:
-            text = await self.hook.a_read_file(record_path)
-            if text is not None:
+        try:
+            text = await self.hook.a_read_file(record_path) if record_path else None
+            if record_path and text is not None:
                 record = _canceled(from_json(text), slurm_job_id, source)
                 await self.hook.a_write_file(record_path, to_json(record).encode(), "644")
-        if sidecar_path:
-            removed = await self.hook.a_run(commands.remove_files([sidecar_path]))
-            if removed.rc != 0:
-                self.log.warning(
-                    "Could not remove the secret sidecar %s (exit %s): %s; remove it by hand",
-                    sidecar_path,
-                    removed.rc,
-                    removed.stderr.strip(),
-                )
+        finally:  # the job will not run again: its secrets go whatever became of the record
+            if sidecar_path:
+                command, options = _sidecar_removal(sidecar_path)
+                await self.hook.a_run(command, **options)
 
     def remove_sidecar(self, path: str | None) -> None:
         """Remove the job's secret sidecar (nothing to do without one)."""
         if path:
-            self.hook.run(commands.remove_files([path]), check=True, what="removing the secret sidecar")
+            command, options = _sidecar_removal(path)
+            self.hook.run(command, **options)
+
+    def read_status(self, path: str, *, settle: bool) -> list[dict[str, Any]] | None:
+        """A job's TAO ``status.json`` records; None when it does not exist.
+
+        :param settle: read a missing file again for :data:`STATUS_SETTLE_S` before it counts as
+            missing (a TAO job's last write may not show yet on a login host that caches attributes).
+        :raises RemoteReadError: when it could not be read (never taken for a missing file).
+        """
+        deadline = time.monotonic() + (STATUS_SETTLE_S if settle else 0.0)
+        while True:
+            status = self.hook.read_status_json(path)
+            if status is not None or time.monotonic() >= deadline:
+                return status
+            self.log.info("%s is not there yet: reading it again (shared storage may lag)", path)
+            time.sleep(STATUS_RETRY_S)
 
     # ------------------------------------------------------------------ logs
 
     def wait_until_ended(
-        self, slurm_job_id: str, job_name: str, *, submitted_at: float, poll_interval: float
+        self,
+        slurm_job_id: str,
+        job_name: str,
+        *,
+        submitted_at: float,
+        poll_interval: float,
+        rules: WatchRules | None = None,
     ) -> dict[str, Any]:
         """Wait in the worker (``deferrable=False``) until the job ends; return the event the trigger would send.
 
-        A failed query is no evidence that the job is gone: it restarts the not-found clock. A job unknown to
-        squeue and sacct for :data:`DEFAULT_NOT_FOUND_GRACE_S` gives a VANISHED event.
+        The same :func:`~airflow_provider_tao_slurm.lifecycle.watch.observe` rules as the trigger's: a failed
+        query restarts the not-found clock, a vanished job, a state nobody knows and accounting lag get the
+        same graces, and the event is the same.
         """
-        last_seen = submitted_at
+        watch = Watch.start(slurm_job_id, job_name, submitted_at=submitted_at)
+        rules = rules or WatchRules()
         while True:
             try:
-                state = self.hook.get_states([slurm_job_id]).get(slurm_job_id)
+                state, error = self.hook.get_states([slurm_job_id]).get(slurm_job_id), None
             except JobLookupError as exc:
-                self.log.warning("SLURM status query failed, still waiting: %s", exc)
-                last_seen = time.time()
-                state = None
-            else:
-                if state is not None:
-                    last_seen = time.time()
-                    if state.is_terminal:
-                        return JobEvent(EventStatus.TERMINAL, slurm_job_id, job_name, state).to_dict()
-                elif time.time() - last_seen > DEFAULT_NOT_FOUND_GRACE_S:
-                    return JobEvent(
-                        EventStatus.VANISHED,
-                        slurm_job_id,
-                        job_name,
-                        message=f"is unknown to squeue and sacct; check `sacct -j {slurm_job_id}`",
-                    ).to_dict()
+                state, error = None, str(exc)
+            step = observe(watch, rules, polled_at=time.time(), state=state, error=error)
+            watch = step.watch
+            for note in step.notes:
+                self.log.log(note.level, "%s", note.message)
+            if step.event is not None:
+                return step.event.to_dict()
             time.sleep(poll_interval)
 
     def usage(self, slurm_job_id: str) -> JobUsage | None:
@@ -691,6 +744,11 @@ def chain_summary(handle: JobHandle, state: JobState, usage: JobUsage | None) ->
             "gpu_hours": total("gpu_hours"),
         },
     }
+
+
+def _sidecar_removal(path: str) -> tuple[str, dict[str, Any]]:
+    """The one command (and its ``run`` options) that removes a job's secret sidecar."""
+    return commands.remove_files([path]), {"check": True, "what": f"removing the secret sidecar {path}"}
 
 
 def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:

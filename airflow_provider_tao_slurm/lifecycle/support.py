@@ -90,6 +90,42 @@ def renamed_parameter(kwargs: dict[str, Any], old: str, new: str, value: Any, de
     return kwargs.pop(old)
 
 
+def renamed_attribute(new: str) -> property:
+    """The attribute under a parameter's deprecated old name, read-only, for as long as the old name is accepted.
+
+    :param new: the parameter's (and attribute's) new name, e.g. ``poll_interval_seconds``.
+    :returns: a property reading ``new``.
+    """
+    return property(lambda self: getattr(self, new), doc=f"The old name of ``{new}`` (read-only).")
+
+
+def check_flag(name: str, value: object) -> bool:
+    """An operator's ``True``/``False`` parameter (``deferrable``, ``force_*``).
+
+    :raises ValidationError: naming the parameter and the value.
+    """
+    if not isinstance(value, bool):
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
+        raise ValidationError(f"{name}={display_value(value)} must be True or False")
+    return value
+
+
+def check_poll_interval_seconds(value: object) -> float:
+    """``poll_interval_seconds``: the seconds between status polls of an operator that waits for its job.
+
+    :returns: the interval as a float.
+    :raises ValidationError: for anything but a number of seconds in (0, 3600].
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 3600:
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
+        raise ValidationError(f"poll_interval_seconds={display_value(value)} must be a number of seconds in (0, 3600]")
+    return float(value)
+
+
 def utc_now() -> str:
     """Now as the ISO-8601 UTC text records use."""
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

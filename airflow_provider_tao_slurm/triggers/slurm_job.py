@@ -13,19 +13,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream
-from airflow_provider_tao_slurm.core.states import ACCOUNTING_SETTLE_S, TaoState, pending_hint
-from airflow_provider_tao_slurm.lifecycle.events import (
-    DEFAULT_NOT_FOUND_GRACE_S,
-    DEFAULT_UNRECOGNISED_GRACE_S,
-    EventStatus,
-    JobEvent,
-    Observation,
-)
+from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, DEFAULT_UNRECOGNISED_GRACE_S
+from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 
 class SlurmJobTrigger(BaseTrigger):
@@ -50,7 +45,8 @@ class SlurmJobTrigger(BaseTrigger):
     :param secret_refs: the job's ``secret_env`` references (never values), resolved in the
         triggerer to redact the live lines; when one does not resolve there, the live lines are
         withheld (said once in the task log).
-    :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit).
+    :param cancel_on_kill: whether a user kill cancels the job (False for a job this provider did not submit, or
+        a conversion another run submitted and shares).
     :param end_marker_dir: the ends directory where the job's batch script leaves its end marker
         (``<results_dir>/ends``); the shared poller reads it every couple of seconds and asks
         accounting about a job whose marker appeared, so the end is seen long before the next
@@ -140,80 +136,32 @@ class SlurmJobTrigger(BaseTrigger):
         )
         self._streams = await self._line_streams()
         queue = poller.subscribe(self.slurm_job_id, self.poll_interval, self._streams, self.end_marker_dir)
-        transitions: list[Observation] = []
-        last = (self.last_state, self.last_reason)
-        last_seen = self.submitted_at
-        ended_at: float | None = None
-        strange_since: float | None = None
-        ran, restarts = self.last_state == str(TaoState.RUNNING), 0
+        watch = Watch.start(
+            self.slurm_job_id,
+            self.job_name,
+            submitted_at=self.submitted_at,
+            last_state=self.last_state,
+            last_reason=self.last_reason,
+        )
+        rules = WatchRules(self.not_found_grace, self.unrecognised_grace)
         try:
             while True:
                 update = await queue.get()
                 for line in update.lines:
                     self.log.info("%s", line)
-                if update.error is not None:
-                    # A failed poll is no evidence that the job is gone: the not-found clock restarts.
-                    last_seen = max(last_seen, update.polled_at)
-                    self.log.warning("SLURM status poll failed, still waiting: %s", update.error)
-                    continue
-                state = update.state
-                if state is None:
-                    last_seen = max(last_seen, update.last_seen or last_seen)  # quiet polls were not sent
-                    if update.polled_at - last_seen > self.not_found_grace:
-                        yield self._event(
-                            EventStatus.VANISHED,
-                            f"SLURM job {self._job} is unknown to squeue and sacct for "
-                            f"{update.polled_at - last_seen:.0f} s; check `sacct -j {self.slurm_job_id}` and the "
-                            "cluster's accounting",
-                            transitions,
-                        )
-                        return
-                    continue
-                last_seen = update.polled_at
-                if state.tao_state is TaoState.UNKNOWN:
-                    strange_since = strange_since if strange_since is not None else update.polled_at
-                    if update.polled_at - strange_since >= self.unrecognised_grace:
-                        yield self._event(
-                            EventStatus.UNRECOGNISED,
-                            f"SLURM reports job {self._job} in state "
-                            f"{state.raw_state.strip()!r}, which this provider does not know, for "
-                            f"{update.polled_at - strange_since:.0f} s; check `scontrol show job {self.slurm_job_id}`, "
-                            "cancel it if it should not run, and report the state to the provider maintainers",
-                            transitions,
-                            state,
-                        )
-                        return
-                else:
-                    strange_since = None
-                if state.is_terminal and not state.accounted:
-                    if ended_at is None:
-                        ended_at = update.polled_at
-                    if update.polled_at - ended_at < ACCOUNTING_SETTLE_S:
-                        continue  # accounting has not recorded the end yet: wait for its exit code
-                current = (str(state.tao_state), state.reason)
-                if ran and state.tao_state is TaoState.PENDING:
-                    restarts, ran = restarts + 1, False
-                    self.log.warning(
-                        "SLURM job %s went back to the queue: preempted (or a node failed); requeued by SLURM "
-                        "(restart %d), the same job runs again and is watched to its end",
-                        self._job,
-                        restarts,
-                    )
-                ran = ran or state.tao_state is TaoState.RUNNING
-                if current != last:
-                    hint = pending_hint(state.reason) if state.tao_state is TaoState.PENDING else None
-                    self.log.info(
-                        "SLURM job %s: %s%s%s%s",
-                        self._job,
-                        state.native or state.raw_state,
-                        f" reason={state.reason}" if state.reason else "",
-                        f" nodes={state.node_list}" if state.node_list else "",
-                        f" ({hint})" if hint else "",
-                    )
-                    transitions.append(Observation(update.polled_at, state.tao_state, state.native, state.reason))
-                    last = current
-                if state.is_terminal:
-                    yield self._event(EventStatus.TERMINAL, "", transitions, state)
+                step = observe(
+                    watch,
+                    rules,
+                    polled_at=update.polled_at,
+                    state=update.state,
+                    error=update.error,
+                    last_seen=update.last_seen,
+                )
+                watch = step.watch
+                for note in step.notes:
+                    self.log.log(note.level, "%s", note.message)
+                if step.event is not None:
+                    yield TriggerEvent(replace(step.event, log_offsets=self._shown_offsets()).to_dict())
                     return
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
@@ -258,14 +206,10 @@ class SlurmJobTrigger(BaseTrigger):
             for item in self.log_streams
         ]
 
-    def _event(
-        self, status: EventStatus, message: str, transitions: list[Observation], state: Any = None
-    ) -> TriggerEvent:
+    def _shown_offsets(self) -> dict[str, int]:
+        """Per live stream, the bytes already shown in the task log."""
         shown = {stream.label: stream.shown_offset for stream in self._streams}
-        offsets = {label: offset for label, offset in shown.items() if offset is not None}
-        return TriggerEvent(
-            JobEvent(status, self.slurm_job_id, self.job_name, state, tuple(transitions), message, offsets).to_dict()
-        )
+        return {label: offset for label, offset in shown.items() if offset is not None}
 
     async def on_kill(self) -> None:
         """A user marked the deferred task failed/success or cleared it: cancel the job, record it, remove the sidecar.
@@ -275,7 +219,11 @@ class SlurmJobTrigger(BaseTrigger):
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
         if not self.cancel_on_kill:
-            self.log.info("SLURM job %s was not submitted by this provider: it is left running", self.slurm_job_id)
+            self.log.info(
+                "SLURM job %s is not this task's to cancel (submitted outside the provider, or a conversion another "
+                "run shares): it is left running",
+                self.slurm_job_id,
+            )
             return
         await JobLifecycle(self._hook(), self.log).a_cancel(
             self.slurm_job_id,

@@ -12,6 +12,7 @@ The rules are checked on the package and, to show they bite, on made-up sources.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,11 +79,12 @@ def violations(me: str, source: str) -> list[str]:
 
 
 def modules(folder: str) -> list[Path]:
-    return sorted(p for p in (PACKAGE / folder).glob("*.py") if p.name != "__init__.py")
+    """Every module of a layer, in its subpackages too (``core/commands/*``), but the packages' ``__init__``."""
+    return sorted(p for p in (PACKAGE / folder).rglob("*.py") if p.name != "__init__.py")
 
 
 def module_name(path: Path) -> str:
-    return f"{ROOT}.{path.parent.name}.{path.stem}"
+    return ".".join([ROOT, *path.relative_to(PACKAGE).with_suffix("").parts])
 
 
 ALL_MODULES = [path for folder in LAYERS for path in modules(folder)]
@@ -170,3 +172,60 @@ def test_the_rules_bite(me: str, source: str, bad: bool) -> None:
 def test_relative_imports_are_resolved(me: str, source: str, expected: str) -> None:
     (imported,) = imports(source, me)
     assert imported.module == expected
+
+
+# ---------------------------------------------------------------------- one path per promise
+
+#: Hook verbs only the job-lifecycle layer calls: every submission goes through
+#: ``lifecycle.submission.submit_job`` (reconciled when its outcome is unknown), every cancel through
+#: ``JobLifecycle.cancel_job``/``a_cancel`` (record and sidecar with it).
+LIFECYCLE_ONLY_VERBS = {"submit", "cancel", "a_cancel", "find_jobs_by_name"}
+#: Where an ambiguous name is decided, and where a wait decides that a job vanished or is stuck.
+ONLY_IN = {
+    "AmbiguousSubmissionError": {f"{ROOT}.lifecycle.submission"},
+    "EventStatus.VANISHED": {f"{ROOT}.lifecycle.watch"},
+    "EventStatus.UNRECOGNISED": {f"{ROOT}.lifecycle.watch"},
+}
+
+
+def second_paths(me: str, source: str) -> list[str]:
+    """Calls of lifecycle-only hook verbs outside the lifecycle, and decisions made outside their one module."""
+    found: list[str] = []
+    layer = me.split(".")[1]
+    for node in ast.walk(ast.parse(source)):
+        if (
+            layer != "lifecycle"
+            and isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in LIFECYCLE_ONLY_VERBS
+            and re.fullmatch(r"(.*\.)?_?hook(\(\))?", ast.unparse(node.func.value))
+        ):
+            found.append(f"line {node.lineno}: {ast.unparse(node.func)}() outside the lifecycle")
+        if isinstance(node, ast.Call):
+            made = ast.unparse(node.func)
+            if made in ONLY_IN and me not in ONLY_IN[made]:
+                found.append(f"line {node.lineno}: raises {made} outside {sorted(ONLY_IN[made])}")
+        if isinstance(node, ast.Call) and node.args:
+            first = ast.unparse(node.args[0])
+            if ast.unparse(node.func).endswith("JobEvent") and first in ONLY_IN and me not in ONLY_IN[first]:
+                found.append(f"line {node.lineno}: decides {first} outside {sorted(ONLY_IN[first])}")
+    return found
+
+
+@pytest.mark.parametrize("path", ALL_MODULES, ids=module_name)
+def test_each_promise_has_one_path(path: Path) -> None:
+    assert second_paths(module_name(path), path.read_text()) == []
+
+
+@pytest.mark.parametrize(
+    ("me", "source"),
+    [
+        pytest.param(OPERATOR, "self.hook.submit(script, name, log_dir=d)", id="operator-submits"),
+        pytest.param(OPERATOR, "self.hook.cancel([job_id], job_name=name)", id="operator-cancels"),
+        pytest.param(SENSOR, "hook.find_jobs_by_name(name)", id="sensor-looks-up"),
+        pytest.param(f"{ROOT}.lifecycle.jobs", "raise AmbiguousSubmissionError('x')", id="ambiguous-elsewhere"),
+        pytest.param(SENSOR, "JobEvent(EventStatus.VANISHED, '1', 'x')", id="sensor-decides-vanished"),
+    ],
+)
+def test_the_one_path_rules_bite(me: str, source: str) -> None:
+    assert second_paths(me, source)

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.exceptions import AirflowFailException
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.failures import Classification
@@ -27,6 +28,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobLookupError,
     JobNotFoundError,
     RemoteCommandError,
+    RemoteReadError,
     SubmissionError,
     ValidationError,
 )
@@ -159,8 +161,8 @@ class FakeHook:
     async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
         self.write_file(path, data, mode)
 
-    async def a_run(self, command: str) -> CommandResult:
-        return self.run(command)
+    async def a_run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
+        return self.run(command, check=check, what=what)
 
     # -- helpers
     def store(self, record: JobRecord) -> None:
@@ -845,3 +847,26 @@ def test_a_checkpoint_listing_that_failed_decides_nothing() -> None:
 
     assert hook.submits == []
     assert hook.record(FIRST).terminal_state is None
+
+
+def test_an_unreadable_record_of_an_earlier_try_stops_the_try_before_anything_is_submitted() -> None:
+    """Try 3: try 2's record exists but the storage answers EIO. Reading it as "no record" would fall back to
+    the first try's (terminal) record and submit a second job beside try 2's; the try fails, retryable, instead."""
+    hook = FakeHook()
+    hook.store(record_of(FIRST, TaoState.ERROR))
+    hook.store(record_of(tried(2), retry_of=FIRST))
+    unreadable = JobLayout(BASE, tried(2)).record_path
+    read = hook.read_file
+
+    def read_file(path: str, max_bytes: int = 1 << 20) -> str | None:
+        if path == unreadable:
+            raise RemoteReadError(f"reading {path} failed with exit status 1: Input/output error", path, rc=1)
+        return read(path, max_bytes)
+
+    hook.read_file = read_file  # type: ignore[method-assign]
+
+    with pytest.raises(RemoteReadError, match=r"record of an earlier try .*Input/output error.*nothing was submitted"):
+        JobLifecycle(hook).plan_attempt(ti(3), BASE)
+
+    assert (hook.submits, hook.staged, hook.lookups) == ([], [], [])
+    assert not issubclass(RemoteReadError, AirflowFailException)  # Airflow retries the task

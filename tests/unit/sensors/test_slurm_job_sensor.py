@@ -9,6 +9,7 @@ from types import MethodType, SimpleNamespace
 from typing import Any
 
 import pytest
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import TaskDeferred
 
@@ -24,11 +25,14 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
+    RemoteCommandError,
+    RemoteReadError,
     SubmissionError,
     UnknownStateError,
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook
+from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
 from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.sensors import slurm_job as sensor_module
@@ -306,6 +310,38 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
         f"SLURM job {SLURM_ID} COMPLETE (COMPLETED): queued 12 s, ran 1 h 1 min on n2, 2 GPU(s) = 2.0656 GPU hours, "
         "exit code 0"
     ) in out.out + out.err
+
+
+@pytest.fixture(autouse=True)
+def no_status_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing status.json counts as missing at once here (its settle window has its own test)."""
+    monkeypatch.setattr(jobs_module, "STATUS_SETTLE_S", 0.0)
+
+
+@pytest.mark.parametrize(("appears_after", "outcome"), [(2, "COMPLETE"), (None, "ERROR")], ids=["lagging", "missing"])
+def test_a_missing_status_json_is_read_again_before_it_counts_as_missing(
+    monkeypatch: pytest.MonkeyPatch, appears_after: int | None, outcome: str
+) -> None:
+    """Shared storage caches attributes: the login host may not see the file a node wrote just before the end."""
+    monkeypatch.setattr(jobs_module, "STATUS_SETTLE_S", 0.3)
+    monkeypatch.setattr(jobs_module, "STATUS_RETRY_S", 0.05)
+    hook = FakeHook()
+    hook.files[LAYOUT.record_path] = running_record("classification_pyt")
+    reads: list[str] = []
+
+    def read_status_json(path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
+        reads.append(path)
+        return [{"status": "SUCCESS"}] if appears_after is not None and len(reads) > appears_after else None
+
+    hook.read_status_json = read_status_json  # type: ignore[method-assign]
+    if outcome == "COMPLETE":
+        assert complete(sensor_with(hook), terminal("COMPLETED"))["terminal_state"] == "COMPLETE"
+        assert len(reads) == 3
+    else:
+        with pytest.raises(JobFailedError, match=r"status\.json is missing"):
+            complete(sensor_with(hook), terminal("COMPLETED"))
+        assert 4 <= len(reads) <= 8  # read again for the whole window, then missing
+    assert hook.record()["terminal_state"] == outcome
 
 
 @pytest.mark.parametrize(
@@ -641,7 +677,8 @@ def poking(hook: FakeHook, script: list[Any], monkeypatch: pytest.MonkeyPatch, *
     hook.polled = []  # type: ignore[attr-defined]
     hook.get_states = get_states  # type: ignore[attr-defined]
     sensor = sensor_with(hook, deferrable=False, **kwargs)
-    sensor._current = JobHandle.from_dict(make_handle())
+    # submitted at T0: the not-found clock starts there, as the trigger's does from the submission
+    sensor._start_watch(JobHandle.from_dict({**make_handle(), "submitted_at": "2026-01-02T03:05:45Z"}))
     return sensor
 
 
@@ -671,14 +708,14 @@ LOOKUP_FAILED = JobLookupError("1 of 1 job(s) unanswered", evidence="squeue exit
         pytest.param(
             [native("WEIRD_STATE"), native("RUNNING"), native("WEIRD_STATE")], (0, 8, 16), id="unknown-clock-reset"
         ),
-        pytest.param([None, LOOKUP_FAILED, None, None], (0, 8, 12, 20), id="failed-query-restarts-not-found-clock"),
+        pytest.param([None, LOOKUP_FAILED, None, None], (0, 8, 12, 17), id="failed-query-restarts-not-found-clock"),
         pytest.param([LOOKUP_FAILED, LOOKUP_FAILED], (0, 500), id="failed-queries-are-no-evidence"),
     ],
 )
 def test_poke_keeps_waiting(monkeypatch: pytest.MonkeyPatch, script: list[Any], times: tuple[float, ...]) -> None:
     hook = FakeHook()
     before = hook.files[LAYOUT.record_path]
-    sensor = poking(hook, script, monkeypatch, not_found_grace=10, unrecognised_grace=10)
+    sensor = poking(hook, script, monkeypatch, not_found_grace_seconds=10, unrecognised_grace_seconds=10)
 
     assert poke_at(sensor, *times) == [False] * len(times)
 
@@ -688,7 +725,7 @@ def test_poke_keeps_waiting(monkeypatch: pytest.MonkeyPatch, script: list[Any], 
 
 def test_poke_vanished_is_recorded_unknown_and_its_sidecar_removed(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = FakeHook()
-    sensor = poking(hook, [None, None], monkeypatch, not_found_grace=10)
+    sensor = poking(hook, [None, None], monkeypatch, not_found_grace_seconds=10)
 
     with pytest.raises(JobNotFoundError, match=f"SLURM job {SLURM_ID} .* unknown to squeue and sacct for 11 s"):
         poke_at(sensor, 0, 11)
@@ -700,7 +737,7 @@ def test_poke_vanished_is_recorded_unknown_and_its_sidecar_removed(monkeypatch: 
 
 def test_poke_unrecognised_is_recorded_unknown_and_keeps_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
     hook = FakeHook()
-    sensor = poking(hook, [native("WEIRD_STATE"), native("WEIRD_STATE")], monkeypatch, unrecognised_grace=10)
+    sensor = poking(hook, [native("WEIRD_STATE"), native("WEIRD_STATE")], monkeypatch, unrecognised_grace_seconds=10)
 
     with pytest.raises(UnknownStateError, match="'WEIRD_STATE'"):
         poke_at(sensor, 0, 10)
@@ -978,6 +1015,39 @@ def test_a_vanished_job_without_evidence_of_its_end_stays_unknown(
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
 
 
+@pytest.mark.parametrize("unreadable", ["markers", "exit-code-file"])
+def test_a_vanished_job_whose_files_could_not_be_read_is_not_settled(unreadable: str) -> None:
+    """A read that failed is no evidence: the record stays as it was and the task fails to be retried."""
+    hook = EndsHook(f"{SLURM_ID}-0-0.end")
+    hook.files[LAYOUT.exit_code_path] = "0\n"
+    before = hook.files[LAYOUT.record_path]
+    if unreadable == "markers":
+        hook.markers = ()
+        listed = hook.run
+
+        def run(command: str, *, check: bool = False, what: str = "", **kwargs: Any) -> CommandResult:
+            if command == end_markers({f"{BASE}/ends": 0.0}):
+                raise RemoteCommandError(f"{what} failed with exit status 2: Stale file handle", rc=2)
+            return listed(command, check=check, what=what, **kwargs)
+
+        hook.run = run  # type: ignore[method-assign]
+    else:
+        read = hook.read_file
+
+        def read_file(path: str, max_bytes: int = 1 << 20) -> str | None:
+            if path == LAYOUT.exit_code_path:
+                raise RemoteReadError(f"reading {path} failed with exit status 1: Input/output error", path, rc=1)
+            return read(path, max_bytes)
+
+        hook.read_file = read_file  # type: ignore[method-assign]
+
+    with pytest.raises(RemoteCommandError, match=r"Stale file handle|Input/output error"):
+        complete(sensor_with(hook), VANISHED)
+
+    assert hook.files[LAYOUT.record_path] == before
+    assert not [command for command in hook.commands if command.startswith("rm ")]
+
+
 def test_job_or_slurm_job_id_but_not_both_nor_neither() -> None:
     for kwargs in ({"job": None}, {"slurm_job_id": "42"}):
         with pytest.raises(ValidationError, match="either job"):
@@ -1129,3 +1199,29 @@ def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
         result["totals"],
         result["slices"],
     ), "the final record carries every slice too"
+
+
+@pytest.mark.parametrize("watched", [{}, {"job": None, "slurm_job_id": "123"}], ids=["handle", "foreign"])
+def test_reschedule_mode_is_refused_before_anything_runs(watched: dict[str, Any]) -> None:
+    """A rescheduled sensor is a new instance every poke: it would re-adopt a resubmitted job each time and
+    its vanished/unknown clocks would never run out. Refused up front, naming the modes that work."""
+    hook = FakeHook()
+    sensor = sensor_with(hook, deferrable=False, mode="reschedule", **watched)
+
+    with pytest.raises(ValidationError, match=r"mode='reschedule'.*deferrable=True.*mode='poke'"):
+        sensor.execute(CTX)
+
+    assert hook.commands == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [("not_found_grace", "not_found_grace_seconds"), ("unrecognised_grace", "unrecognised_grace_seconds")],
+)
+def test_the_old_grace_names_still_work_for_a_release(old: str, new: str) -> None:
+    with pytest.warns(AirflowProviderDeprecationWarning, match=f"{old} is deprecated .* use {new}"):
+        sensor = SlurmJobSensor(task_id="wait", job=make_handle(), **{old: 42})
+
+    assert getattr(sensor, new) == 42
+    with pytest.raises(ValidationError, match=f"{old} and {new} were both given"):
+        SlurmJobSensor(task_id="wait", job=make_handle(), **{old: 42, new: 43})

@@ -22,8 +22,8 @@ from airflow_provider_tao_slurm.core.records import from_json, mark, open_record
 from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult
+from airflow_provider_tao_slurm.lifecycle import watch as watch_module
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
-from airflow_provider_tao_slurm.triggers import slurm_job as trigger_module
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 T = TypeVar("T")
@@ -80,7 +80,7 @@ class FakeHook:
     async def a_cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
         self.cancels.append((list(job_ids), job_name))
 
-    async def a_run(self, command: str) -> CommandResult:
+    async def a_run(self, command: str, **_: Any) -> CommandResult:
         self.commands.append(command)
         return CommandResult(0, "", "")
 
@@ -240,7 +240,7 @@ def test_a_final_state_without_its_end_record_waits_for_the_full_row(hook: FakeH
 def test_terminal_state_from_squeue_is_used_when_accounting_never_answers(
     hook: FakeHook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(trigger_module, "ACCOUNTING_SETTLE_S", 0.2)
+    monkeypatch.setattr(watch_module, "ACCOUNTING_SETTLE_S", 0.2)
     hook.script = [squeue("RUNNING"), squeue("CANCELLED")]
     started = time.monotonic()
 

@@ -1,0 +1,121 @@
+"""One submission: a staged batch script becomes exactly one SLURM job of ours, or a clear error.
+
+Every path that starts a job comes here: a submit task's job, an infrastructure resubmission, the
+next slice of a chain, an Enroot conversion and an NCCL probe. The hook's ``submit`` is one round
+trip (stage, ``sbatch --hold``, the duplicate check, log directory, release) that returns the job id
+or raises; this module owns what that round trip cannot know:
+
+- a submission whose outcome is unknown (the command timed out, the connection dropped, the reply
+  had no id, or the job exists but could not be checked or released) is looked up by its exact
+  name on every login host before anything else happens: one job of ours is adopted (its log
+  directory created, released); none after :data:`RECONCILE_TIMEOUT_S` means it never reached
+  SLURM, and it is submitted again, once (the duplicate check in the round trip keeps the older
+  of two racing jobs, so even a very late first reply cannot leave two);
+- a name carried by several of our jobs stops everything (:class:`AmbiguousSubmissionError`), in
+  one place for every lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao_slurm.exceptions import (
+    AmbiguousSubmissionError,
+    JobLookupError,
+    SubmissionError,
+    SubmissionOutcomeUnknownError,
+)
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+#: How long a submission whose outcome is unknown is looked for by name before it counts as never made.
+RECONCILE_TIMEOUT_S = 60.0
+#: Seconds between those lookups.
+RECONCILE_INTERVAL_S = 2.0
+
+
+def find_job(hook: SlurmHook, job_name: str) -> str | None:
+    """Our job named exactly ``job_name`` (live or finished, on any login host), or None.
+
+    :raises AmbiguousSubmissionError: when several of our jobs carry the name.
+    :raises JobLookupError: when the lookup failed (never read as "no job").
+    """
+    ids = hook.find_jobs_by_name(job_name, all_hosts=True)
+    if len(ids) > 1:
+        raise AmbiguousSubmissionError(
+            f"{len(ids)} SLURM jobs are named {job_name} ({', '.join(ids)}); cancel the extra ones with scancel "
+            "before retrying",
+            ids,
+        )
+    return ids[0] if ids else None
+
+
+def reconcile(hook: SlurmHook, job_name: str, log: logging.Logger | Any) -> str | None:
+    """Look for our job named ``job_name`` until it appears or :data:`RECONCILE_TIMEOUT_S` passes.
+
+    A lookup that failed is asked again until the deadline; only answered lookups can end in "none".
+
+    :raises AmbiguousSubmissionError: when more than one job has that name.
+    :raises JobLookupError: when the last lookup before the deadline failed.
+    """
+    deadline = time.monotonic() + RECONCILE_TIMEOUT_S
+    while True:
+        try:
+            found = find_job(hook, job_name)
+        except JobLookupError as exc:
+            if time.monotonic() >= deadline:
+                raise
+            log.warning("Looking up job %s failed, asking again: %s", job_name, exc)
+        else:
+            if found is not None or time.monotonic() >= deadline:
+                return found
+        time.sleep(RECONCILE_INTERVAL_S)
+
+
+def submit_job(
+    hook: SlurmHook,
+    script_path: str,
+    job_name: str,
+    *,
+    log_dir: str,
+    log: logging.Logger | Any,
+    extra_args: Sequence[str] = (),
+    stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+) -> str:
+    """Submit the staged script ``script_path`` as job ``job_name`` exactly once; return its SLURM id.
+
+    :param log_dir: the base log directory (the job logs to ``<log_dir>/<job_name>-<id>``).
+    :param extra_args: more sbatch options (``--exclude=...``, the slice's ``--export``).
+    :param stage: files to stage in the same round trip right before sbatch (again with a second try).
+    :raises SubmissionError: when SLURM refused the job, or its outcome stayed unknown twice with no
+        job of that name to be found.
+    :raises RemoteCommandError: when staging the files failed (nothing was submitted).
+    :raises AmbiguousSubmissionError: when several of our jobs carry ``job_name``.
+    :raises JobLookupError: when the job could not be looked up after an unknown outcome.
+    """
+    for attempt in (1, 2):
+        try:
+            return hook.submit(script_path, job_name, log_dir=log_dir, extra_args=extra_args, stage=stage)
+        except SubmissionOutcomeUnknownError as exc:
+            log.warning(
+                "The outcome of sbatch for job %s is unknown (%s): looking for it by its exact name", job_name, exc
+            )
+        found = reconcile(hook, job_name, log)
+        if found is not None:
+            log.info("Adopting SLURM job %s (%s), submitted by that sbatch", found, job_name)
+            hook.prepare_job_logs(log_dir, job_name, found)
+            return found
+        if attempt == 1:
+            log.warning(
+                "No job named %s after %.0f s: it never reached SLURM; submitting it again",
+                job_name,
+                RECONCILE_TIMEOUT_S,
+            )
+    raise SubmissionError(
+        f"sbatch's outcome for {job_name} was unknown twice and no job of that name appeared; check the cluster "
+        f"(squeue --me --name={job_name}) and retry"
+    )
