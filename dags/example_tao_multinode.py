@@ -14,8 +14,9 @@ The order a GPU cluster needs:
    ``NCCL_P2P_DISABLE=1``, then also ``NCCL_IB_DISABLE=1`` and ``NCCL_SOCKET_IFNAME``). The first
    settings that work are cached per cluster, partition and node-count scope on shared storage and
    returned: later runs find them there and submit no probe (for a week, until the image or the
-   driver changes; ``force_probe`` probes again). The probe proves NCCL on the GPUs
-   (``probe_backend=nccl``); a container without CUDA fails the task with the reason.
+   driver changes; the ``force_probe`` param, given as ``force_reprobe``, probes again). The probe
+   proves NCCL on the GPUs (``probe_backend=nccl``); a container without CUDA fails the task with
+   the reason.
 4. ``submit`` — the training job on 2 nodes, one task per node, ``--wait-all-nodes=1``. Every
    node gets the TAO rendezvous: ``WORLD_SIZE`` (the NODE count), ``NODE_RANK`` (its
    ``SLURM_NODEID``), ``NUM_GPU_PER_NODE``, ``MASTER_ADDR`` (the first host of the job) and
@@ -110,10 +111,10 @@ with DAG(
         num_nodes=NODES,
         gpus_per_node=GPUS_PER_NODE,
         timeout_seconds="{{ params.probe_timeout_seconds }}",
-        force="{{ params.force_probe }}",
+        force_reprobe="{{ params.force_probe }}",
         backend="{{ params.probe_backend }}",
         python="{{ params.probe_python }}",
-        poll_interval=5,  # the demo cluster is tiny; 15-30 s suits a real cluster
+        poll_interval_seconds=5,  # the demo cluster is tiny; 15-30 s suits a real cluster
     )
     # [END howto_operator_nccl_probe]
 

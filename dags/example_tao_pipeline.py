@@ -54,7 +54,7 @@ with DAG(
 ) as dag:
     check_datasets = StageDatasetCheckOperator(task_id="check_datasets", paths="{{ params.datasets }}")
     import_image = EnrootImportOperator(
-        task_id="import_image", image="{{ params.image }}", poll_interval=5, deferrable=True
+        task_id="import_image", image="{{ params.image }}", poll_interval_seconds=5, deferrable=True
     )
 
     def action(

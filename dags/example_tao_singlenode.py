@@ -73,7 +73,7 @@ with DAG(
     import_image = EnrootImportOperator(
         task_id="import_image",
         image="{{ params.image }}",
-        poll_interval=5,
+        poll_interval_seconds=5,
         deferrable=True,  # wait in the triggerer (or set [operators] default_deferrable = True)
     )
     # [END howto_operator_enroot_import]

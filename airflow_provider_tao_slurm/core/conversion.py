@@ -146,11 +146,13 @@ class SubmittedConversion:
     :param job_id: the SLURM job id.
     :param job_name: ``tao-enroot-<owner>``.
     :param submitted_at: when it was submitted (epoch seconds; an adopted job's age is subtracted).
+    :param adopted: another run submitted it (and owns it): this run never cancels it.
     """
 
     job_id: str
     job_name: str
     submitted_at: float
+    adopted: bool = False
 
 
 def _positive(name: str, value: object) -> int:
@@ -170,18 +172,6 @@ def _sbatch_word(name: str, value: str) -> str:
 def _extra(option: str) -> str:
     check_sbatch_option(option)
     return option
-
-
-def check_conversion_request(*, cpus_per_task: object, mem_mb: object, time_minutes: object, account: object) -> None:
-    """Check the conversion job's own values (no cluster needed), as :func:`render_conversion_script` will.
-
-    :raises ValidationError: (or ResourceError) naming the bad value.
-    """
-    _positive("cpus_per_task", cpus_per_task)
-    _positive("mem_mb", mem_mb)
-    _positive("time_minutes", time_minutes)
-    if account is not None:
-        _sbatch_word("account", account)  # type: ignore[arg-type]
 
 
 def render_conversion_script(job: ConversionJob) -> str:

@@ -8,6 +8,7 @@ Under the shared base directory (the connection's ``results_dir``)::
     <base>/jobs/<job_id>/sbatch/job_<job_id>.sbatch
     <base>/jobs/<job_id>/.secrets.env       mode-600 sidecar (secret_env), removed once terminal
     <base>/jobs/<job_id>/exit_codes         exit codes written by the batch script
+    <base>/jobs/<job_id>/inputs/action-helpers/  a bundle's supporting files and their manifest.json
     <base>/results/<job_id>/                the job's results (status.json, checkpoints)
     <base>/logs/<job_name>-<slurm_id>/main.out|main.err
     <base>/records/<job_id>.json            the job record, outside the results tree
@@ -20,6 +21,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from airflow_provider_tao_slurm.core.execution import HELPERS_DIR
 from airflow_provider_tao_slurm.exceptions import ValidationError
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
@@ -103,6 +105,33 @@ class JobLayout:
     @property
     def inputs_dir(self) -> str:
         return f"{self.job_dir}/inputs"
+
+    @property
+    def helpers_dir(self) -> str:
+        """Where a bundle's supporting files are staged."""
+        return f"{self.job_dir}/{HELPERS_DIR}"
+
+    @property
+    def helpers_manifest_path(self) -> str:
+        """The manifest of the staged supporting files (its SHA-256 list decides whether they are reused)."""
+        return f"{self.helpers_dir}/manifest.json"
+
+    def helper_path(self, destination: str) -> str:
+        """The staged path of a supporting file whose bundle destination is ``destination``."""
+        return f"{self.helpers_dir}/{destination}"
+
+    def in_job_dir(self, relative: str) -> str:
+        """A job-relative path (e.g. an execution block's ``child_exit_code_path``) made absolute."""
+        return f"{self.job_dir}/{relative}"
+
+    def staged_name(self, path: str) -> str:
+        """``path`` relative to the base: the name a file under it is staged by (see ``SlurmHook.stage_files``).
+
+        :raises ValidationError: for a path outside the base.
+        """
+        if not path.startswith(f"{self.base}/"):
+            raise ValidationError(f"{path!r} is not under the results base dir {self.base!r}; it cannot be staged")
+        return path[len(self.base) + 1 :]
 
     @property
     def results_dir(self) -> str:

@@ -13,6 +13,11 @@ partition's own ``MaxTime`` as ``sinfo`` reports it
 connection's ``max_time_hours`` is an optional stricter site rule. The sbatch options sites rely on
 (QOS, constraint, reservation, GPU type, a validated mapping of the rest) become ``#SBATCH`` lines
 (:func:`site_options`).
+
+The parameters every submitting operator takes (partition, account, CPUs, memory, wall time, GPU
+type and the site options) are checked by one function, :func:`check_job_parameters`, so each has
+one rule and one message whichever operator takes it; :func:`gpu_resources` adds a GPU job's layout
+and timing rules.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.core.storage import display_value
@@ -94,8 +100,12 @@ class Resources:
         return self.is_multi_node or self.gpus_per_node > 1
 
 
-def _count(param: str, value: object) -> int:
-    """Return ``value`` if it is a whole number of at least 1 (``bool`` is refused)."""
+def check_count(param: str, value: object) -> int:
+    """Return ``value`` if it is a whole number of at least 1 (``bool`` is refused).
+
+    :param param: the parameter named in the error.
+    :raises ResourceError: naming the parameter, the bad value and the fix.
+    """
     if isinstance(value, bool) or not isinstance(value, int):
         raise ResourceError(
             f"{param}={display_value(value)} is a {type(value).__name__}, not a whole number; "
@@ -206,7 +216,7 @@ def _layout(total_gpus: object, num_nodes: int, gpus_per_node: int) -> tuple[int
     (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); until then the seed's 8-GPU
     shape stands in.
     """
-    total = _count("total_gpus", total_gpus)
+    total = check_count("total_gpus", total_gpus)
     if (num_nodes, gpus_per_node) != (DEFAULT_NUM_NODES, DEFAULT_GPUS_PER_NODE):
         if num_nodes * gpus_per_node != total:
             raise ResourceError(
@@ -215,6 +225,136 @@ def _layout(total_gpus: object, num_nodes: int, gpus_per_node: int) -> tuple[int
             )
         return num_nodes, gpus_per_node, None
     return -(-total // MAX_GPUS_PER_NODE), min(total, MAX_GPUS_PER_NODE), total
+
+
+@dataclass(frozen=True)
+class JobParameters:
+    """The resource parameters every submitting operator takes, validated; build it with :func:`check_job_parameters`.
+
+    ``partition`` is empty when none was given (the cluster's default partition, or for an image
+    conversion a partition without GPUs, is chosen against the cluster later).
+    """
+
+    partition: tuple[str, ...]
+    account: str | None
+    cpus_per_task: int
+    mem_mb: int | None
+    time_hours: float
+    gpu_type: str | None = None
+    sbatch_extra: tuple[str, ...] = ()
+
+
+def check_job_parameters(
+    *,
+    partition: str | Sequence[str] | None = None,
+    account: str | None = None,
+    cpus_per_task: int = DEFAULT_CPUS_PER_TASK,
+    mem_mb: int | None = None,
+    time_hours: float = DEFAULT_TIME_HOURS,
+    gpu_type: str | None = None,
+    qos: str | None = None,
+    constraint: str | None = None,
+    reservation: str | None = None,
+    sbatch_options: Mapping[str, Any] | None = None,
+) -> JobParameters:
+    """Validate the resource parameters that ``SbatchSubmitOperator``, ``NcclProbeOperator`` and
+    ``EnrootImportOperator`` share: one rule and one message per parameter, whichever operator takes it.
+
+    :param partition: partition name(s), see :func:`parse_partitions` (``None`` or empty: not given).
+    :param account: SLURM account, or ``None`` for the user's default.
+    :param cpus_per_task: CPUs per task (one task per node).
+    :param mem_mb: memory per node in MB, or ``None`` for the partition default.
+    :param time_hours: the job's wall-time limit in hours.
+    :param gpu_type: the GPU type (``--gres=gpu:<type>:<n>``), or ``None`` for any.
+    :param qos: ``--qos``, see :func:`site_options`.
+    :param constraint: ``--constraint``, see :func:`site_options`.
+    :param reservation: ``--reservation``, see :func:`site_options`.
+    :param sbatch_options: more sbatch options ``{long-name: value}``, see :func:`site_options`.
+    :returns: the validated :class:`JobParameters`.
+    :raises ResourceError: (or ``ValidationError`` for a site option) naming the parameter, the bad
+        value and the fix.
+    """
+    cpus = check_count("cpus_per_task", cpus_per_task)
+    _seconds("time_hours", time_hours)
+    return JobParameters(
+        partition=parse_partitions(partition),
+        account=None if account is None else _name("account", account),
+        cpus_per_task=cpus,
+        mem_mb=None if mem_mb is None else check_count("mem_mb", mem_mb),
+        time_hours=float(time_hours),
+        gpu_type=None if gpu_type is None else _name("gpu_type", gpu_type),
+        sbatch_extra=site_options(
+            qos=qos, constraint=constraint, reservation=reservation, sbatch_options=sbatch_options
+        ),
+    )
+
+
+def gpu_resources(
+    job: JobParameters,
+    *,
+    num_nodes: int = DEFAULT_NUM_NODES,
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
+    timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+    max_time_hours: float | None = None,
+    requeue: bool = True,
+    exclude_nodes: str | Sequence[str] | None = None,
+    total_gpus: int | None = None,
+) -> Resources:
+    """A GPU job's request: the shared parameters ``job`` with the layout and the TAO timing rules.
+
+    :param job: the shared parameters from :func:`check_job_parameters`.
+    :param num_nodes: nodes to allocate.
+    :param gpus_per_node: GPUs per node (what the partition's nodes can hold is checked against the
+        cluster by :func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); from
+        :data:`MAX_GPUS_PER_NODE` on the nodes are requested exclusively.
+    :param timeout_hours: program timeout in hours; must be lower than ``job.time_hours``.
+    :param max_time_hours: a site's own wall-time rule, stricter than the partition (``None``: none);
+        the partition's limit is checked against the cluster.
+    :param requeue: let SLURM requeue the job after a node failure or preemption.
+    :param exclude_nodes: nodes to avoid: a list, or comma separated names and ``prefix[1-3,5]`` ranges.
+    :param total_gpus: if given, decides the layout: with ``num_nodes``/``gpus_per_node`` at their
+        defaults it is laid out on whole nodes of the partition's GPU count when the partition is
+        known (``layout_total``); explicit values must multiply to it.
+    :returns: the validated :class:`Resources`.
+    :raises ResourceError: naming the parameter, the bad value and the fix.
+    """
+    nodes = check_count("num_nodes", num_nodes)
+    gpus = check_count("gpus_per_node", gpus_per_node)
+    layout_total = None
+    if total_gpus is not None:
+        nodes, gpus, layout_total = _layout(total_gpus, nodes, gpus)
+    time_hours = job.time_hours
+    time_s = _seconds("time_hours", time_hours)
+    timeout_s = _seconds("timeout_hours", timeout_hours)
+    if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
+        raise ResourceError(
+            f"time_hours={time_hours:g} exceeds the site rule max_time_hours={max_time_hours:g} of this "
+            "connection; lower time_hours (or the connection's max_time_hours)"
+        )
+    if timeout_s >= time_s:
+        raise ResourceError(
+            f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
+            "stop (and save its results) before SLURM ends the job at the wall limit; "
+            f"e.g. timeout_hours={round(time_hours * 0.95, 2):g}"
+        )
+    if not isinstance(requeue, bool):
+        raise ResourceError(f"requeue={display_value(requeue)} must be True or False")
+    return Resources(
+        num_nodes=nodes,
+        gpus_per_node=gpus,
+        cpus_per_task=job.cpus_per_task,
+        time_hours=time_hours,
+        timeout_hours=float(timeout_hours),
+        partition=",".join(job.partition),
+        account=job.account,
+        exclusive=gpus >= MAX_GPUS_PER_NODE,
+        requeue=requeue,
+        exclude_nodes=tuple(_node(item) for item in _items("exclude_nodes", exclude_nodes)),
+        mem_mb=job.mem_mb,
+        gpu_type=job.gpu_type,
+        sbatch_extra=job.sbatch_extra,
+        layout_total=layout_total,
+    )
 
 
 def build_resources(
@@ -234,68 +374,29 @@ def build_resources(
     gpu_type: str | None = None,
     sbatch_extra: Sequence[str] = (),
 ) -> Resources:
-    """Validate a resource request and apply the TAO layout rules.
+    """Validate a whole GPU request in one call: :func:`check_job_parameters`, then :func:`gpu_resources`.
 
-    :param num_nodes: nodes to allocate.
-    :param gpus_per_node: GPUs per node (what the partition's nodes can hold is checked against the
-        cluster by :func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); from
-        :data:`MAX_GPUS_PER_NODE` on the nodes are requested exclusively.
-    :param cpus_per_task: CPUs per task (one task per node).
-    :param time_hours: SLURM wall limit in hours; must not exceed ``max_time_hours``.
-    :param timeout_hours: program timeout in hours; must be lower than ``time_hours``.
-    :param partition: partition name(s), see :func:`parse_partitions`; empty means "the cluster's
-        default": resolve it with :func:`resolve_partitions` before rendering.
-    :param account: SLURM account, or ``None`` for the user's default.
-    :param max_time_hours: a site's own wall-time rule, stricter than the partition (``None``: none);
-        the partition's limit is checked against the cluster.
-    :param requeue: let SLURM requeue the job after a node failure or preemption.
-    :param exclude_nodes: nodes to avoid: a list, or comma separated names and ``prefix[1-3,5]`` ranges.
-    :param total_gpus: if given, decides the layout: with ``num_nodes``/``gpus_per_node`` at their
-        defaults it is laid out on whole nodes of the partition's GPU count when the partition is
-        known (``layout_total``); explicit values must multiply to it.
-    :param mem_mb: memory per node in MB, or ``None`` for the partition default.
-    :param gpu_type: the GPU type (``--gres=gpu:<type>:<n>``), or ``None`` for any.
-    :param sbatch_extra: further ``#SBATCH`` options from :func:`site_options`.
+    :param sbatch_extra: further ``#SBATCH`` options, already built by :func:`site_options`.
     :returns: the validated :class:`Resources`.
     :raises ResourceError: naming the parameter, the bad value and the fix.
     """
-    num_nodes = _count("num_nodes", num_nodes)
-    gpus_per_node = _count("gpus_per_node", gpus_per_node)
-    layout_total = None
-    if total_gpus is not None:
-        num_nodes, gpus_per_node, layout_total = _layout(total_gpus, num_nodes, gpus_per_node)
-    cpus_per_task = _count("cpus_per_task", cpus_per_task)
-    time_s = _seconds("time_hours", time_hours)
-    timeout_s = _seconds("timeout_hours", timeout_hours)
-    partition_value = ",".join(parse_partitions(partition))
-    if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
-        raise ResourceError(
-            f"time_hours={time_hours:g} exceeds the site rule max_time_hours={max_time_hours:g} of this "
-            "connection; lower time_hours (or the connection's max_time_hours)"
-        )
-    if timeout_s >= time_s:
-        raise ResourceError(
-            f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
-            "stop (and save its results) before SLURM ends the job at the wall limit; "
-            f"e.g. timeout_hours={round(time_hours * 0.95, 2):g}"
-        )
-    if not isinstance(requeue, bool):
-        raise ResourceError(f"requeue={display_value(requeue)} must be True or False")
-    return Resources(
+    job = check_job_parameters(
+        partition=partition,
+        account=account,
+        cpus_per_task=cpus_per_task,
+        mem_mb=mem_mb,
+        time_hours=time_hours,
+        gpu_type=gpu_type,
+    )
+    return gpu_resources(
+        replace(job, sbatch_extra=tuple(sbatch_extra)),
         num_nodes=num_nodes,
         gpus_per_node=gpus_per_node,
-        cpus_per_task=cpus_per_task,
-        time_hours=float(time_hours),
-        timeout_hours=float(timeout_hours),
-        partition=partition_value,
-        account=None if account is None else _name("account", account),
-        exclusive=gpus_per_node >= MAX_GPUS_PER_NODE,
+        timeout_hours=timeout_hours,
+        max_time_hours=max_time_hours,
         requeue=requeue,
-        exclude_nodes=tuple(_node(item) for item in _items("exclude_nodes", exclude_nodes)),
-        mem_mb=None if mem_mb is None else _count("mem_mb", mem_mb),
-        gpu_type=None if gpu_type is None else _name("gpu_type", gpu_type),
-        sbatch_extra=tuple(sbatch_extra),
-        layout_total=layout_total,
+        exclude_nodes=exclude_nodes,
+        total_gpus=total_gpus,
     )
 
 

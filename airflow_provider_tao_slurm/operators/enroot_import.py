@@ -19,10 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core.defaults import CONVERSION_TIME_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
+    check_flag,
+    check_poll_interval_seconds,
     default_deferrable,
     install_registry_credentials,
     partitions_for,
     registry_credentials_from_connection,
+    renamed_attribute,
     renamed_parameter,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
@@ -30,6 +33,7 @@ from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.conversion import ConversionPlan, SubmittedConversion
     from airflow_provider_tao_slurm.core.images import ImageRef
+    from airflow_provider_tao_slurm.core.resources import JobParameters
 
 #: Bytes of each conversion log quoted in a failure message.
 LOG_TAIL_BYTES = 4096
@@ -71,11 +75,14 @@ class EnrootImportOperator(SlurmBaseOperator):
     :param deferrable: wait for the conversion job in the triggerer instead of the worker; default:
         Airflow's ``[operators] default_deferrable``.
     :param containers_dir: the image cache directory (default ``<results_dir>/containers``); templated.
-    :param poll_interval: seconds between status polls of the conversion job (formerly
-        ``poke_interval``, still accepted with a deprecation warning for one release).
+    :param poll_interval_seconds: seconds between status polls of the conversion job (formerly
+        ``poll_interval`` and ``poke_interval``, still accepted with a deprecation warning for one release).
     :param registry_conn_id: an Airflow connection whose password is the registry key (login defaults
         to ``$oauthtoken``); when given, Enroot credentials are installed before converting.
     """
+
+    #: The old name of ``poll_interval_seconds``, read-only while the old parameter name is accepted.
+    poll_interval = renamed_attribute("poll_interval_seconds")
 
     template_fields = (
         "image",
@@ -102,7 +109,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         time_hours: float = CONVERSION_TIME_HOURS,
         deferrable: bool = default_deferrable(),
         containers_dir: str | None = None,
-        poll_interval: float = 10.0,
+        poll_interval_seconds: float = 10.0,
         registry_conn_id: str | None = None,
         qos: str | None = None,
         reservation: str | None = None,
@@ -111,7 +118,8 @@ class EnrootImportOperator(SlurmBaseOperator):
         **kwargs: Any,
     ) -> None:
         cpus_per_task = renamed_parameter(kwargs, "cpus", "cpus_per_task", cpus_per_task, 4)
-        poll_interval = renamed_parameter(kwargs, "poke_interval", "poll_interval", poll_interval, 10.0)
+        for old in ("poll_interval", "poke_interval"):
+            poll_interval_seconds = renamed_parameter(kwargs, old, "poll_interval_seconds", poll_interval_seconds, 10.0)
         if "time_minutes" in kwargs:
             minutes = renamed_parameter(kwargs, "time_minutes", "time_hours", time_hours, CONVERSION_TIME_HOURS)
             time_hours = minutes / 60 if isinstance(minutes, int | float) and not isinstance(minutes, bool) else minutes
@@ -130,8 +138,9 @@ class EnrootImportOperator(SlurmBaseOperator):
         self.time_hours = time_hours
         self.deferrable = deferrable
         self.containers_dir = containers_dir
-        self.poll_interval = poll_interval
+        self.poll_interval_seconds = poll_interval_seconds
         self.registry_conn_id = registry_conn_id
+        self._converting: SubmittedConversion | None = None  # the conversion this task submitted and waits for
 
     # ------------------------------------------------------------------ entry points
 
@@ -139,12 +148,10 @@ class EnrootImportOperator(SlurmBaseOperator):
         """Return the ``.sqsh`` path: checked, reused, or converted (deferring while the job runs)."""
         from airflow_provider_tao_slurm.core.conversion import (
             ConversionJob,
-            check_conversion_request,
             conversion_job_name,
             render_conversion_script,
         )
         from airflow_provider_tao_slurm.core.layout import JobLayout
-        from airflow_provider_tao_slurm.core.resources import site_options
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
@@ -152,15 +159,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         if image.path is not None:
             return self._existing_image(image.path)
         owner = secrets.token_hex(8)
-        check_conversion_request(
-            cpus_per_task=self.cpus_per_task,
-            mem_mb=self.mem_mb,
-            time_minutes=self._time_minutes(),
-            account=self.account,
-        )
-        extra = site_options(
-            qos=self.qos, constraint=self.constraint, reservation=self.reservation, sbatch_options=self.sbatch_options
-        )
+        extra = self._job_parameters().sbatch_extra  # every resource parameter checked before any SSH
         plan = self._plan(image)
         partition = ",".join(partitions_for(self.hook, plan.partition, self.time_hours, cpu_only=True))
         plan = replace(plan, partition=partition)
@@ -187,15 +186,33 @@ class EnrootImportOperator(SlurmBaseOperator):
                     slurm_conn_id=self.slurm_conn_id,
                     slurm_job_id=started.job_id,
                     job_name=started.job_name,
-                    poll_interval=self.poll_interval,
+                    poll_interval=self.poll_interval_seconds,
                     submitted_at=started.submitted_at,
+                    cancel_on_kill=not started.adopted,  # a conversion another run shares is its to cancel
                 ),
                 method_name="execute_complete",
             )
+        self._converting = None if started.adopted else started
         event = JobLifecycle(self.hook, self.log).wait_until_ended(
-            started.job_id, started.job_name, submitted_at=started.submitted_at, poll_interval=self.poll_interval
+            started.job_id,
+            started.job_name,
+            submitted_at=started.submitted_at,
+            poll_interval=self.poll_interval_seconds,
         )
         return self.execute_complete(context, event)
+
+    def on_kill(self) -> None:
+        """A user killed the task while it waited in the worker: cancel the conversion it submitted.
+
+        A conversion adopted from another run is left running for that run; a deferred task is
+        killed through its trigger, which cancels only a conversion this task submitted.
+        """
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
+        if self._converting is not None:
+            JobLifecycle(self.hook, self.log).cancel_job(
+                self._converting.job_id, self._converting.job_name, source="EnrootImportOperator on_kill"
+            )
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
         """Check the trigger's event and the converted file; fail with the conversion log's tail."""
@@ -224,15 +241,35 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     # ------------------------------------------------------------------ validation (no SSH)
 
-    def _time_minutes(self) -> int:
-        """``time_hours`` as whole minutes for the conversion job (rounded up)."""
-        from airflow_provider_tao_slurm.core.storage import display_value
+    def _job_parameters(self) -> JobParameters:
+        """The conversion job's resource parameters, checked as every submitting operator checks them.
+
+        :raises ResourceError: (or ``ValidationError`` for a site option) naming the parameter and the fix.
+        """
+        from airflow_provider_tao_slurm.core.resources import check_job_parameters
         from airflow_provider_tao_slurm.exceptions import ResourceError
 
-        hours = self.time_hours
-        if isinstance(hours, bool) or not isinstance(hours, int | float) or not 0 < hours <= 24 * 365:
-            raise ResourceError(f"time_hours={display_value(hours)} must be a positive number of hours, e.g. 2")
-        return math.ceil(hours * 60)
+        job = check_job_parameters(
+            partition=self.partition,
+            account=self.account,
+            cpus_per_task=self.cpus_per_task,
+            mem_mb=self.mem_mb,
+            time_hours=self.time_hours,
+            qos=self.qos,
+            constraint=self.constraint,
+            reservation=self.reservation,
+            sbatch_options=self.sbatch_options,
+        )
+        if job.mem_mb is None:
+            raise ResourceError(
+                "mem_mb=None: a conversion job needs its memory (Enroot unpacks the layers in parallel); give it in "
+                "MB, e.g. mem_mb=7200"
+            )
+        return job
+
+    def _time_minutes(self) -> int:
+        """``time_hours`` (checked by :meth:`_job_parameters`) as whole minutes for the conversion job, rounded up."""
+        return math.ceil(self.time_hours * 60)
 
     def _image(self) -> ImageRef:
         from airflow_provider_tao_slurm.core.images import parse_image
@@ -240,11 +277,8 @@ class EnrootImportOperator(SlurmBaseOperator):
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
         for name in ("force_reconvert_latest", "deferrable"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValidationError(f"{name}={display_value(getattr(self, name))} must be True or False")
-        interval = self.poll_interval
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
-            raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
+            check_flag(name, getattr(self, name))
+        check_poll_interval_seconds(self.poll_interval_seconds)
         image = parse_image(self.image)
         if image.path is not None and self.sqsh_path is not None:
             raise ValidationError(
@@ -343,7 +377,9 @@ class EnrootImportOperator(SlurmBaseOperator):
                 self.log.info(
                     "Another run is converting %s with SLURM job %s: waiting for it", plan.target, lock.job_id
                 )
-                return SubmittedConversion(lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds)
+                return SubmittedConversion(
+                    lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds, adopted=True
+                )
             if action is LockAction.WAIT:
                 time.sleep(LOCK_POLL_S)
                 continue
@@ -371,6 +407,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         )
         from airflow_provider_tao_slurm.core.images import needs_conversion
         from airflow_provider_tao_slurm.core.layout import JobLayout
+        from airflow_provider_tao_slurm.lifecycle.submission import submit_job
 
         job_name = conversion_job_name(owner)
         try:
@@ -385,7 +422,7 @@ class EnrootImportOperator(SlurmBaseOperator):
                 self.log.info("Installed Enroot credentials for %s", ", ".join(machines))
             layout = JobLayout(plan.results_dir, job_name)
             self.hook.write_file(layout.script_path, script.encode(), mode="600")
-            job_id = self.hook.submit(layout.script_path, job_name, log_dir=layout.log_dir)
+            job_id = submit_job(self.hook, layout.script_path, job_name, log_dir=layout.log_dir, log=self.log)
         except Exception:
             self._remove_lock_quietly(plan.lock, owner)
             raise

@@ -26,9 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_NCCL_CACHE_MAX_AGE_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
+    check_flag,
+    check_poll_interval_seconds,
     default_deferrable,
     lint_bash,
     place_on_cluster,
+    renamed_attribute,
     renamed_parameter,
     utc_now,
 )
@@ -63,7 +66,7 @@ class NcclProbeOperator(SlurmBaseOperator):
     container while NCCL is required fails the task at once. The winner is cached per cluster and
     partition (``<results_dir>/nccl/<cluster>.<partition>.json``, one entry per node-count scope,
     multi-node or single-node, and backend) and returned; while the entry is usable no probe job is
-    submitted unless ``force``. An entry is not used once it is older than ``cache_max_age_hours``,
+    submitted unless ``force_reprobe``. An entry is not used once it is older than ``cache_max_age_hours``,
     when it was proven with another image (the NCCL library ships in the image), or when a later
     probe of the same partition saw another NVIDIA driver or NCCL version than it did. A job of one
     GPU needs no probe: the result is ``{}`` at once.
@@ -88,14 +91,16 @@ class NcclProbeOperator(SlurmBaseOperator):
         test cluster without CUDA; templated.
     :param cache_max_age_hours: how long a cached environment is used before the probe runs again
         (default 168, a week).
-    :param force: probe even when the cache has an answer (the new answer replaces it); templated.
+    :param force_reprobe: probe even when the cache has an answer (the new answer replaces it); templated
+        (formerly ``force``, still accepted with a deprecation warning for one release).
     :param python: the image's Python with PyTorch; templated.
     :param partition: GPU partition(s); default from the connection, else the cluster's default; templated.
     :param account: SLURM account; default from the connection; templated.
     :param container_mounts: Pyxis mounts ``SRC:DST[,...]``; default from the connection; templated.
     :param cpus_per_task: CPUs per node (default: one per GPU).
     :param mem_mb: memory per node in MB (default: the partition's).
-    :param poll_interval: seconds between status polls (shared per cluster when deferred).
+    :param poll_interval_seconds: seconds between status polls (shared per cluster when deferred; formerly
+        ``poll_interval``, still accepted with a deprecation warning for one release).
     :param deferrable: wait for each probe job in the triggerer instead of the worker; default:
         Airflow's ``[operators] default_deferrable``.
     :param qos: SLURM QOS of the probe jobs (use the real job's).
@@ -111,7 +116,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         "image",
         "backend",
         "candidate_envs",
-        "force",
+        "force_reprobe",
         "timeout_seconds",
         "python",
         "partition",
@@ -119,6 +124,8 @@ class NcclProbeOperator(SlurmBaseOperator):
         "container_mounts",
     )
     template_fields_renderers = {"candidate_envs": "json"}
+    #: The old name of ``poll_interval_seconds``, read-only while the old parameter name is accepted.
+    poll_interval = renamed_attribute("poll_interval_seconds")
 
     def __init__(
         self,
@@ -130,14 +137,14 @@ class NcclProbeOperator(SlurmBaseOperator):
         candidate_envs: Sequence[Mapping[str, str]] | None = None,
         backend: str = "nccl",
         cache_max_age_hours: float = DEFAULT_NCCL_CACHE_MAX_AGE_HOURS,
-        force: bool = False,
+        force_reprobe: bool = False,
         python: str = "python3",
         partition: str | None = None,
         account: str | None = None,
         container_mounts: str | None = None,
         cpus_per_task: int | None = None,
         mem_mb: int | None = None,
-        poll_interval: float = 10.0,
+        poll_interval_seconds: float = 10.0,
         deferrable: bool = default_deferrable(),
         qos: str | None = None,
         reservation: str | None = None,
@@ -147,6 +154,10 @@ class NcclProbeOperator(SlurmBaseOperator):
         **kwargs: Any,
     ) -> None:
         num_nodes = renamed_parameter(kwargs, "nodes", "num_nodes", num_nodes, 2)
+        force_reprobe = renamed_parameter(kwargs, "force", "force_reprobe", force_reprobe, False)
+        poll_interval_seconds = renamed_parameter(
+            kwargs, "poll_interval", "poll_interval_seconds", poll_interval_seconds, 10.0
+        )
         super().__init__(**kwargs)
         self.deferrable = deferrable
         self.qos = qos
@@ -161,14 +172,14 @@ class NcclProbeOperator(SlurmBaseOperator):
         self.candidate_envs = candidate_envs
         self.backend = backend
         self.cache_max_age_hours = cache_max_age_hours
-        self.force = force
+        self.force_reprobe = force_reprobe
         self.python = python
         self.partition = partition
         self.account = account
         self.container_mounts = container_mounts
         self.cpus_per_task = cpus_per_task
         self.mem_mb = mem_mb
-        self.poll_interval = poll_interval
+        self.poll_interval_seconds = poll_interval_seconds
 
     # ------------------------------------------------------------------ entry points
 
@@ -182,7 +193,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             return {}
         count = len(candidate_envs(self.candidate_envs))
         plan = self._plan(resources_, self._job_names(context, count))
-        if not self.force:
+        if not self.force_reprobe:
             cached = self._cached(plan)
             if cached is not None:
                 return cached
@@ -211,8 +222,9 @@ class NcclProbeOperator(SlurmBaseOperator):
         )
         from airflow_provider_tao_slurm.core.secrets import redact_text
         from airflow_provider_tao_slurm.core.storage import display_value
-        from airflow_provider_tao_slurm.exceptions import NcclProbeError, ValidationError
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError, RemoteReadError, ValidationError
         from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
         resources_ = self._resources()
         names = list(job_names) or self._job_names(context, len(candidate_envs(self.candidate_envs)))
@@ -253,8 +265,12 @@ class NcclProbeOperator(SlurmBaseOperator):
                 image=plan.key.image,
                 seen=outcome.seen,
             )
-            previous = self.hook.read_file(plan.cache_path)
-            self.hook.write_file(plan.cache_path, cache_text(previous, plan.key, entry).encode(), "644")
+            try:
+                previous = self.hook.read_file(plan.cache_path)
+            except RemoteReadError as exc:  # writing without it would drop the other entries
+                self.log.warning("Cannot read the NCCL cache (%s): this result is not cached", exc)
+            else:
+                self.hook.write_file(plan.cache_path, cache_text(previous, plan.key, entry).encode(), "644")
             self.log.info(
                 "NCCL probe passed with %s (SLURM job %s, backend %s; %s): %s; cached in %s for %s",
                 label,
@@ -274,7 +290,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             return current.env
         # The job has ended (the trigger only fires on a terminal state); cancelling it anyway makes
         # sure no step of a hung probe is left behind before the next candidate takes the nodes.
-        self.hook.cancel([slurm_job_id], job_name=current.job_name)
+        JobLifecycle(self.hook, self.log).cancel_job(slurm_job_id, current.job_name, source="NCCL probe given up")
         self.log.warning(
             "NCCL probe %s: %s (SLURM job %s, %s, exit code %s): %s\n%s",
             label,
@@ -317,45 +333,40 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _resources(self) -> Resources:
         from airflow_provider_tao_slurm.core.nccl import MIN_TIMEOUT_S, WALL_GRACE_S, check_backend, check_max_age
-        from airflow_provider_tao_slurm.core.resources import build_resources, site_options
-        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.core.resources import check_count, check_job_parameters, gpu_resources
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
         for name in ("num_nodes", "gpus_per_node", "timeout_seconds"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValidationError(f"{name}={display_value(value)} must be a positive whole number")
+            check_count(name, getattr(self, name))
         if self.timeout_seconds < MIN_TIMEOUT_S:
             raise ValidationError(
                 f"timeout_seconds={self.timeout_seconds} leaves no time to start PyTorch; give at least {MIN_TIMEOUT_S}"
             )
-        for flag in ("force", "deferrable"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValidationError(f"{flag}={display_value(getattr(self, flag))} must be True or False")
+        for flag in ("force_reprobe", "deferrable"):
+            check_flag(flag, getattr(self, flag))
         check_backend(self.backend)
         check_max_age(self.cache_max_age_hours)
-        interval = self.poll_interval
-        if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 < interval <= 3600:
-            raise ValidationError(f"poll_interval={display_value(interval)} must be a number of seconds in (0, 3600]")
+        check_poll_interval_seconds(self.poll_interval_seconds)
         settings = self.hook.settings
-        return build_resources(
-            num_nodes=self.num_nodes,
-            gpus_per_node=self.gpus_per_node,
-            cpus_per_task=self.gpus_per_node if self.cpus_per_task is None else self.cpus_per_task,
-            time_hours=(self.timeout_seconds + WALL_GRACE_S) / 3600,
-            timeout_hours=self.timeout_seconds / 3600,
+        job = check_job_parameters(
             partition=self.partition or settings.partitions,
             account=self.account or settings.account,
+            cpus_per_task=self.gpus_per_node if self.cpus_per_task is None else self.cpus_per_task,
+            mem_mb=self.mem_mb,
+            time_hours=(self.timeout_seconds + WALL_GRACE_S) / 3600,
+            gpu_type=self.gpu_type,
+            qos=self.qos,
+            constraint=self.constraint,
+            reservation=self.reservation,
+            sbatch_options=self.sbatch_options,
+        )
+        return gpu_resources(
+            job,
+            num_nodes=self.num_nodes,
+            gpus_per_node=self.gpus_per_node,
+            timeout_hours=self.timeout_seconds / 3600,
             max_time_hours=settings.max_time_hours,
             requeue=False,
-            mem_mb=self.mem_mb,
-            gpu_type=self.gpu_type,
-            sbatch_extra=site_options(
-                qos=self.qos,
-                constraint=self.constraint,
-                reservation=self.reservation,
-                sbatch_options=self.sbatch_options,
-            ),
         )
 
     def _job_names(self, context: Any, count: int) -> list[str]:
@@ -459,9 +470,15 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _cached(self, plan: ProbePlan) -> dict[str, str] | None:
         from airflow_provider_tao_slurm.core.nccl import lookup_cache
+        from airflow_provider_tao_slurm.exceptions import RemoteReadError
 
+        try:
+            text = self.hook.read_file(plan.cache_path)
+        except RemoteReadError as exc:
+            self.log.warning("Cannot read the NCCL cache (%s): probing", exc)
+            return None
         found = lookup_cache(
-            self.hook.read_file(plan.cache_path),
+            text,
             plan.key,
             now=utc_now(),
             max_age_hours=float(self.cache_max_age_hours),
@@ -477,7 +494,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             return None
         self.log.info(
             "Using the cached NCCL environment [%s] for %s, proven by SLURM job %s at %s on %d x %d GPUs (%s); "
-            "no probe job submitted (force=True probes again). Cache: %s",
+            "no probe job submitted (force_reprobe=True probes again). Cache: %s",
             _env_text(entry.env),
             plan.key.describe(),
             entry.slurm_job_id,
@@ -494,6 +511,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         from airflow_provider_tao_slurm.core.nccl import PROBE_FILE
         from airflow_provider_tao_slurm.core.records import check_slurm_job_id
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.lifecycle.submission import submit_job
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
         attempt = plan.attempts[index]
@@ -513,7 +531,7 @@ class NcclProbeOperator(SlurmBaseOperator):
             },
         )
         submitted_at = time.time()
-        reply = self.hook.submit(layout.script_path, attempt.job_name, log_dir=layout.log_dir)
+        reply = submit_job(self.hook, layout.script_path, attempt.job_name, log_dir=layout.log_dir, log=self.log)
         slurm_job_id = check_slurm_job_id(reply)
         self.log.info(
             "NCCL probe candidate %d/%d [%s]: SLURM job %s (%s) over %d node(s) x %d GPU(s), timeout %d s; logs %s",
@@ -530,7 +548,10 @@ class NcclProbeOperator(SlurmBaseOperator):
         job_names = [a.job_name for a in plan.attempts]
         if not self.deferrable:
             event = JobLifecycle(self.hook, self.log).wait_until_ended(
-                slurm_job_id, attempt.job_name, submitted_at=submitted_at, poll_interval=float(self.poll_interval)
+                slurm_job_id,
+                attempt.job_name,
+                submitted_at=submitted_at,
+                poll_interval=float(self.poll_interval_seconds),
             )
             return self.execute_complete(context, event, job_names=job_names, outcomes=outcomes)
         self.defer(
@@ -538,7 +559,7 @@ class NcclProbeOperator(SlurmBaseOperator):
                 slurm_conn_id=self.slurm_conn_id,
                 slurm_job_id=slurm_job_id,
                 job_name=attempt.job_name,
-                poll_interval=float(self.poll_interval),
+                poll_interval=float(self.poll_interval_seconds),
                 submitted_at=submitted_at,
             ),
             method_name="execute_complete",

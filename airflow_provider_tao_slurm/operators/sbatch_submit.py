@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import hashlib
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
+    SECRET_SOURCES,
     lint_bash,
     place_on_cluster,
     resolve_secret,
@@ -25,29 +23,10 @@ if TYPE_CHECKING:
     import jinja2
 
     from airflow_provider_tao_slurm.core.execution import Execution
-    from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.records import JobRecord
+    from airflow_provider_tao_slurm.core.request import BoundRequest, StagedFiles, SubmitRequest, SupportingFiles
     from airflow_provider_tao_slurm.core.resources import Resources
-
-#: Stands for "the cluster's default partition" while the script is checked before asking the cluster.
-_DEFAULT_PARTITION_PLACEHOLDER = "cluster-default"
-_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
-def _check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
-    from airflow_provider_tao_slurm.exceptions import ValidationError
-
-    checked: dict[str, str] = {}
-    for key, value in env.items():
-        if not isinstance(key, str) or not key or key[0].isdigit() or not set(key) <= _ENV_NAME_CHARS:
-            raise ValidationError(
-                f"{param} name {key!r} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
-            )
-        if not isinstance(value, str):
-            raise ValidationError(f"{param}[{key!r}] must be a string (got {type(value).__name__}); quote it")
-        if "\x00" in value:
-            raise ValidationError(f"{param}[{key!r}] contains a NUL byte, which no shell can carry; remove it")
-        checked[key] = value
-    return checked
+    from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
 
 class SbatchSubmitOperator(SlurmBaseOperator):
@@ -184,149 +163,69 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.image = image
-        self.command = command
-        self.num_nodes = num_nodes
-        self.gpus_per_node = gpus_per_node
-        self.cpus_per_task = cpus_per_task
-        self.time_hours = time_hours
-        self.timeout_hours = timeout_hours
-        self.partition = partition
-        self.account = account
-        self.container_mounts = container_mounts
-        self.spec = spec
-        self.env = env
-        self.secret_env = secret_env
-        self.nccl_env = nccl_env
-        self.requeue = requeue
-        self.exclude_nodes = exclude_nodes
-        self.network_arch = network_arch
-        self.action = action
-        self.mem_mb = mem_mb
-        self.execution = execution
-        self.bundle_root = bundle_root
-        self.qos = qos
-        self.constraint = constraint
-        self.reservation = reservation
-        self.gpu_type = gpu_type
-        self.total_gpus = total_gpus
-        self.sbatch_options = sbatch_options
-        self.master_port = master_port
-        self.max_continuations = max_continuations
-        self.checkpoint_glob = checkpoint_glob
-        self.checkpoint_signal = checkpoint_signal
-        self.signal_grace_seconds = signal_grace_seconds
+        self.image, self.command, self.spec, self.action = image, command, spec, action
+        self.network_arch, self.execution, self.bundle_root = network_arch, execution, bundle_root
+        self.num_nodes, self.gpus_per_node, self.total_gpus = num_nodes, gpus_per_node, total_gpus
+        self.cpus_per_task, self.mem_mb, self.gpu_type = cpus_per_task, mem_mb, gpu_type
+        self.time_hours, self.timeout_hours, self.requeue = time_hours, timeout_hours, requeue
+        self.partition, self.account, self.exclude_nodes = partition, account, exclude_nodes
+        self.qos, self.constraint, self.reservation = qos, constraint, reservation
+        self.sbatch_options, self.container_mounts, self.master_port = sbatch_options, container_mounts, master_port
+        self.env, self.secret_env, self.nccl_env = env, secret_env, nccl_env
+        self.max_continuations, self.checkpoint_glob = max_continuations, checkpoint_glob
+        self.checkpoint_signal, self.signal_grace_seconds = checkpoint_signal, signal_grace_seconds
 
     # ------------------------------------------------------------------ validation (no SSH)
 
-    def _validated(self) -> dict[str, Any]:
-        from airflow_provider_tao_slurm.core.continuation import (
-            check_checkpoint_globs,
-            check_checkpoint_signal,
-            check_max_continuations,
-            grace_seconds,
-        )
-        from airflow_provider_tao_slurm.core.execution import parse_execution
-        from airflow_provider_tao_slurm.core.images import parse_image
-        from airflow_provider_tao_slurm.core.resources import build_resources, site_options
-        from airflow_provider_tao_slurm.core.specs import load_spec
-        from airflow_provider_tao_slurm.core.tao import job_network_arch
-        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, ImageReferenceError, ValidationError
+    def _validated(self) -> SubmitRequest:
+        """Every parameter checked before any SSH, as the request the submission is made from."""
+        from airflow_provider_tao_slurm.core.request import submit_request
 
-        settings = self.hook.settings
-        image = parse_image(self.image)
-        if image.kind != "sqsh":
-            raise ImageReferenceError(
-                f"image {self.image!r} is a registry reference; GPU jobs only run .sqsh files. Put "
-                "EnrootImportOperator upstream and pass its output (the .sqsh path) as image"
-            )
-        resources = build_resources(
+        return submit_request(
+            settings=self.hook.settings,
+            conn_id=self.slurm_conn_id,
+            secret_sources=SECRET_SOURCES,
+            read_supporting_files=self._supporting_files,
+            image=self.image,
+            command=self.command,
             num_nodes=self.num_nodes,
             gpus_per_node=self.gpus_per_node,
             cpus_per_task=self.cpus_per_task,
             time_hours=self.time_hours,
             timeout_hours=self.timeout_hours,
-            partition=self.partition or settings.partitions,
-            account=self.account or settings.account,
-            max_time_hours=settings.max_time_hours,
+            partition=self.partition,
+            account=self.account,
+            container_mounts=self.container_mounts,
+            spec=self.spec,
+            env=self.env,
+            secret_env=self.secret_env,
+            nccl_env=self.nccl_env,
             requeue=self.requeue,
             exclude_nodes=self.exclude_nodes,
+            network_arch=self.network_arch,
+            action=self.action,
             mem_mb=self.mem_mb,
-            total_gpus=self.total_gpus,
+            execution=self.execution,
+            qos=self.qos,
+            constraint=self.constraint,
+            reservation=self.reservation,
             gpu_type=self.gpu_type,
-            sbatch_extra=site_options(
-                qos=self.qos,
-                constraint=self.constraint,
-                reservation=self.reservation,
-                sbatch_options=dict(self.sbatch_options)
-                if isinstance(self.sbatch_options, Mapping)
-                else self.sbatch_options,
-            ),
+            total_gpus=self.total_gpus,
+            sbatch_options=self.sbatch_options,
+            master_port=self.master_port,
+            max_continuations=self.max_continuations,
+            checkpoint_glob=self.checkpoint_glob,
+            checkpoint_signal=self.checkpoint_signal,
+            signal_grace_seconds=self.signal_grace_seconds,
         )
-        nccl_env = _check_env_names(self.nccl_env or {}, "nccl_env")
-        # ``{}`` is a probe result too (no NCCL settings needed); only a missing one is refused.
-        if resources.needs_nccl_probe and self.nccl_env is None:
-            raise ValidationError(
-                f"a job with {resources.num_nodes} node(s) x {resources.gpus_per_node} GPU(s) needs a working NCCL "
-                "environment (P2P and network hangs happen inside a node too): put NcclProbeOperator upstream and "
-                "pass its output as nccl_env (or pass nccl_env explicitly, {} for none)"
-            )
-        secret_names = _check_env_names(self.secret_env or {}, "secret_env")
-        literal = sorted(name for name, source in secret_names.items() if name not in secret_references(secret_names))
-        if literal:
-            raise ValidationError(
-                f"secret_env[{', '.join(literal)}] holds a literal value; give a reference instead "
-                "('env:VAR' from the worker's environment, 'conn:ID' for a connection's password, 'var:KEY' for an "
-                "Airflow Variable) so the secret never sits in the DAG and can be redacted from every log"
-            )
-        # A total_gpus request is laid out on the partition's nodes later (place_on_cluster checks it again).
-        execution = parse_execution(
-            self.execution, gpus_per_node=None if resources.layout_total is not None else resources.gpus_per_node
-        )
-        command = self.command if self.command is not None else execution.command
-        if not isinstance(command, str) or not command.strip():
-            raise ValidationError(
-                "command is empty; give the shell command to run inside the container (or execution.command)"
-            )
-        if "\x00" in command:
-            raise ValidationError("command contains a NUL byte, which no shell can carry; remove it")
-        if not settings.results_dir:
-            raise ConnectionConfigError(
-                f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
-                "(extra results_dir or SLURM_BASE_RESULTS_DIR)"
-            )
-        if self.network_arch is not None and (not isinstance(self.network_arch, str) or not self.network_arch.strip()):
-            raise ValidationError(
-                f"network_arch={self.network_arch!r} must be a TAO network (e.g. 'classification_pyt') or 'custom' "
-                "for a plain container job; leave it out to decide from the image and the command"
-            )
-        spec = load_spec(self.spec)
-        max_continuations = check_max_continuations(self.max_continuations)
-        return {
-            "max_continuations": max_continuations,
-            "checkpoint_globs": check_checkpoint_globs(self.checkpoint_glob),
-            "checkpoint_signal": check_checkpoint_signal(self.checkpoint_signal),
-            "grace_seconds": grace_seconds(resources.time_hours, self.signal_grace_seconds),
-            "settings": settings,
-            "command": command,
-            "network_arch": job_network_arch(self.network_arch, image, command),
-            "container_mounts": self.container_mounts or settings.container_mounts,
-            "execution": execution,
-            "helpers": self._supporting_files(execution),
-            "image": image,
-            "resources": resources,
-            "env": _check_env_names({**dict(execution.environment), **(self.env or {})}, "env"),
-            "secret_names": secret_names,
-            "nccl_env": nccl_env,
-            "spec": spec,
-        }
 
-    def _supporting_files(self, execution: Execution) -> tuple[dict[str, bytes], str] | None:
+    def _supporting_files(self, execution: Execution) -> SupportingFiles | None:
         """Read the bundle's supporting files on the worker and verify every declared SHA-256.
 
-        :returns: ``({destination: content}, manifest JSON)``, or None without supporting files.
+        :returns: their contents and manifest, or None without supporting files.
         """
         from airflow_provider_tao_slurm.core.execution import manifest
+        from airflow_provider_tao_slurm.core.request import SupportingFiles
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
         if not execution.supporting_files:
@@ -343,7 +242,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
                 contents.append((item, path.read_bytes()))
             except OSError as exc:
                 raise ValidationError(f"supporting file {item.source!r} cannot be read under {root}: {exc}") from None
-        return {item.destination: content for item, content in contents}, manifest(contents)
+        return SupportingFiles({item.destination: content for item, content in contents}, manifest(contents))
 
     # ------------------------------------------------------------------ execute
 
@@ -381,229 +280,124 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         return super().render_template(content, context, jinja_env, seen_oids)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING."""
-        import yaml
+        """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING.
 
-        from airflow_provider_tao_slurm.core.binding import bind_text, bind_value, binding_values
-        from airflow_provider_tao_slurm.core.continuation import SliceScript
-        from airflow_provider_tao_slurm.core.execution import build_step_command, canonical_sha256, parse_execution
-        from airflow_provider_tao_slurm.core.mounts import check_mounts, spec_dataset_paths
-        from airflow_provider_tao_slurm.core.records import open_record
-        from airflow_provider_tao_slurm.core.secrets import assert_no_secrets
-        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
-        from airflow_provider_tao_slurm.exceptions import SecretLeakError
-        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+        :returns: the job handle (:class:`~airflow_provider_tao_slurm.lifecycle.events.JobHandle` as a
+            dict), pushed as the task's XCom ``return_value`` for the sensor and the extra links.
+        """
+        from airflow_provider_tao_slurm.core.request import bind_request
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
-        checked = self._validated()
-        settings = checked["settings"]
+        request = self._validated()
         ti = context["ti"]
-        secrets = {name: resolve_secret(name, source) for name, source in checked["secret_names"].items()}
+        secrets = {name: resolve_secret(name, source) for name, source in request.secret_env.items()}
         secret_values = list(secrets.values())
-        requested = checked["resources"]
-
         lifecycle = JobLifecycle(self.hook, self.log)
-        attempt = lifecycle.plan_attempt(ti, settings.results_dir)
-        job_id, layout = attempt.job_id, attempt.layout
+        attempt = lifecycle.plan_attempt(ti, request.results_base)
+        job = bind_request(request, attempt.layout)
+        script, resources = self._script(job, secret_values)
         # An adopted job keeps the record its earlier try opened (history and submitted_at).
         previous = attempt.previous if attempt.adopted is not None else None
-
-        values = binding_values(results_dir=layout.results_dir, job_id=job_id, config_path=layout.spec_path)
-        execution: Execution = checked["execution"]
-        helpers = checked["helpers"]
-        command = bind_text(checked["command"], values)
-        exit_codes_path: str | None = None
-        if self.execution is not None:
-            bound = dataclasses.replace(
-                execution,
-                pre=tuple(dataclasses.replace(step, command=bind_text(step.command, values)) for step in execution.pre),
-                post=tuple(
-                    dataclasses.replace(step, command=bind_text(step.command, values)) for step in execution.post
-                ),
-            )
-            exit_codes_path = f"{layout.job_dir}/{execution.child_exit_code_path}"
-            command = build_step_command(bound, command, exit_codes_path)
-        env = {key: bind_text(value, values) for key, value in checked["env"].items()}
-        spec = bind_value(checked["spec"], values, where="spec") if checked["spec"] is not None else None
-        check_mounts(
-            checked["container_mounts"],
-            same_path={"job directory (spec, staged files)": layout.job_dir, "results directory": layout.results_dir},
-            visible=spec_dataset_paths(spec),
-            origin="the operator" if self.container_mounts else f"connection {self.slurm_conn_id!r}",
+        record = previous or job.open_record(now=utc_now(), retry_of=attempt.retry_of, secrets=secret_values)
+        staged = self._files(job, ti, script, record, resources, secrets) if attempt.adopted is None else {}
+        slurm_job_id, record = lifecycle.submit_once(
+            attempt, results_base=request.results_base, files=staged, record=record, secrets=secret_values
         )
+        self._log_submitted(job, slurm_job_id)
+        return _job_handle(job, slurm_job_id, record, resources).to_dict()
 
-        slice_script = (
-            SliceScript(
-                slices_dir=layout.slices_dir,
-                grace_seconds=checked["grace_seconds"],
-                results_dir=layout.results_dir,
-                checkpoint_globs=checked["checkpoint_globs"],
-                checkpoint_signal=checked["checkpoint_signal"],
-            )
-            if checked["max_continuations"]
-            else None
-        )
+    def _script(self, job: BoundRequest, secrets: Sequence[str]) -> tuple[str, Resources]:
+        """The batch script and the resources placed on the cluster.
 
-        def render(resources: Resources) -> str:
-            return render_sbatch(
-                SbatchSpec(
-                    **resource_fields(resources),
-                    job_name=job_id,
-                    log_dir=layout.log_dir,
-                    job_dir=layout.job_dir,
-                    image=checked["image"].path,
-                    container_mounts=checked["container_mounts"],
-                    command=command,
-                    env=env,
-                    nccl_env=checked["nccl_env"],
-                    sidecar=layout.sidecar_path if secrets else None,
-                    exit_code_file=layout.exit_code_path,
-                    ends_dir=layout.ends_dir,
-                    master_port=self.master_port,
-                    slice=slice_script,
-                )
-            )
-
-        # Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
-        # partitions the cluster confirms (its default one when none was given), with their MaxTime.
-        script = render(dataclasses.replace(requested, partition=requested.partition or _DEFAULT_PARTITION_PLACEHOLDER))
-        spec_text = yaml.safe_dump(spec, sort_keys=False) if spec is not None else ""
-        env_text = json.dumps(env, separators=(",", ":"), sort_keys=True)
-        for where, text in (("the rendered sbatch script", script), ("spec", spec_text), ("env", env_text)):
-            assert_no_secrets(text, where)
-            if any(value in text for value in secret_values):
-                raise SecretLeakError(f"a secret_env value appears in {where}; reference it by name ($NAME) instead")
+        Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
+        partitions the cluster confirms (its default one when none was given), with their MaxTime.
+        """
+        script = job.draft_script(secrets)
         lint_bash(script)
+        requested = job.request.resources
         resources = place_on_cluster(self.hook, requested)
         if resources != requested:
-            if requested.layout_total is not None:
-                parse_execution(self.execution, gpus_per_node=resources.gpus_per_node)
-            script = render(resources)
+            job.request.check_layout(resources)
+            script = job.script(resources)
+        return script, resources
 
-        now = utc_now()
-        record = previous or open_record(
-            job_id=job_id,
-            cluster=settings.cluster_name,
-            image=checked["image"].path,
-            network_arch=checked["network_arch"],
-            action=self.action,
-            results_dir=layout.results_dir,
-            job_dir=layout.job_dir,
-            log_dir=layout.log_dir,
-            job_name=job_id,
-            now=now,
-            retry_of=attempt.retry_of,
-            bundle_sha256=canonical_sha256({"execution": self.execution, "files": helpers and helpers[1]})
-            if self.execution is not None
-            else None,
-            config_sha256=hashlib.sha256(spec_text.encode()).hexdigest() if spec is not None else None,
-            secrets=secret_values,
+    def _files(
+        self,
+        job: BoundRequest,
+        ti: Any,
+        script: str,
+        record: JobRecord,
+        resources: Resources,
+        secrets: Mapping[str, str],
+    ) -> StagedFiles:
+        """The files a newly submitted job stages (an adopted job stages nothing)."""
+        return job.files(
+            script=script,
+            record=record,
+            secrets=secrets,
+            resources=resources,
+            origin={"dag_id": ti.dag_id, "task_id": ti.task_id, "run_id": ti.run_id, "map_index": ti.map_index},
+            helpers=self._stage_helpers(job),
         )
-        staged: dict[str, tuple[bytes | None, int]] = {}
-        if attempt.adopted is None:
-            staged = _job_files(layout, script, spec_text, env_text, secrets, record)
-            if helpers is not None:
-                staged.update(self._helper_files(layout, *helpers))
-            meta = {
-                "job_id": job_id,
-                "dag_id": ti.dag_id,
-                "task_id": ti.task_id,
-                "run_id": ti.run_id,
-                "map_index": ti.map_index,
-                "image": checked["image"].path,
-                "nodes": resources.num_nodes,
-                "gpus_per_node": resources.gpus_per_node,
-                "partition": resources.partition,
-                "secret_names": sorted(secrets),
-            }
-            staged[layout.meta_path[len(layout.base) + 1 :]] = (
-                json.dumps(meta, separators=(",", ":"), sort_keys=True).encode(),
-                0o644,
-            )
-        adopted, record = lifecycle.submit_once(
-            attempt, results_base=settings.results_dir, files=staged, record=record, secrets=secret_values
-        )
-        out_log, err_log = layout.log_paths(adopted)
-        self.log.info("SLURM job %s (%s) submitted on %s", adopted, job_id, settings.cluster_name)
+
+    def _log_submitted(self, job: BoundRequest, slurm_job_id: str) -> None:
+        """Say where the job is, its logs, its results and its record."""
+        layout = job.layout
+        self.log.info("SLURM job %s (%s) submitted on %s", slurm_job_id, layout.job_id, job.request.cluster)
         self.log.info(
-            "Logs: %s and %s; results: %s; record: %s", out_log, err_log, layout.results_dir, layout.record_path
+            "Logs: %s and %s; results: %s; record: %s",
+            *layout.log_paths(slurm_job_id),
+            layout.results_dir,
+            layout.record_path,
         )
-        return JobHandle(
-            job_id=job_id,
-            slurm_job_id=adopted,
-            job_dir=layout.job_dir,
-            results_dir=layout.results_dir,
-            log_dir=layout.job_log_dir(adopted),
-            record_path=layout.record_path,
-            cluster=settings.cluster_name,
-            script_path=layout.script_path,
-            sidecar_path=layout.sidecar_path if secrets else None,
-            exit_code_path=layout.exit_code_path,
-            results_base=settings.results_dir,
-            submitted_at=record.submitted_at,
-            exclude_nodes=tuple(resources.exclude_nodes),
-            child_exit_code_path=exit_codes_path,
-            secret_refs=secret_references(checked["secret_names"]),
-            retry_of=record.retry_of,
-            num_nodes=resources.num_nodes,
-            partition=resources.partition,
-            max_continuations=checked["max_continuations"],
-            checkpoint_globs=checked["checkpoint_globs"] if checked["max_continuations"] else (),
-            time_hours=resources.time_hours,
-        ).to_dict()
 
-    def _helper_files(
-        self, layout: JobLayout, contents: Mapping[str, bytes], manifest_text: str
-    ) -> dict[str, tuple[bytes | None, int]]:
-        """Supporting files under ``<job_dir>/inputs/action-helpers/`` with their manifest.
+    def _stage_helpers(self, job: BoundRequest) -> bool:
+        """Whether the bundle's supporting files are staged: not without any, nor when an identical manifest is there.
 
-        An identical manifest already there is reused; a different bundle is never overwritten.
+        A job directory is never overwritten with another bundle's files.
         """
-        from airflow_provider_tao_slurm.core.execution import HELPERS_DIR
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
-        helpers_dir = f"{layout.job_dir}/{HELPERS_DIR}"
-        existing = self.hook.read_file(f"{helpers_dir}/manifest.json")
-        if existing is not None and existing != manifest_text:
+        supporting = job.request.supporting_files
+        if supporting is None:
+            return False
+        existing = self.hook.read_file(job.layout.helpers_manifest_path)
+        if existing is not None and existing != supporting.manifest:
             raise ValidationError(
-                f"{helpers_dir} already holds a different bundle's files; a job directory is never overwritten "
-                "with another bundle: submit it from a new DAG run (or remove that directory on purpose)"
+                f"{job.layout.helpers_dir} already holds a different bundle's files; a job directory is never "
+                "overwritten with another bundle: submit it from a new DAG run (or remove that directory on purpose)"
             )
         if existing is not None:
             self.log.info("Supporting files already staged with an identical manifest: reusing them")
-            return {}
-        rel = helpers_dir[len(layout.base) + 1 :]
-        files: dict[str, tuple[bytes | None, int]] = {
-            f"{rel}/{destination}": (content, 0o644) for destination, content in contents.items()
-        }
-        files[f"{rel}/manifest.json"] = (manifest_text.encode(), 0o644)
-        return files
+            return False
+        return True
 
 
-def _job_files(
-    layout: JobLayout,
-    script: str,
-    spec_text: str,
-    env_text: str,
-    secrets: Mapping[str, str],
-    record: Any,
-) -> dict[str, tuple[bytes | None, int]]:
-    """The files (and directories: content None) staged for one job, relative to the results base."""
-    from airflow_provider_tao_slurm.core.records import to_json
-    from airflow_provider_tao_slurm.core.secrets import sidecar_text
+def _job_handle(job: BoundRequest, slurm_job_id: str, record: JobRecord, resources: Resources) -> JobHandle:
+    """The handle of the submitted (or adopted) job: what the sensor watches and the XCom carries."""
+    from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
-    def rel(path: str) -> str:
-        return path[len(layout.base) + 1 :]
-
-    files: dict[str, tuple[bytes | None, int]] = {
-        rel(layout.results_dir): (None, 0o755),
-        rel(layout.log_dir): (None, 0o755),  # so the log tree is checked before anything is written
-        rel(layout.ends_dir): (None, 0o755),  # the EXIT trap's end markers
-        rel(layout.spec_path): (spec_text.encode(), 0o644),
-        rel(layout.env_path): (env_text.encode(), 0o644),
-        rel(layout.script_path): (script.encode(), 0o700),
-        rel(layout.record_path): (to_json(record, list(secrets.values())).encode(), 0o644),
-    }
-    if secrets:
-        files[rel(layout.sidecar_path)] = (sidecar_text(secrets).encode(), 0o600)
-    return files
+    request, layout = job.request, job.layout
+    return JobHandle(
+        job_id=layout.job_id,
+        slurm_job_id=slurm_job_id,
+        job_dir=layout.job_dir,
+        results_dir=layout.results_dir,
+        log_dir=layout.job_log_dir(slurm_job_id),
+        record_path=layout.record_path,
+        cluster=request.cluster,
+        script_path=layout.script_path,
+        sidecar_path=job.sidecar_path,
+        exit_code_path=layout.exit_code_path,
+        results_base=request.results_base,
+        submitted_at=record.submitted_at,
+        exclude_nodes=tuple(resources.exclude_nodes),
+        child_exit_code_path=job.child_exit_code_path,
+        secret_refs=secret_references(request.secret_env),
+        retry_of=record.retry_of,
+        num_nodes=resources.num_nodes,
+        partition=resources.partition,
+        max_continuations=request.continuation.max_continuations,
+        checkpoint_globs=request.continuation.handle_globs,
+        time_hours=resources.time_hours,
+    )

@@ -48,6 +48,7 @@ from airflow_provider_tao_slurm.exceptions import (
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
 from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
 from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
@@ -64,7 +65,7 @@ SRUN_HELP = (
 STUBS = {
     "sbatch": 'printf \'%s\\n\' "$*" >> "$STUBS/sbatch.calls"; echo 4242',
     "scontrol": 'if [ "$*" = "show config" ]; then echo "PlugStackConfig         = $STUBS/plugstack.conf"; fi',
-    "scancel": "exit 0",
+    "scancel": 'printf \'%s\\n\' "$*" >> "$STUBS/scancel.calls"; exit 0',
     "squeue": 'cat "$STUBS/squeue.out" 2>/dev/null; exit 0',
     "sacct": 'cat "$STUBS/sacct.out" 2>/dev/null; exit 0',
     # a step given as ``sh -c SCRIPT`` (the GPU node check) runs here, as on a node; others print srun-probe.out
@@ -201,7 +202,11 @@ REFUSED_BEFORE_SSH: list[tuple[str, Callable[[], Any], type[Exception]]] = [
         lambda: EnrootImportOperator(task_id="t", image="/c/x.sqsh", sqsh_path="/c/y.sqsh"),
         ValidationError,
     ),
-    ("poll-interval-zero", lambda: EnrootImportOperator(task_id="t", image="x:1", poll_interval=0), ValidationError),
+    (
+        "poll-interval-zero",
+        lambda: EnrootImportOperator(task_id="t", image="x:1", poll_interval_seconds=0),
+        ValidationError,
+    ),
     (
         "deferrable-text",
         lambda: EnrootImportOperator(task_id="t", image="x:1", deferrable="yes"),  # type: ignore[arg-type]
@@ -586,11 +591,12 @@ def test_import_submits_a_conversion_and_defers(cluster: Cluster, existing: byte
     target = cached(cluster, image)
     if existing is not None:
         target.write_bytes(existing)
-    deferred = _deferred(importer(cluster, image, force_reconvert_latest=force, poll_interval=3))
+    deferred = _deferred(importer(cluster, image, force_reconvert_latest=force, poll_interval_seconds=3))
     path, kwargs = deferred.trigger.serialize()
     assert path == "airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger"
     assert kwargs["slurm_job_id"] == "4242"
     assert kwargs["poll_interval"] == 3.0
+    assert kwargs["cancel_on_kill"] is True  # this run's own conversion: a user kill cancels it
     owner = owner_of_job(kwargs["job_name"])
     assert deferred.method_name == "execute_complete"
     (call,) = cluster.calls("sbatch")
@@ -625,8 +631,39 @@ def test_import_adopts_the_running_conversion_of_another_run(cluster: Cluster) -
     _, kwargs = _deferred(importer(cluster, image)).trigger.serialize()
     assert (kwargs["slurm_job_id"], kwargs["job_name"]) == ("77", f"tao-enroot-{OTHER}")
     assert time.time() - 40 < kwargs["submitted_at"] < time.time() - 20
+    assert kwargs["cancel_on_kill"] is False  # the other run's: killing this task leaves it running
     assert cluster.calls("sbatch") == []
     assert (lock / "owner").read_text() == f"{OTHER}\n"
+
+
+class Killed(Exception):
+    """The task was killed while it waited in the worker."""
+
+
+@pytest.mark.parametrize("adopted", [True, False], ids=["another-runs-conversion-left-running", "own-cancelled"])
+def test_killing_an_import_waiting_in_the_worker_cancels_only_its_own_conversion(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch, adopted: bool
+) -> None:
+    image = "nvcr.io/nvidia/app:9"
+    if adopted:
+        _hold_lock(cached(cluster, image), OTHER, "77", age=30)
+        cluster.stub("squeue.out", SQUEUE_ROW.format(owner=OTHER, state="RUNNING"))
+    operator = importer(cluster, image, deferrable=False)
+
+    def killed_while_waiting(*_: Any, **__: Any) -> Any:
+        operator.on_kill()  # Airflow calls on_kill when a user marks the running task failed
+        raise Killed
+
+    monkeypatch.setattr(JobLifecycle, "wait_until_ended", killed_while_waiting)
+    with pytest.raises(Killed):
+        operator.execute({})
+
+    if adopted:
+        assert cluster.calls("scancel") == []
+    else:
+        (call,) = cluster.calls("scancel")  # by id and exact name: the conversion this task submitted
+        assert "4242" in call.split()
+        assert "--name=tao-enroot-" in call
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,7 @@ class FakeHook:
         job_name: str,
         *,
         log_dir: str,
+        extra_args: Any = (),
         stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None = None,
     ) -> str:
         if stage is not None:  # the real hook stages in the same round trip, before sbatch
@@ -303,7 +304,7 @@ def test_cache_hit_submits_nothing() -> None:
 @pytest.mark.parametrize(
     ("files", "kwargs"),
     [
-        pytest.param({CACHE: cache_entry(P2P)}, {"force": True}, id="force"),
+        pytest.param({CACHE: cache_entry(P2P)}, {"force_reprobe": True}, id="force-reprobe"),
         pytest.param({CACHE: "{broken"}, {}, id="corrupt-cache"),
         pytest.param({}, {}, id="no-cache"),
         pytest.param(
@@ -400,7 +401,7 @@ def test_one_gpu_needs_no_probe() -> None:
 
 def test_first_job_is_staged_submitted_and_deferred() -> None:
     hook = FakeHook()
-    deferral = deferred(lambda: operator(hook, timeout_seconds=120, poll_interval=3).execute(context()))
+    deferral = deferred(lambda: operator(hook, timeout_seconds=120, poll_interval_seconds=3).execute(context()))
     (base, files), ((script_path, name, log_dir),) = hook.staged[0], hook.submitted
     assert base == "/lustre/u"
     assert script_path == f"/lustre/u/jobs/{name}/sbatch/job_{name}.sbatch"
@@ -477,10 +478,12 @@ def test_event_for_another_job_is_refused() -> None:
         pytest.param(
             {"timeout_seconds": 4 * 3600}, ResourceError, "partition polar allows at most 4 h", id="long-timeout"
         ),
-        pytest.param({"num_nodes": 0}, ValidationError, "num_nodes=0 must be a positive whole number", id="no-nodes"),
+        pytest.param({"num_nodes": 0}, ResourceError, "num_nodes=0 must be at least 1", id="no-nodes"),
         pytest.param({"gpus_per_node": 9}, ResourceError, "gpus_per_node=9 cannot start on polar", id="nine-gpus"),
-        pytest.param({"force": "yes"}, ValidationError, "force='yes' must be True or False", id="force-text"),
-        pytest.param({"poll_interval": 0}, ValidationError, "poll_interval=0", id="poll"),
+        pytest.param(
+            {"force_reprobe": "yes"}, ValidationError, "force_reprobe='yes' must be True or False", id="force-text"
+        ),
+        pytest.param({"poll_interval_seconds": 0}, ValidationError, "poll_interval_seconds=0", id="poll"),
         pytest.param(
             {"candidate_envs": [{}, {"MASTER_ADDR": "n9"}]},
             ValidationError,
@@ -555,13 +558,17 @@ class WaitingHook(FakeHook):
         native, exit_code, log = self.endings.pop(0)
         name = self.submitted[-1][1]
         self.logs[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
-        return {slurm_id: state_from_native(slurm_id, native, source="sacct", exit_code=exit_code)}
+        return {
+            slurm_id: state_from_native(
+                slurm_id, native, source="sacct", exit_code=exit_code, end="2026-12-04T05:08:30"
+            )
+        }
 
 
 def test_non_deferrable_probe_waits_for_each_candidate_in_the_worker() -> None:
     hook = WaitingHook([("FAILED", 124, HANG_LOG), ("COMPLETED", 0, OK_LOG)])
 
-    assert operator(hook, deferrable=False, poll_interval=0.01).execute(context()) == P2P
+    assert operator(hook, deferrable=False, poll_interval_seconds=0.01).execute(context()) == P2P
 
     assert hook.queries == [["501"], ["502"]]
     assert [job_ids for job_ids, _ in hook.cancelled] == [["501"]]
