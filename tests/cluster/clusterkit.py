@@ -148,13 +148,13 @@ import sys, time
 sys.path.insert(0, sys.argv[1])
 from clusterkit import submit_op
 from deferral import context
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.lifecycle import submission
 
-def killed_before_reconciling(self, job_name, **kwargs):
+def killed_before_reconciling(hook, job_name, log):
     print("RECONCILING", job_name, flush=True)
     time.sleep(600)
 
-SlurmHook.reconcile_by_name = killed_before_reconciling
+submission.reconcile = killed_before_reconciling
 submit_op(sys.argv[2], sys.argv[5]).execute(context(sys.argv[3], "submit", "r1", try_number=int(sys.argv[4])))
 """
 

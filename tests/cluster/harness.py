@@ -37,7 +37,8 @@ may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (anothe
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
 "fault" sshd on 127.0.0.1:22023 puts ``<state>/faultbin`` first on PATH, whose ``sbatch`` submits and
-then cuts the connection before the reply; a third, "bastion" sshd on 127.0.0.1:22024 only forwards
+then cuts the connection before the reply (or, while the fault switch below lists ``sbatch_slow``,
+answers 8 s late without a cut); a third, "bastion" sshd on 127.0.0.1:22024 only forwards
 to the login sshd (no shell, ``PermitOpen`` the login port only), for jump-host tests; a fourth,
 "rotating" sshd on 127.0.0.1:22025 (same shell as the login one) has its own host key, which
 ``rotate-host-key`` replaces (host-key rotation tests); and a "black hole" on 127.0.0.3:22022 (the
@@ -828,7 +829,10 @@ def write_configs() -> list[str]:
         (ENROOT_BIN, (HERE / "enroot").read_text().replace("@STATE_DIR@", str(STATE)), 0o755, "root"),
         (
             FAULTBIN / "sbatch",
-            (HERE / "faultbin" / "sbatch").read_text().replace("@STATE_DIR@", str(STATE)),
+            (HERE / "faultbin" / "sbatch")
+            .read_text()
+            .replace("@STATE_DIR@", str(STATE))
+            .replace("@FAULT_SWITCH@", str(FAULT_SWITCH)),
             0o755,
             "root",
         ),

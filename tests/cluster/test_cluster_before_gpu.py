@@ -152,7 +152,7 @@ def sqsh_header(ssh_run: SshRun, path: str) -> str:
 
 def importer(cluster: ClusterEnv, image: str, **kwargs: Any) -> EnrootImportOperator:
     return EnrootImportOperator(
-        task_id="import", image=image, containers_dir=cluster.containers_dir, poll_interval=1, **kwargs
+        task_id="import", image=image, containers_dir=cluster.containers_dir, poll_interval_seconds=1, **kwargs
     )
 
 

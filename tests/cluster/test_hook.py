@@ -42,6 +42,7 @@ from airflow_provider_tao_slurm.exceptions import (
     StatusQueryError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook, async_pool
+from airflow_provider_tao_slurm.lifecycle import submission
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
@@ -405,14 +406,20 @@ def test_cancel_is_idempotent_and_ends_cancelled(
 
 
 def test_ambiguous_submission_is_reconciled_by_exact_name(
-    slurm_settings: ClusterSettings, cluster: ClusterEnv, ssh_run: SshRun, quick_script: str, run_dir: str
+    slurm_settings: ClusterSettings,
+    cluster: ClusterEnv,
+    ssh_run: SshRun,
+    quick_script: str,
+    run_dir: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The hook's one round trip says the outcome is unknown; the lifecycle's submission finds the job by name."""
     name = f"hook_{TOKEN}_fault"
     hook = SlurmHook(settings=replace(slurm_settings, port=cluster.fault_port))
+    monkeypatch.setattr(submission, "RECONCILE_TIMEOUT_S", 10)
+    monkeypatch.setattr(submission, "RECONCILE_INTERVAL_S", 0.5)
     try:
-        job_id = hook.submit(
-            quick_script, name, log_dir=f"{run_dir}/logs", reconcile_timeout=10, reconcile_interval=0.5
-        )
+        job_id = submission.submit_job(hook, quick_script, name, log_dir=f"{run_dir}/logs", log=hook.log)
     finally:
         hook.close()
     assert jobs_named(ssh_run, name)[0] == [job_id]

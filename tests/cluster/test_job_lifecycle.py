@@ -44,6 +44,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.submission import find_job
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -125,7 +126,7 @@ def test_another_users_job_of_the_same_name_is_never_touched(
         assert ours["job_id"] == name
         assert ours["slurm_job_id"] != theirs
         assert slurm_hook.find_jobs_by_name(name, all_hosts=True) == [ours["slurm_job_id"]]
-        assert slurm_hook.reconcile_by_name(name, timeout=0, interval=0) == ours["slurm_job_id"]
+        assert find_job(slurm_hook, name) == ours["slurm_job_id"]
         slurm_hook.cancel([theirs], job_name=name)
         JobLifecycle(slurm_hook).cancel(JobHandle.from_dict(ours), source="test")
         assert wait_until(lambda: final_state(ssh_run, ours["slurm_job_id"]) == "CANCELLED", "ours cancelled")
@@ -199,7 +200,7 @@ def test_vanished_job_is_recorded_unknown_and_its_sidecar_removed(
     ctx = context(dag_id, "submit", "r1")
     handle = submit(submit_op(image, "sleep 1"), ctx)
     ghost = {**handle, "slurm_job_id": "99999999", "submitted_at": None}
-    sensor = sensor_for(ghost, not_found_grace=3)
+    sensor = sensor_for(ghost, not_found_grace_seconds=3)
     deferred = defer(sensor, ctx)
     event = run_async(first_event(deferred.trigger, 60))
     assert event.payload["status"] == "vanished"
@@ -227,7 +228,7 @@ def test_unrecognised_state_fails_after_the_grace_naming_it(
     ctx = context(dag_id, "submit", "r1")
     handle = submit(submit_op(image, "sleep 60"), ctx)
     slurm_id = handle["slurm_job_id"]
-    sensor = sensor_for(handle, unrecognised_grace=3)
+    sensor = sensor_for(handle, unrecognised_grace_seconds=3)
     deferred = defer(sensor, ctx)
     try:
         wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "running")

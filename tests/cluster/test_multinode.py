@@ -185,7 +185,7 @@ def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: A
         task_id="nccl_probe",
         image=image,
         python=cluster_json["torch_python"],
-        poll_interval=1,
+        poll_interval_seconds=1,
         slurm_conn_id=conn_id,
         **kwargs,
     )
@@ -197,7 +197,7 @@ def probe_op(image: str, cluster_json: dict[str, Any], conn_id: str, **kwargs: A
 def test_probe_all_reduces_across_both_nodes_with_gloo(
     ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
-    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force=True)
+    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force_reprobe=True)
     env, deferrals = drive(op, context(f"nccl{TOKEN}-gloo", "run1"))
     assert env == {}
     assert len(deferrals) == 1
@@ -239,7 +239,7 @@ def test_single_node_probe_with_two_gpus_and_site_options(
         num_nodes=1,
         gpus_per_node=2,
         timeout_seconds=60,
-        force=True,
+        force_reprobe=True,
         qos=cluster_json["qos"],
         constraint=cluster_json["node_features"]["n2"][0],
         gpu_type=cluster_json["gpu_types"]["n2"],
@@ -262,7 +262,7 @@ def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
     ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
     with fault_switch(cluster_json["fault_switch"]):
-        op = probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S, force=True)
+        op = probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S, force_reprobe=True)
         started = time.monotonic()
         env, deferrals = drive(op, context(f"nccl{TOKEN}-hang", "run1"))
         took = time.monotonic() - started
@@ -302,7 +302,7 @@ def test_nccl_required_on_a_cluster_without_cuda_fails_at_once(
     ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
     """The default backend proves NCCL: on this CUDA-less cluster the probe says so, and nothing passes on gloo."""
-    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force=True, backend="nccl")
+    op = probe_op(image, cluster_json, probe_conn, timeout_seconds=60, force_reprobe=True, backend="nccl")
     with pytest.raises(NcclProbeError) as info:
         drive(op, context(f"nccl{TOKEN}-nocuda", "run1"))
     message = str(info.value)

@@ -67,7 +67,7 @@ def test_three_concurrent_dag_runs_share_one_conversion(
         ctx = context(dag_id, "train", f"run{index}")
         StageDatasetCheckOperator(task_id="check", paths=[dataset]).execute(ctx)
         importer = EnrootImportOperator(
-            task_id="import", image=image, containers_dir=cluster.containers_dir, poll_interval=1
+            task_id="import", image=image, containers_dir=cluster.containers_dir, poll_interval_seconds=1
         )
         sqsh = drive(importer, ctx, triggerer)
         submitter = submit_op(sqsh, f"cat {dataset}/labels.txt; sleep 1", secret_env=None)

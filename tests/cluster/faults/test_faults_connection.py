@@ -11,6 +11,7 @@ running at the same time keep theirs.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,10 @@ from clusterkit import (
     submit_op,
 )
 from deferral import context, defer, first_event, resume, run_async, wait_until
+from demo import load_cluster
 
 from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
 from airflow_provider_tao_slurm.triggers.poller import active_pollers
 
@@ -161,6 +164,38 @@ def test_first_login_host_down_the_task_runs_through_the_next(
     assert retried["slurm_job_id"] == handle["slurm_job_id"]
     assert result["terminal_state"] == "COMPLETE"
     assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
+
+
+def test_an_sbatch_slower_than_the_command_timeout_is_reconciled_and_watched_to_its_end(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The login host's sbatch answered after 8 s while the connection's command timeout was 3 s (the fault
+    sshd's sbatch while the harness's fault switch lists ``sbatch_slow``): the task gave up on the reply,
+    and the remote shell went on to submit and release the job. Expected: the task looks the job up by its
+    exact name before anything else and adopts it (no second sbatch); the sensor watches it to COMPLETE and
+    its secret sidecar is gone; one SLURM job."""
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SLURM_DEFAULT",
+        connection_json(cluster, port=cluster.fault_port, extra={"cmd_timeout": 3}),
+    )
+    switch = Path(load_cluster()["fault_switch"])
+    ctx = context(dag_id, "submit", "r1")
+    switch.write_text("sbatch_slow\n")
+    try:
+        started = time.monotonic()
+        handle = submit(submit_op(image, "sleep 2"), ctx)
+        took = time.monotonic() - started
+    finally:
+        switch.unlink(missing_ok=True)
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+    result = resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger, 120)))
+
+    assert took > 8, "the submission waited for the slow sbatch's job to appear"
+    assert result["terminal_state"] == "COMPLETE"
+    assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
+    assert record_of(ssh_run, handle["record_path"])["backend_ref"] == handle["slurm_job_id"]
+    assert ssh_run(join(["test", "-e", handle["sidecar_path"]]))[0] == 1, "the secret sidecar is gone"
 
 
 def test_submit_task_sigkilled_after_sbatch_then_retried_adopts_the_job(

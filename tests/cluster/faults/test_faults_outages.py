@@ -44,10 +44,9 @@ from deferral import context, defer, resume, run_async, wait_until
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.shell import join
-from airflow_provider_tao_slurm.core.states import NATIVE_TO_TAO
+from airflow_provider_tao_slurm.core.states import ACCOUNTING_SETTLE_S, NATIVE_TO_TAO
 from airflow_provider_tao_slurm.exceptions import JobFailedError, RemoteCommandError
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
-from airflow_provider_tao_slurm.triggers.slurm_job import ACCOUNTING_SETTLE_S
 
 if TYPE_CHECKING:
     from airflow.sdk.exceptions import TaskDeferred
