@@ -34,7 +34,7 @@ _USER_RE = re.compile(r"^[a-z_][a-z0-9_.-]*\$?$", re.IGNORECASE)
 
 
 def _proxy_problem(command: str) -> str | None:
-    """What is wrong with a ``proxy_command`` extra, or None."""
+    """Return what is wrong with a ``proxy_command`` extra, or None."""
     if any(ch in command for ch in "\n\r\x00"):
         return "proxy_command must be one line"
     try:
@@ -49,8 +49,10 @@ def _proxy_problem(command: str) -> str | None:
 
 
 def proxy_argv(command: str, host: str, port: int, user: str) -> list[str]:
-    """The ``proxy_command`` extra for one login host, as argv: OpenSSH's ``%h``, ``%p``, ``%r`` and ``%%``
-    are expanded per argument (never through a shell), as OpenSSH's ``ProxyCommand`` does.
+    """Return the ``proxy_command`` extra for one login host, as argv.
+
+    OpenSSH's ``%h``, ``%p``, ``%r`` and ``%%`` are expanded per argument (never through a shell), as
+    OpenSSH's ``ProxyCommand`` does.
 
     :param command: the extra, already checked (see :func:`settings_from_connection`).
     """
@@ -123,29 +125,59 @@ def settings_from_connection(
     hosts = _split(host)
     if not hosts:
         problems.append(f"no login host: set {field_names['host']} (comma separated for failover)")
-    for h in hosts:
-        if not _HOST_RE.match(h):
-            problems.append(f"login host {h!r} is not a valid host name")
+    problems.extend(f"login host {h!r} is not a valid host name" for h in hosts if not _HOST_RE.match(h))
     user = (login or "").strip()
     if not user:
         problems.append(f"no SLURM user: set {field_names['login']}")
     elif not _USER_RE.match(user):
         problems.append(f"user {user!r} is not a valid user name")
+    auth = _auth_fields(extra, field_names["key_file"], problems)
+    names_ = _name_fields(extra, problems)
+    numbers = _number_fields(extra, problems)
+    port_number = _port(port, problems)
+    if problems:
+        raise ConnectionConfigError(f"{source} is not usable: " + "; ".join(problems))
+    return ClusterSettings(
+        hosts=hosts,
+        user=user,
+        port=port_number,
+        **auth,
+        **names_,
+        max_time_hours=numbers["max_time_hours"],
+        cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
+        conn_timeout=numbers["conn_timeout"] or DEFAULT_CONN_TIMEOUT,
+        cmd_timeout=numbers["cmd_timeout"] or DEFAULT_CMD_TIMEOUT,
+    )
+
+
+def _auth_fields(extra: Mapping[str, Any], key_file_name: str, problems: list[str]) -> dict[str, Any]:
+    """Return the connection's key, host-key and proxy settings; what is wrong with them goes to ``problems``."""
     key_file = extra.get("key_file") or None
     private_key = extra.get("private_key") or None
     if key_file and private_key:
         problems.append("both key_file and private_key are set: keep only one")
     if key_file and not str(key_file).startswith("/"):
-        problems.append(f"{field_names['key_file']} {key_file!r} must be an absolute path (~ is not expanded)")
+        problems.append(f"{key_file_name} {key_file!r} must be an absolute path (~ is not expanded)")
     host_key = (extra.get("host_key") or "").strip() or None
     no_check = _truthy(extra.get("no_host_key_check", False))
     if host_key and no_check:
         problems.append("host_key is pinned but no_host_key_check is true: remove no_host_key_check")
     proxy_command = str(extra.get("proxy_command") or "").strip() or None
-    if proxy_command is not None:
-        problem = _proxy_problem(proxy_command)
-        if problem:
-            problems.append(problem)
+    problem = _proxy_problem(proxy_command) if proxy_command is not None else None
+    if problem:
+        problems.append(problem)
+    return {
+        "key_file": str(key_file) if key_file else None,
+        "private_key": str(private_key) if private_key else None,
+        "private_key_passphrase": extra.get("private_key_passphrase") or None,
+        "host_key": host_key,
+        "no_host_key_check": no_check,
+        "proxy_command": proxy_command,
+    }
+
+
+def _name_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+    """Return the connection's partitions, account and cluster paths; what is wrong with them goes to ``problems``."""
     partitions = _split(extra.get("partition"))
     conversion = str(extra.get("conversion_partition") or "").strip() or None
     account = (str(extra["account"]).strip() or None) if extra.get("account") else None
@@ -159,6 +191,18 @@ def settings_from_connection(
     results_dir = (str(extra["results_dir"]).strip() or None) if extra.get("results_dir") else None
     if results_dir is not None and not results_dir.startswith("/"):
         problems.append(f"results_dir {results_dir!r} must be an absolute path on the cluster")
+    mounts = (str(extra["container_mounts"]).strip() or None) if extra.get("container_mounts") else None
+    return {
+        "partitions": partitions,
+        "account": account,
+        "results_dir": results_dir,
+        "container_mounts": mounts,
+        "conversion_partition": conversion,
+    }
+
+
+def _number_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, float | None]:
+    """``max_time_hours`` and the timeouts (positive numbers, or their defaults)."""
     numbers: dict[str, float | None] = {}
     for key, default in (
         ("max_time_hours", None),
@@ -174,36 +218,20 @@ def settings_from_connection(
         value = numbers[key]
         if value is not None and not value > 0:
             problems.append(f"{key} must be greater than 0")
+    return numbers
+
+
+def _port(port: int | None, problems: list[str]) -> int:
+    """Return the SSH port (0 or empty: 22, as the SSH provider reads it)."""
     try:
-        port_number = int(port) if port else 22  # 0 or empty: the SSH default, as the SSH provider reads it
+        port_number = int(port) if port else 22
     except (TypeError, ValueError):
         problems.append(f"port {port!r} is not a number")
-        port_number = 22
+        return 22
     if not 1 <= port_number <= 65535:
         problems.append(f"port {port_number} is outside 1-65535")
-        port_number = 22
-    if problems:
-        raise ConnectionConfigError(f"{source} is not usable: " + "; ".join(problems))
-    return ClusterSettings(
-        hosts=hosts,
-        user=user,
-        port=port_number,
-        key_file=str(key_file) if key_file else None,
-        private_key=str(private_key) if private_key else None,
-        private_key_passphrase=extra.get("private_key_passphrase") or None,
-        host_key=host_key,
-        no_host_key_check=no_check,
-        partitions=partitions,
-        account=account,
-        results_dir=results_dir,
-        container_mounts=(str(extra["container_mounts"]).strip() or None) if extra.get("container_mounts") else None,
-        conversion_partition=conversion,
-        max_time_hours=numbers["max_time_hours"],
-        cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
-        conn_timeout=numbers["conn_timeout"] or DEFAULT_CONN_TIMEOUT,
-        cmd_timeout=numbers["cmd_timeout"] or DEFAULT_CMD_TIMEOUT,
-        proxy_command=proxy_command,
-    )
+        return 22
+    return port_number
 
 
 def settings_from_env(env: Mapping[str, str]) -> ClusterSettings:

@@ -38,8 +38,10 @@ from airflow_provider_tao_slurm.lifecycle.support import (
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 if TYPE_CHECKING:
-    from airflow_provider_tao_slurm.core.nccl import ProbeAttempt, ProbePlan
+    from airflow_provider_tao_slurm.core.layout import JobLayout
+    from airflow_provider_tao_slurm.core.nccl import ProbeAttempt, ProbeOutcome, ProbePlan
     from airflow_provider_tao_slurm.core.resources import Resources
+    from airflow_provider_tao_slurm.lifecycle.events import JobEvent
 
 #: Bytes of the end of each probe log that are judged (and shown on failure).
 LOG_TAIL_BYTES = 65536
@@ -212,115 +214,30 @@ class NcclProbeOperator(SlurmBaseOperator):
         deferral; where they are lost (``airflow dags test`` resumes with the event only) the names
         are minted again from the context, as they were before the deferral.
         """
-        from airflow_provider_tao_slurm.core.nccl import (
-            GLOO,
-            CachedEnv,
-            Verdict,
-            cache_text,
-            candidate_envs,
-            judge_probe,
-        )
-        from airflow_provider_tao_slurm.core.secrets import redact_text
-        from airflow_provider_tao_slurm.core.storage import display_value
-        from airflow_provider_tao_slurm.exceptions import NcclProbeError, RemoteReadError, ValidationError
-        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
-        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.core.nccl import Verdict, candidate_envs, judge_probe
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError
+        from airflow_provider_tao_slurm.lifecycle.events import EventStatus
 
-        resources_ = self._resources()
         names = list(job_names) or self._job_names(context, len(candidate_envs(self.candidate_envs)))
-        plan = self._plan(resources_, names)
-        try:
-            parsed = JobEvent.from_dict(event, what="probe trigger event")
-        except ValidationError:
-            parsed = None
-        current = next((a for a in plan.attempts if parsed is not None and a.job_name == parsed.job_name), None)
-        if current is None or parsed is None:
-            raise NcclProbeError(
-                f"the trigger sent {display_value(event)}, which is not the end of one of this task's probe jobs "
-                f"({', '.join(names)}); check the triggerer's log and clear the task"
-            )
-        slurm_job_id = parsed.slurm_job_id
-        attempt = current.index
+        plan = self._plan(self._resources(), names)
+        current, parsed = self._ended_attempt(plan, event, names)
         terminal = parsed.state if parsed.status is EventStatus.TERMINAL else None
-        native = terminal.native if terminal is not None else ""
-        exit_code = terminal.exit_code if terminal is not None else None
-        label = f"candidate {attempt + 1}/{len(plan.attempts)} [{_env_text(current.env)}]"
-        log_text = self._log_tail(current, slurm_job_id)
+        log_text = self._log_tail(current, parsed.slurm_job_id)
         outcome = judge_probe(
-            native_state=native,
-            exit_code=exit_code,
+            native_state=terminal.native if terminal is not None else "",
+            exit_code=terminal.exit_code if terminal is not None else None,
             log_text=log_text,
             world_size=plan.world_size,
             backend=plan.backend,
             partition=plan.resources.partition or "",
         )
         if outcome.verdict is Verdict.OK:
-            entry = CachedEnv(
-                env=current.env,
-                probed_at=utc_now(),
-                slurm_job_id=slurm_job_id,
-                nodes=plan.resources.num_nodes,
-                gpus_per_node=plan.resources.gpus_per_node,
-                backend=plan.backend,
-                image=plan.key.image,
-                seen=outcome.seen,
-            )
-            try:
-                previous = self.hook.read_file(plan.cache_path)
-            except RemoteReadError as exc:  # writing without it would drop the other entries
-                self.log.warning("Cannot read the NCCL cache (%s): this result is not cached", exc)
-            else:
-                self.hook.write_file(plan.cache_path, cache_text(previous, plan.key, entry).encode(), "644")
-            self.log.info(
-                "NCCL probe passed with %s (SLURM job %s, backend %s; %s): %s; cached in %s for %s",
-                label,
-                slurm_job_id,
-                plan.backend,
-                outcome.seen.describe(),
-                outcome.detail,
-                plan.cache_path,
-                plan.key.describe(),
-            )
-            if plan.backend == GLOO:
-                self.log.warning(
-                    "backend=%r: the probe all-reduced on the CPU, which says nothing about NCCL; use it only on a "
-                    "CPU test cluster",
-                    plan.backend,
-                )
+            self._cache(plan, current, parsed.slurm_job_id, outcome)
             return current.env
-        # The job has ended (the trigger only fires on a terminal state); cancelling it anyway makes
-        # sure no step of a hung probe is left behind before the next candidate takes the nodes.
-        JobLifecycle(self.hook, self.log).cancel_job(slurm_job_id, current.job_name, source="NCCL probe given up")
-        self.log.warning(
-            "NCCL probe %s: %s (SLURM job %s, %s, exit code %s): %s\n%s",
-            label,
-            outcome.verdict,
-            slurm_job_id,
-            native or "no state",
-            exit_code,
-            outcome.detail,
-            redact_text(log_text[-SHOWN_LOG_BYTES:]),
-        )
-        history = [*outcomes, f"{label}: {outcome.verdict} (SLURM job {slurm_job_id}): {outcome.detail}"]
-        if outcome.verdict is Verdict.NO_CUDA:
-            raise NcclProbeError(
-                f"the NCCL probe on cluster {plan.cluster!r} cannot prove NCCL: {outcome.detail}. "
-                f"Logs: {current.layout.job_log_dir(slurm_job_id)}"
-            )
-        if outcome.verdict is Verdict.SETUP_ERROR:
-            raise NcclProbeError(
-                f"the NCCL probe could not start on cluster {plan.cluster!r}: {outcome.detail}. Check that the "
-                f"image has PyTorch for python={self.python!r} and that results_dir is mounted in the container "
-                f"at the same path. Logs: {current.layout.job_log_dir(slurm_job_id)}"
-            )
-        if not outcome.verdict.next_candidate_may_help:
-            raise NcclProbeError(
-                f"the NCCL probe job {slurm_job_id} did not finish ({outcome.detail}), which says nothing about "
-                "the NCCL settings; run the task again"
-            )
-        if attempt + 1 < len(plan.attempts):
+        history = self._given_up(plan, current, parsed, outcome, log_text, outcomes)
+        if current.index + 1 < len(plan.attempts):
             self.log.warning("Trying the next NCCL candidate environment")
-            return self._submit(context, plan, attempt + 1, history)
+            return self._submit(context, plan, current.index + 1, history)
         raise NcclProbeError(
             f"no candidate NCCL environment passed the all-reduce probe over {plan.resources.num_nodes} node(s) x "
             f"{plan.resources.gpus_per_node} GPU(s) on cluster {plan.cluster!r}:\n- "
@@ -329,7 +246,117 @@ class NcclProbeOperator(SlurmBaseOperator):
             "as candidate_envs; the probe logs are under " + current.layout.log_dir
         )
 
-    # ------------------------------------------------------------------ planning (no SSH)
+    def _ended_attempt(self, plan: ProbePlan, event: Any, names: Sequence[str]) -> tuple[ProbeAttempt, JobEvent]:
+        """Return the candidate whose probe job the event says ended, and the parsed event.
+
+        :raises NcclProbeError: when the event is not about one of this task's probe jobs.
+        """
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError, ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import JobEvent
+
+        try:
+            parsed: JobEvent | None = JobEvent.from_dict(event, what="probe trigger event")
+        except ValidationError:
+            parsed = None
+        current = next((a for a in plan.attempts if parsed is not None and a.job_name == parsed.job_name), None)
+        if current is None or parsed is None:
+            raise NcclProbeError(
+                f"the trigger sent {display_value(event)}, which is not the end of one of this task's probe jobs "
+                f"({', '.join(names)}); check the triggerer's log and clear the task"
+            )
+        return current, parsed
+
+    def _label(self, plan: ProbePlan, current: ProbeAttempt) -> str:
+        return f"candidate {current.index + 1}/{len(plan.attempts)} [{_env_text(current.env)}]"
+
+    def _cache(self, plan: ProbePlan, current: ProbeAttempt, slurm_job_id: str, outcome: ProbeOutcome) -> None:
+        """Cache the candidate that passed (unless the cache cannot be read) and say so."""
+        from airflow_provider_tao_slurm.core.nccl import GLOO, CachedEnv, cache_text
+        from airflow_provider_tao_slurm.exceptions import RemoteReadError
+
+        entry = CachedEnv(
+            env=current.env,
+            probed_at=utc_now(),
+            slurm_job_id=slurm_job_id,
+            nodes=plan.resources.num_nodes,
+            gpus_per_node=plan.resources.gpus_per_node,
+            backend=plan.backend,
+            image=plan.key.image,
+            seen=outcome.seen,
+        )
+        try:
+            previous = self.hook.read_file(plan.cache_path)
+        except RemoteReadError as exc:  # writing without it would drop the other entries
+            self.log.warning("Cannot read the NCCL cache (%s): this result is not cached", exc)
+        else:
+            self.hook.write_file(plan.cache_path, cache_text(previous, plan.key, entry).encode(), "644")
+        self.log.info(
+            "NCCL probe passed with %s (SLURM job %s, backend %s; %s): %s; cached in %s for %s",
+            self._label(plan, current),
+            slurm_job_id,
+            plan.backend,
+            outcome.seen.describe(),
+            outcome.detail,
+            plan.cache_path,
+            plan.key.describe(),
+        )
+        if plan.backend == GLOO:
+            self.log.warning(
+                "backend=%r: the probe all-reduced on the CPU, which says nothing about NCCL; use it only on a "
+                "CPU test cluster",
+                plan.backend,
+            )
+
+    def _given_up(
+        self,
+        plan: ProbePlan,
+        current: ProbeAttempt,
+        parsed: JobEvent,
+        outcome: ProbeOutcome,
+        log_text: str,
+        outcomes: Sequence[str],
+    ) -> list[str]:
+        """Cancel a candidate that did not pass and say why; the history so far, or the error that ends the probe.
+
+        :raises NcclProbeError: when no other candidate can help (no CUDA, a setup error, an unfinished job).
+        """
+        from airflow_provider_tao_slurm.core.nccl import Verdict
+        from airflow_provider_tao_slurm.core.secrets import redact_text
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+
+        slurm_job_id, label = parsed.slurm_job_id, self._label(plan, current)
+        # The job has ended (the trigger only fires on a terminal state); cancelling it anyway makes
+        # sure no step of a hung probe is left behind before the next candidate takes the nodes.
+        JobLifecycle(self.hook, self.log).cancel_job(slurm_job_id, current.job_name, source="NCCL probe given up")
+        self.log.warning(
+            "NCCL probe %s: %s (SLURM job %s, %s, exit code %s): %s\n%s",
+            label,
+            outcome.verdict,
+            slurm_job_id,
+            parsed.state.native if parsed.state is not None else "no state",
+            parsed.state.exit_code if parsed.state is not None else None,
+            outcome.detail,
+            redact_text(log_text[-SHOWN_LOG_BYTES:]),
+        )
+        logs = current.layout.job_log_dir(slurm_job_id)
+        if outcome.verdict is Verdict.NO_CUDA:
+            raise NcclProbeError(
+                f"the NCCL probe on cluster {plan.cluster!r} cannot prove NCCL: {outcome.detail}. Logs: {logs}"
+            )
+        if outcome.verdict is Verdict.SETUP_ERROR:
+            raise NcclProbeError(
+                f"the NCCL probe could not start on cluster {plan.cluster!r}: {outcome.detail}. Check that the "
+                f"image has PyTorch for python={self.python!r} and that results_dir is mounted in the container "
+                f"at the same path. Logs: {logs}"
+            )
+        if not outcome.verdict.next_candidate_may_help:
+            raise NcclProbeError(
+                f"the NCCL probe job {slurm_job_id} did not finish ({outcome.detail}), which says nothing about "
+                "the NCCL settings; run the task again"
+            )
+        return [*outcomes, f"{label}: {outcome.verdict} (SLURM job {slurm_job_id}): {outcome.detail}"]
 
     def _resources(self) -> Resources:
         from airflow_provider_tao_slurm.core.nccl import MIN_TIMEOUT_S, WALL_GRACE_S, check_backend, check_max_age
@@ -385,86 +412,88 @@ class NcclProbeOperator(SlurmBaseOperator):
 
     def _plan(self, resources_: Resources, job_names: Sequence[str]) -> ProbePlan:
         """Render every candidate's script up front, so a bad candidate fails before anything is submitted."""
-        from airflow_provider_tao_slurm.core.images import parse_image
         from airflow_provider_tao_slurm.core.layout import JobLayout
-        from airflow_provider_tao_slurm.core.nccl import (
-            PROBE_FILE,
-            ProbeAttempt,
-            ProbePlan,
-            cache_key,
-            cache_path,
-            candidate_envs,
-            probe_command,
-        )
-        from airflow_provider_tao_slurm.core.storage import display_value
-        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
-        from airflow_provider_tao_slurm.exceptions import (
-            ConnectionConfigError,
-            ImageReferenceError,
-            NcclProbeError,
-            ValidationError,
-        )
+        from airflow_provider_tao_slurm.core.nccl import ProbePlan, cache_key, cache_path, candidate_envs
+        from airflow_provider_tao_slurm.exceptions import NcclProbeError
 
-        settings = self.hook.settings
-        image = parse_image(self.image)
-        if image.path is None:
-            raise ImageReferenceError(
-                f"image {display_value(self.image)} is a registry reference; the probe is a GPU job and only runs "
-                ".sqsh files. Put EnrootImportOperator upstream and pass its output as image"
-            )
-        if not settings.results_dir:
-            raise ConnectionConfigError(
-                f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
-                "(extra results_dir or SLURM_BASE_RESULTS_DIR); the probe and its cache live there"
-            )
+        image_path, results_dir = self._image_and_results_dir()
         envs = candidate_envs(self.candidate_envs)
         if len(job_names) != len(envs):
             raise NcclProbeError(
                 f"the deferred probe knew {len(job_names)} candidate(s) but candidate_envs now has {len(envs)}; "
                 "clear the task to probe again"
             )
-        layouts = [JobLayout(settings.results_dir, name) for name in job_names]
-        commands_ = [
-            probe_command(
-                f"{layout.inputs_dir}/{PROBE_FILE}",
-                nodes=resources_.num_nodes,
-                gpus_per_node=resources_.gpus_per_node,
-                python=self.python,
-                backend=self.backend,
-            )
-            for layout in layouts
-        ]
+        layouts = [JobLayout(results_dir, name) for name in job_names]
         # Only now, with every input checked, ask the cluster for the partition, its limit and its GPUs.
-        resources_ = place_on_cluster(
+        placed = place_on_cluster(
             self.hook, resources_, param="the probe's wall time (timeout_seconds + grace, in hours)"
         )
-        chosen = (resources_.partition or "").split(",")
-        attempts = []
-        for index, (env, name, layout, command) in enumerate(zip(envs, job_names, layouts, commands_, strict=True)):
-            try:
-                script = render_sbatch(
-                    SbatchSpec(
-                        **{**resource_fields(resources_), "requeue": False},
-                        job_name=name,
-                        log_dir=layout.log_dir,
-                        job_dir=layout.job_dir,
-                        image=image.path,
-                        container_mounts=self.container_mounts or settings.container_mounts,
-                        command=command,
-                        nccl_env=env,
-                        exit_code_file=layout.exit_code_path,
-                    )
-                )
-            except ValidationError as exc:
-                raise ValidationError(f"candidate_envs[{index}] cannot be used: {exc}") from None
-            attempts.append(ProbeAttempt(index=index, env=env, layout=layout, script=script))
-        key = cache_key(settings.cluster_name, chosen, resources_.num_nodes, self.backend, image.path)
-        return ProbePlan(
-            resources=resources_,
-            key=key,
-            cache_path=cache_path(settings.results_dir, key),
-            attempts=tuple(attempts),
+        attempts = tuple(
+            self._attempt(index, env, layout, placed, image_path)
+            for index, (env, layout) in enumerate(zip(envs, layouts, strict=True))
         )
+        chosen = (placed.partition or "").split(",")
+        key = cache_key(self.hook.settings.cluster_name, chosen, placed.num_nodes, self.backend, image_path)
+        return ProbePlan(resources=placed, key=key, cache_path=cache_path(results_dir, key), attempts=attempts)
+
+    def _image_and_results_dir(self) -> tuple[str, str]:
+        """Return the probe's ``.sqsh`` image and the connection's results directory.
+
+        :raises ImageReferenceError: for a registry reference (the probe runs only converted images).
+        :raises ConnectionConfigError: when the connection has no results_dir.
+        """
+        from airflow_provider_tao_slurm.core.images import parse_image
+        from airflow_provider_tao_slurm.core.storage import display_value
+        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError, ImageReferenceError
+
+        image = parse_image(self.image)
+        if image.path is None:
+            raise ImageReferenceError(
+                f"image {display_value(self.image)} is a registry reference; the probe is a GPU job and only runs "
+                ".sqsh files. Put EnrootImportOperator upstream and pass its output as image"
+            )
+        if not self.hook.settings.results_dir:
+            raise ConnectionConfigError(
+                f"connection {self.slurm_conn_id!r} has no results_dir: set the shared base directory "
+                "(extra results_dir or SLURM_BASE_RESULTS_DIR); the probe and its cache live there"
+            )
+        return image.path, self.hook.settings.results_dir
+
+    def _attempt(
+        self, index: int, env: Mapping[str, str], layout: JobLayout, resources_: Resources, image_path: str
+    ) -> ProbeAttempt:
+        """Candidate ``index``'s probe job: its batch script rendered for the placed resources.
+
+        :raises ValidationError: naming the candidate when its environment cannot be used.
+        """
+        from airflow_provider_tao_slurm.core.nccl import PROBE_FILE, ProbeAttempt, probe_command
+        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
+        command = probe_command(
+            f"{layout.inputs_dir}/{PROBE_FILE}",
+            nodes=resources_.num_nodes,
+            gpus_per_node=resources_.gpus_per_node,
+            python=self.python,
+            backend=self.backend,
+        )
+        try:
+            script = render_sbatch(
+                SbatchSpec(
+                    **{**resource_fields(resources_), "requeue": False},
+                    job_name=layout.job_id,
+                    log_dir=layout.log_dir,
+                    job_dir=layout.job_dir,
+                    image=image_path,
+                    container_mounts=self.container_mounts or self.hook.settings.container_mounts,
+                    command=command,
+                    nccl_env=env,
+                    exit_code_file=layout.exit_code_path,
+                )
+            )
+        except ValidationError as exc:
+            raise ValidationError(f"candidate_envs[{index}] cannot be used: {exc}") from None
+        return ProbeAttempt(index=index, env=dict(env), layout=layout, script=script)
 
     # ------------------------------------------------------------------ on the cluster
 
@@ -567,7 +596,7 @@ class NcclProbeOperator(SlurmBaseOperator):
         )
 
     def _log_tail(self, attempt: ProbeAttempt, slurm_job_id: str) -> str:
-        """The last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
+        """Return the last :data:`LOG_TAIL_BYTES` of the probe's ``main.out`` and ``main.err``."""
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
         lifecycle = JobLifecycle(self.hook, self.log)
