@@ -33,7 +33,6 @@ from airflow_provider_tao_slurm.core.continuation import (
     new_checkpoints,
     parse_new_checkpoints,
 )
-from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir, slices_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
@@ -49,13 +48,14 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     TaoSlurmError,
 )
-from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
 from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
 from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.failures import Classification
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+    from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
 #: Bytes of each log read for a tail (classification and the task log).
 LOG_TAIL_BYTES = 16384
@@ -86,7 +86,7 @@ class Attempt:
 
 
 def _settled(record: JobRecord, state: TaoState, *, message: str, source: str, **kwargs: Any) -> JobRecord:
-    """The record with a terminal ``state``; one already terminal stays as it is (the first verdict stands)."""
+    """Return the record with a terminal ``state``; one already terminal stays as it is (the first verdict stands)."""
     if record.terminal_state is not None:
         return record
     return mark(record, state, now=utc_now(), message=message, source=source, **kwargs)
@@ -100,7 +100,7 @@ def _running(record: JobRecord, slurm_id: str, message: str, source: str, secret
 
 
 def record_dict(record: JobRecord) -> dict[str, Any]:
-    """The record as the JSON-safe dict a task returns (already redacted)."""
+    """Return the record as the JSON-safe dict a task returns (already redacted)."""
     return dict(json.loads(to_json(record)))
 
 
@@ -118,7 +118,7 @@ class JobLifecycle:
     # ------------------------------------------------------------------ record store
 
     def read_record(self, path: str) -> JobRecord | None:
-        """The record at ``path``, or None when there is none.
+        """Return the record at ``path``, or None when there is none.
 
         :raises RemoteReadError: when it could not be read (never taken for "no record").
         """
@@ -126,7 +126,7 @@ class JobLifecycle:
         return from_json(text) if text is not None else None
 
     def require_record(self, handle: JobHandle) -> JobRecord:
-        """The handle's record; :raises JobNotFoundError: when it is missing (with the fix)."""
+        """Return the handle's record; :raises JobNotFoundError: when it is missing (with the fix)."""
         record = self.read_record(handle.record_path)
         if record is None:
             raise JobNotFoundError(
@@ -364,7 +364,7 @@ class JobLifecycle:
         )
 
     def _slice_end(self, handle: JobHandle) -> SliceEnd:
-        """What the slice left: its markers and the checkpoints it wrote (newer than its start marker).
+        """Return what the slice left: its markers and the checkpoints it wrote (newer than its start marker).
 
         :raises RemoteCommandError: when they could not be listed.
         """
@@ -379,7 +379,7 @@ class JobLifecycle:
         return end
 
     def _next_job(self, ti: Any, handle: JobHandle) -> tuple[str, str | None]:
-        """The id of the job that follows ``handle`` (derived from it) and our SLURM job of that name, if any.
+        """Return the id of the job that follows ``handle`` (derived from it) and our SLURM job of that name, if any.
 
         :raises AmbiguousSubmissionError: when several jobs carry the name.
         """
@@ -389,7 +389,7 @@ class JobLifecycle:
     def _exclusions(
         self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
     ) -> list[str]:
-        """The handle's excluded nodes plus this failure's; fails the job when the partition could not fit it.
+        """Return the handle's excluded nodes plus this failure's; fail the job when the partition could not fit it.
 
         :param check_fit: check the partition (False when the resubmission already exists).
         """
@@ -424,14 +424,14 @@ class JobLifecycle:
         return excluded
 
     def _expand(self, node_list: str | None) -> list[str]:
-        """A SLURM hostlist (``n[1-2]``) as node names (``sinfo`` expands it)."""
+        """Expand a SLURM hostlist (``n[1-2]``) into node names (``sinfo`` does it)."""
         if not node_list:
             return []
         listed = self.hook.run(commands.existing_nodes(node_list), what="expanding the failed job's node list")
         return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.rc == 0 else []
 
     def _shape(self, handle: JobHandle, allocation: Sequence[str]) -> tuple[int, list[str]]:
-        """The job's node count and partitions: from the handle, else from the staged ``meta`` file."""
+        """Return the job's node count and partitions: from the handle, else from the staged ``meta`` file."""
         num_nodes, partition = handle.num_nodes, handle.partition
         if num_nodes is None or partition is None:
             meta: dict[str, Any] = {}
@@ -496,7 +496,7 @@ class JobLifecycle:
 
     @staticmethod
     def _sidecar_stage(handle: JobHandle) -> tuple[str, dict[str, tuple[bytes | None, int]]] | None:
-        """The job's secret sidecar, resolved again here, to stage with a resubmission.
+        """Return the job's secret sidecar, resolved again here, to stage with a resubmission.
 
         The ended run's batch script removed it at its exit (SLURM was not going to run that job
         again); the resubmitted job runs the same script, which reads it at the same path.
@@ -523,12 +523,10 @@ class JobLifecycle:
     def finish(self, handle: JobHandle, record: JobRecord) -> None:
         """Write ``record``; remove the secret sidecar and the job's end markers (the job will not run again)."""
         self.write_record(handle.record_path, record)
-        sidecar = [handle.sidecar_path] if handle.sidecar_path else []
-        self.hook.run(
-            commands.remove_end_markers(ends_dir(handle.results_base), handle.slurm_job_id, sidecar),
-            check=True,
-            what="removing the secret sidecar and the end markers",
+        command, options = _sidecar_removal(
+            handle.sidecar_path, ends=(ends_dir(handle.results_base), handle.slurm_job_id)
         )
+        self.hook.run(command, **options)
 
     def end_evidence(self, handle: JobHandle) -> JobState | None:
         """How a job that squeue and sacct no longer know ended, by its own files; None when they do not show it.
@@ -569,7 +567,7 @@ class JobLifecycle:
             self.remove_sidecar(handle.sidecar_path)
 
     def cancel(self, handle: JobHandle, *, source: str) -> None:
-        """A user kill of the task watching ``handle``: see :meth:`cancel_job`."""
+        """Handle a user kill of the task watching ``handle``: see :meth:`cancel_job`."""
         self.cancel_job(
             handle.slurm_job_id,
             handle.job_id,
@@ -587,7 +585,7 @@ class JobLifecycle:
         sidecar_path: str | None = None,
         source: str,
     ) -> None:
-        """scancel our job (by id AND exact name, our user only), record CANCELED, remove the sidecar.
+        """Cancel our job with ``scancel`` (by id AND exact name, our user only), record CANCELED, remove the sidecar.
 
         Every cancel of the provider comes here (or to :meth:`a_cancel` in the triggerer): a user
         kill of a watching task and a probe that is given up alike.
@@ -626,7 +624,7 @@ class JobLifecycle:
             self.hook.run(command, **options)
 
     def read_status(self, path: str, *, settle: bool) -> list[dict[str, Any]] | None:
-        """A job's TAO ``status.json`` records; None when it does not exist.
+        """Return a job's TAO ``status.json`` records; None when it does not exist.
 
         :param settle: read a missing file again for :data:`STATUS_SETTLE_S` before it counts as
             missing (a TAO job's last write may not show yet on a login host that caches attributes).
@@ -673,8 +671,10 @@ class JobLifecycle:
             time.sleep(poll_interval)
 
     def usage(self, slurm_job_id: str) -> JobUsage | None:
-        """What the job cost (queue and run time, GPU hours, nodes, exit code) from accounting; ``None``
-        when accounting cannot say (the figures are a report: their absence never fails the job)."""
+        """Return what the job cost (queue and run time, GPU hours, nodes, exit code) from accounting.
+
+        ``None`` when accounting cannot say (the figures are a report: their absence never fails the job).
+        """
         try:
             result = self.hook.run(usage_command(slurm_job_id), what="job usage query")
         except TaoSlurmError as exc:
@@ -686,14 +686,14 @@ class JobLifecycle:
         return parse_usage(result.stdout, slurm_job_id)
 
     def log_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES, secrets: Iterable[str] = ()) -> str:
-        """The last ``max_bytes`` of a remote log, redacted (empty when missing)."""
+        """Return the last ``max_bytes`` of a remote log, redacted (empty when missing)."""
         size = self.hook.read_log(path, 0, 1).size
         text = self.hook.read_log(path, max(0, size - max_bytes), max_bytes).data if size else ""
         return redact_text(text, list(secrets))
 
 
 def _followed_by(handle: JobHandle, record: JobRecord, new_id: str, slurm_id: str, **changes: Any) -> JobHandle:
-    """The handle of the job ``new_id`` (SLURM ``slurm_id``) that runs ``handle``'s script after it."""
+    """Return the handle of the job ``new_id`` (SLURM ``slurm_id``) that runs ``handle``'s script after it."""
     return replace(
         handle,
         job_id=new_id,
@@ -707,12 +707,12 @@ def _followed_by(handle: JobHandle, record: JobRecord, new_id: str, slurm_id: st
 
 
 def _slice_env(handle: JobHandle) -> list[str]:
-    """The sbatch option that tells the next slice its number (none outside a chain of slices)."""
+    """Return the sbatch option that tells the next slice its number (none outside a chain of slices)."""
     return [f"--export=ALL,{SLICE_ENV}={handle.slice_number + 1}"] if handle.max_continuations else []
 
 
 def _next_slice(handle: JobHandle, state: JobState, usage: JobUsage | None, checkpoint: str | None) -> dict[str, Any]:
-    """The handle fields of the job that follows ``handle`` in a chain of slices (none outside one)."""
+    """Return the handle fields of the job that follows ``handle`` in a chain of slices (none outside one)."""
     if not handle.max_continuations:
         return {}
     ended = {
@@ -728,7 +728,7 @@ def _next_slice(handle: JobHandle, state: JobState, usage: JobUsage | None, chec
 
 
 def chain_summary(handle: JobHandle, state: JobState, usage: JobUsage | None) -> dict[str, Any]:
-    """A finished chain's ``slices`` (every slice, the last one included) and their ``totals``."""
+    """Summarise a finished chain: its ``slices`` (every slice, the last one included) and their ``totals``."""
     last = _next_slice(handle, state, usage, None)["slices"][-1]
     slices = [dict(item) for item in (*handle.slices, last)]
 
@@ -746,9 +746,17 @@ def chain_summary(handle: JobHandle, state: JobState, usage: JobUsage | None) ->
     }
 
 
-def _sidecar_removal(path: str) -> tuple[str, dict[str, Any]]:
-    """The one command (and its ``run`` options) that removes a job's secret sidecar."""
-    return commands.remove_files([path]), {"check": True, "what": f"removing the secret sidecar {path}"}
+def _sidecar_removal(path: str | None, *, ends: tuple[str, str] | None = None) -> tuple[str, dict[str, Any]]:
+    """Return the one command (and its ``run`` options) that removes a job's secret sidecar.
+
+    :param ends: ``(ends directory, SLURM job id)``: the job's end markers go in the same round trip (the
+        job will not run again).
+    """
+    sidecar = [path] if path else []
+    if ends is not None:
+        command = commands.remove_end_markers(ends[0], ends[1], sidecar)
+        return command, {"check": True, "what": "removing the secret sidecar and the end markers"}
+    return commands.remove_files(sidecar), {"check": True, "what": f"removing the secret sidecar {path}"}
 
 
 def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:
