@@ -166,8 +166,10 @@ class SubmissionError(RemoteCommandError):
 
 
 class SubmissionOutcomeUnknownError(RemoteCommandError):
-    """An ``sbatch`` whose outcome is unknown: it timed out, the connection dropped, its reply had no job id,
-    or the job exists but could not be checked for a twin or released.
+    """An ``sbatch`` whose outcome is unknown.
+
+    It timed out, the connection dropped, its reply had no job id, or the job exists but could not be
+    checked for a twin or released.
 
     The job may exist: it is looked up by its exact name before anything else happens.
 

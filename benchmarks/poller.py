@@ -308,7 +308,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
             warmup_refused = COUNTERS.connect_failures
         warmup_unknown = COUNTERS.gave_up
         if primed is not None:
-            primed.write_text(json.dumps({"warmup_s": warmup_s}))
+            await asyncio.to_thread(primed.write_text, json.dumps({"warmup_s": warmup_s}))
             await asyncio.sleep(3600)  # killed with SIGKILL by the orchestrator
         gc.collect()
         rss1 = _common.rss_bytes()

@@ -16,7 +16,7 @@ TOKENS = ("results_dir", "job_id", "config_path")
 
 
 def binding_values(*, results_dir: str, job_id: str, config_path: str) -> dict[str, str]:
-    """The token → value table for one job."""
+    """Return the token → value table for one job."""
     return {"{results_dir}": results_dir, "{job_id}": job_id, "{config_path}": config_path}
 
 

@@ -219,7 +219,7 @@ def continuation_verdict(
     checkpoints: Sequence[str],
     last_checkpoint: str | None,
 ) -> Verdict:
-    """The stop rules of a chain, once a slice ended ``native`` (TIMEOUT, or PREEMPTED not requeued).
+    """Apply the stop rules of a chain, once a slice ended ``native`` (TIMEOUT, or PREEMPTED not requeued).
 
     :param slice_number: the slice that ended (1 for the first).
     :param checkpoints: checkpoints written during the slice (oldest first).

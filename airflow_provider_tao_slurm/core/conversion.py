@@ -17,15 +17,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 from airflow_provider_tao_slurm.core.commands import SQUASHFS_MAGIC_HEX
 from airflow_provider_tao_slurm.core.images import MIN_SQSH_BYTES, ImageRef
 from airflow_provider_tao_slurm.core.resources import hours_to_slurm_time
 from airflow_provider_tao_slurm.core.shell import quote, storage_now
-from airflow_provider_tao_slurm.core.states import JobState
 from airflow_provider_tao_slurm.core.storage import display_value, resolve_cluster_path
 from airflow_provider_tao_slurm.core.templates import check_sbatch_option, render_template
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ResourceError, ValidationError
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.states import JobState
 
 CONVERSION_TEMPLATE = "enroot_import.sbatch.j2"
 #: Conversion jobs are named ``tao-enroot-<owner token>``.
@@ -50,7 +53,7 @@ def _owner(owner: str) -> str:
 
 
 def conversion_job_name(owner: str) -> str:
-    """The SLURM job name of the conversion started by lock owner ``owner``.
+    """Return the SLURM job name of the conversion started by lock owner ``owner``.
 
     :param owner: 16 lower-case hex digits.
     :returns: ``tao-enroot-<owner>``.
@@ -60,7 +63,7 @@ def conversion_job_name(owner: str) -> str:
 
 
 def owner_of_job(job_name: str) -> str:
-    """The lock owner token inside a conversion job name (inverse of :func:`conversion_job_name`).
+    """Return the lock owner token inside a conversion job name (inverse of :func:`conversion_job_name`).
 
     :raises ValidationError: when ``job_name`` is not a conversion job name.
     """
@@ -87,7 +90,7 @@ def sqsh_target(path: str, *, param: str = "sqsh_path") -> str:
 
 
 def lock_dir(target: str) -> str:
-    """The lock directory of a conversion target: ``<target>.lock``."""
+    """Return the lock directory of a conversion target: ``<target>.lock``."""
     return sqsh_target(target, param="target") + ".lock"
 
 

@@ -95,7 +95,7 @@ def _steps(value: Any, where: str) -> tuple[Step, ...]:
 
 
 def relative_path(value: Any, where: str) -> str:
-    """A normalised relative path with safe segments; absolute paths and ``..`` are refused."""
+    """Normalise a relative path into safe segments; absolute paths and ``..`` are refused."""
     if not isinstance(value, str) or not value.strip():
         raise ValidationError(f"{where} must be a non-empty relative path")
     if value.startswith("/"):
@@ -183,7 +183,7 @@ def parse_execution(block: Mapping[str, Any] | None, *, gpus_per_node: int | Non
 
 
 def primary_command(execution: Execution, command: str) -> str:
-    """The primary command, under torchrun when the bundle asks for it (SLURM owns the rendezvous).
+    """Return the primary command, under torchrun when the bundle asks for it (SLURM owns the rendezvous).
 
     The sbatch script exports the rendezvous: ``MASTER_ADDR``, a ``MASTER_PORT`` it found free on
     the master node when the job started (so jobs sharing a node never collide), the node count and
@@ -203,7 +203,7 @@ def primary_command(execution: Execution, command: str) -> str:
 
 
 def build_step_command(execution: Execution, command: str, exit_code_file: str) -> str:
-    """The shell program each task runs: pre → primary → post (only on success), exit codes kept.
+    """Return the shell program each task runs: pre → primary → post (only on success), exit codes kept.
 
     :param command: the primary command (shell text, tokens already bound).
     :param exit_code_file: absolute path; each task appends one JSON line to ``<file>``.
@@ -254,7 +254,7 @@ def canonical_sha256(value: Any) -> str:
 
 
 def manifest(files: Sequence[tuple[SupportingFile, bytes]]) -> str:
-    """The supporting-files manifest (JSON) after every declared SHA-256 was verified.
+    """Return the supporting-files manifest (JSON) after every declared SHA-256 was verified.
 
     :raises ValidationError: naming the first file whose content does not match its declared hash.
     """

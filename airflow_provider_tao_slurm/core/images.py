@@ -229,7 +229,7 @@ def _check_repository(ref: str, repository: str) -> None:
 
 
 def sqsh_cache_name(image: ImageRef) -> str:
-    """A deterministic, safe file name for the converted image, in the style of Enroot's.
+    """Return a deterministic, safe file name for the converted image, in the style of Enroot's.
 
     ``nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt`` gives ``nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh``.
     Docker Hub images are named ``docker.io+library+ubuntu+22.04.sqsh`` whatever alias was used; a
@@ -263,7 +263,7 @@ def sqsh_cache_name(image: ImageRef) -> str:
 
 
 def sqsh_cache_path(image: ImageRef, containers_dir: str) -> str:
-    """The cache file of ``image`` inside ``containers_dir``.
+    """Return the cache file of ``image`` inside ``containers_dir``.
 
     :param image: a registry image.
     :param containers_dir: a normalised absolute directory on shared storage.
@@ -275,7 +275,7 @@ def sqsh_cache_path(image: ImageRef, containers_dir: str) -> str:
 
 
 def registry_host(image: ImageRef) -> str | None:
-    """The host name a credentials line must name (``machine <host> ...``) to pull ``image``.
+    """Return the host name a credentials line must name (``machine <host> ...``) to pull ``image``.
 
     The port is dropped, as Enroot does when it looks up credentials. Docker Hub images give
     :data:`DOCKER_HUB_HOST`. NGC also needs a line for its authentication host, which this
@@ -329,7 +329,7 @@ def check_sqsh_header(first_bytes: bytes, size: int) -> str | None:
 
 
 def needs_conversion(image: ImageRef, existing_valid: bool, force_reconvert_latest: bool) -> bool:
-    """The cache policy: should ``image`` be converted to ``.sqsh`` now?
+    """Apply the cache policy: tell whether ``image`` should be converted to ``.sqsh`` now.
 
     :param image: the requested image; a ``.sqsh`` image is never converted (the caller checks it).
     :param existing_valid: a valid ``.sqsh`` already exists at the cache path.

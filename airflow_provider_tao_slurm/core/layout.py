@@ -37,7 +37,7 @@ def _check_base(base: str) -> str:
 
 
 def ends_dir(base: str) -> str:
-    """The end markers' directory of results base ``base``."""
+    """Return the end markers' directory of results base ``base``."""
     return f"{_check_base(base)}/ends"
 
 
@@ -117,11 +117,11 @@ class JobLayout:
         return f"{self.helpers_dir}/manifest.json"
 
     def helper_path(self, destination: str) -> str:
-        """The staged path of a supporting file whose bundle destination is ``destination``."""
+        """Return the staged path of a supporting file whose bundle destination is ``destination``."""
         return f"{self.helpers_dir}/{destination}"
 
     def in_job_dir(self, relative: str) -> str:
-        """A job-relative path (e.g. an execution block's ``child_exit_code_path``) made absolute."""
+        """Make a job-relative path (e.g. an execution block's ``child_exit_code_path``) absolute."""
         return f"{self.job_dir}/{relative}"
 
     def staged_name(self, path: str) -> str:

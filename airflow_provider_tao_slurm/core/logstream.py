@@ -136,7 +136,7 @@ def _absolute(path: str, what: str) -> str:
 
 
 def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tuple[str, str]:
-    """The script reading every request in order, and the nonce that frames its answer.
+    """Return the script reading every request in order, and the nonce that frames its answer.
 
     Send the script to ``sh -s`` on stdin. Each file's answer is a header
     ``@@tail NONCE I OFFSET O SKIP K`` (or ``@@tail NONCE I MISSING``), the bytes, and a trailer
@@ -199,10 +199,10 @@ def parse_tail_output(stdout: bytes, count: int, nonce: str) -> list[TailChunk[b
 
 
 def clean_line(raw: bytes | str, secrets: Iterable[str] = ()) -> str:
-    """One line of job output made safe for the task log.
+    r"""One line of job output made safe for the task log.
 
     Invalid UTF-8 is replaced; a carriage-return progress bar keeps what a terminal would show
-    last; ANSI escapes go; other control characters become ``\\ufffd`` (so no line can end a log
+    last; ANSI escapes go; other control characters become ``\ufffd`` (so no line can end a log
     record or start a forged one); secrets are redacted; the line is cut at :data:`MAX_LINE_CHARS`.
     A line of a stream (where a private key may span lines) is cleaned with :func:`clean_stream_line`.
     """
@@ -230,7 +230,7 @@ def clean_stream_line(raw: bytes | str, secrets: Iterable[str] = (), in_key: boo
 
 
 def progress_line(entry: Mapping[str, Any]) -> str:
-    """A TAO ``status.json`` entry as one readable line: status, epoch, iteration, loss, KPIs, message."""
+    """Render a TAO ``status.json`` entry as one readable line: status, epoch, iteration, loss, KPIs, message."""
     parts: list[str] = []
     if entry.get("status"):
         parts.append(str(entry["status"]))
@@ -284,7 +284,7 @@ class LineStream:
             _absolute(self.cursor_path, "log cursor path")
 
     def request(self, budget: int | None = None) -> TailRequest:
-        """What to read next: from the offset, at most ``max_bytes`` (or ``budget`` when smaller)."""
+        """Return what to read next: from the offset, at most ``max_bytes`` (or ``budget`` when smaller)."""
         self._asked = self.max_bytes if budget is None else max(1, min(self.max_bytes, budget))
         return TailRequest(self.path, self.offset, self._asked, self.cursor_path)
 

@@ -56,7 +56,7 @@ def _under(path: str, base: str) -> bool:
 
 
 def _shown_at(mounts: Sequence[Mount], path: str) -> tuple[Mount, str] | None:
-    """The mount the container shows at ``path`` (the deepest destination holding it; the last of equals)."""
+    """Return the mount the container shows at ``path`` (the deepest destination holding it; the last of equals)."""
     found: tuple[Mount, str] | None = None
     for mount in mounts:
         destination = _normal(mount.destination)
@@ -86,7 +86,7 @@ def visible_problem(mounts: Sequence[Mount], path: str) -> str | None:
 
 
 def spec_dataset_paths(spec: Mapping[str, Any] | None) -> dict[str, str]:
-    """The absolute paths in the spec's ``dataset`` section, by their place in the spec.
+    """Return the absolute paths in the spec's ``dataset`` section, by their place in the spec.
 
     :param spec: the (bound) spec.
     :returns: e.g. ``{"spec dataset.train": "/lustre/data/train"}``.

@@ -250,7 +250,7 @@ class ProbePlan:
 
 
 def check_backend(value: object) -> str:
-    """The probe's backend: ``nccl`` (GPU partitions) or ``gloo`` (only a CPU test cluster without CUDA).
+    """Return the probe's backend: ``nccl`` (GPU partitions) or ``gloo`` (only a CPU test cluster without CUDA).
 
     :raises ValidationError: for anything else.
     """
@@ -276,7 +276,7 @@ def check_max_age(value: object) -> float:
 
 
 def candidate_envs(given: Sequence[Mapping[str, Any]] | None) -> list[dict[str, str]]:
-    """The environments to try, in order.
+    """Return the environments to try, in order.
 
     :param given: the operator's ``candidate_envs``, or ``None`` for :data:`DEFAULT_CANDIDATE_ENVS`.
     :returns: copies of the environments.
@@ -309,12 +309,12 @@ def candidate_envs(given: Sequence[Mapping[str, Any]] | None) -> list[dict[str, 
 
 
 def probe_scope(nodes: int) -> str:
-    """The cache scope: a multi-node environment (network) is kept apart from a single-node one."""
+    """Return the cache scope: a multi-node environment (network) is kept apart from a single-node one."""
     return "multi-node" if nodes > 1 else "single-node"
 
 
 def cache_key(cluster_name: str, partitions: Sequence[str], nodes: int, backend: str, image: str) -> CacheKey:
-    """The key of a probe's cache entry.
+    """Return the key of a probe's cache entry.
 
     :param cluster_name: the connection's cluster name.
     :param partitions: the partition(s) the probe is submitted to (order does not matter).
@@ -336,7 +336,7 @@ def _safe_name(text: str) -> str:
 
 
 def cache_path(results_dir: str, key: CacheKey) -> str:
-    """The cache file of a cluster and its partition(s): ``<results_dir>/nccl/<cluster>.<partition>.json``.
+    """Return the cache file of a cluster and its partition(s): ``<results_dir>/nccl/<cluster>.<partition>.json``.
 
     Several partitions are joined with ``+`` (``polar+polar3``); characters unsafe in a file name
     become ``_``.
@@ -369,7 +369,7 @@ def _entry_dict(entry: CachedEnv) -> dict[str, Any]:
 
 
 def _cache_file(text: str | None, key: CacheKey) -> tuple[dict[str, Any] | None, str]:
-    """The parsed cache file of ``key``'s cluster and partitions, or ``None`` and why it cannot be used."""
+    """Return the parsed cache file of ``key``'s cluster and partitions, or ``None`` and why it cannot be used."""
     if text is None:
         return None, "no cache file yet"
     try:
@@ -473,7 +473,7 @@ def lookup_cache(text: str | None, key: CacheKey, *, now: str, max_age_hours: fl
 
 
 def cache_text(previous: str | None, key: CacheKey, entry: CachedEnv) -> str:
-    """The cache file with ``entry`` stored for ``key`` (JSON, sorted keys, one line).
+    """Return the cache file with ``entry`` stored for ``key`` (JSON, sorted keys, one line).
 
     The other entries of a readable ``previous`` file are kept; when ``entry`` saw a driver or an
     NCCL version it also becomes the file's ``latest`` observation, which every other entry is then
@@ -505,7 +505,7 @@ def cache_text(previous: str | None, key: CacheKey, entry: CachedEnv) -> str:
 
 
 def probe_command(probe_path: str, *, nodes: int, gpus_per_node: int, python: str, backend: str = NCCL) -> str:
-    """The shell command each node runs: torchrun (``python -m torch.distributed.run``) on the probe.
+    """Return the shell command each node runs: torchrun (``python -m torch.distributed.run``) on the probe.
 
     Multi-node, the sbatch template has exported the TAO rendezvous (``TAO_NODE_COUNT``,
     ``TAO_GPUS_PER_NODE``, ``TAO_NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``), which torchrun

@@ -122,7 +122,7 @@ def parse_sinfo_partitions(stdout: str) -> tuple[list[Partition], list[str]]:
 
 
 def resolve_partitions(requested: Sequence[str], known: Sequence[Partition], cluster: str) -> tuple[str, ...]:
-    """The partitions a job asks for: ``requested``, else the cluster's default partition.
+    """Return the partitions a job asks for: ``requested``, else the cluster's default partition.
 
     :raises ResourceError: for a partition the cluster does not have (listing those it has), or when
         nothing was requested and the cluster has no default partition.
@@ -229,7 +229,7 @@ def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Pa
 
 
 def cpu_partition(known: Sequence[Partition], cluster: str, time_hours: float) -> str:
-    """The partition a conversion goes to when none is configured: one whose nodes have no GPUs.
+    """Return the partition a conversion goes to when none is configured: one whose nodes have no GPUs.
 
     The cluster's default partition is taken when it has no GPUs; otherwise the first partition
     without GPUs (in sinfo's order) whose limit allows ``time_hours``. A GPU partition is never
@@ -258,8 +258,10 @@ def cpu_partition(known: Sequence[Partition], cluster: str, time_hours: float) -
 def choose_partitions(
     requested: Sequence[str], known: Sequence[Partition], cluster: str, time_hours: float, *, cpu_only: bool = False
 ) -> tuple[str, ...]:
-    """The partitions a job goes to: ``requested``, else the cluster's default, or for a CPU job
-    (``cpu_only``: an image conversion) a partition without GPUs (:func:`cpu_partition`).
+    """Return the partitions a job goes to: ``requested``, else the cluster's default.
+
+    A CPU job (``cpu_only``: an image conversion) that requests none goes to a partition without GPUs
+    (:func:`cpu_partition`) instead of the default.
 
     :raises ResourceError: as :func:`resolve_partitions` and :func:`cpu_partition` do.
     """

@@ -96,7 +96,7 @@ class Continuation:
         return self.checkpoint_globs if self.max_continuations else ()
 
     def slice_script(self, layout: JobLayout) -> SliceScript | None:
-        """What the batch script needs to run as a slice of a chain; ``None`` for an ordinary job."""
+        """Return what the batch script needs to run as a slice of a chain; ``None`` for an ordinary job."""
         if not self.max_continuations:
             return None
         return SliceScript(
@@ -223,7 +223,7 @@ class BoundRequest:
         )
 
     def draft_script(self, secrets: Collection[str]) -> str:
-        """The script as requested, rendered before the cluster is asked (its default partition stood in for).
+        """Return the script as requested, rendered before the cluster is asked (its default partition stood in for).
 
         No credential and no ``secret_env`` value may appear in the script, the spec or the environment.
 
@@ -239,7 +239,7 @@ class BoundRequest:
         return script
 
     def open_record(self, *, now: str, retry_of: str | None, secrets: Sequence[str]) -> JobRecord:
-        """The job's new record (PENDING), redacted of ``secrets``.
+        """Return the job's new record (PENDING), redacted of ``secrets``.
 
         :param now: ISO-8601 UTC time, also ``submitted_at``.
         :param retry_of: the job id of the record this job retries, or ``None``.
@@ -316,7 +316,7 @@ class BoundRequest:
 
 
 def check_env_names(env: Mapping[str, Any], param: str) -> dict[str, str]:
-    """An environment mapping whose names are variable names and whose values are strings a shell can carry.
+    """Check an environment mapping: its names must be variable names, its values strings a shell can carry.
 
     :param param: the parameter named in the error (``env``, ``secret_env``, ``nccl_env``).
     :raises ValidationError: naming the entry and the fix.

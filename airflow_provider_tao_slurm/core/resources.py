@@ -257,8 +257,10 @@ def check_job_parameters(
     reservation: str | None = None,
     sbatch_options: Mapping[str, Any] | None = None,
 ) -> JobParameters:
-    """Validate the resource parameters that ``SbatchSubmitOperator``, ``NcclProbeOperator`` and
-    ``EnrootImportOperator`` share: one rule and one message per parameter, whichever operator takes it.
+    """Validate the resource parameters that the submitting operators share.
+
+    ``SbatchSubmitOperator``, ``NcclProbeOperator`` and ``EnrootImportOperator`` take them: one rule
+    and one message per parameter, whichever operator takes it.
 
     :param partition: partition name(s), see :func:`parse_partitions` (``None`` or empty: not given).
     :param account: SLURM account, or ``None`` for the user's default.
@@ -300,7 +302,7 @@ def gpu_resources(
     exclude_nodes: str | Sequence[str] | None = None,
     total_gpus: int | None = None,
 ) -> Resources:
-    """A GPU job's request: the shared parameters ``job`` with the layout and the TAO timing rules.
+    """Build a GPU job's request: the shared parameters ``job`` with the layout and the TAO timing rules.
 
     :param job: the shared parameters from :func:`check_job_parameters`.
     :param num_nodes: nodes to allocate.
@@ -441,7 +443,7 @@ def site_options(
     reservation: str | None = None,
     sbatch_options: object = None,
 ) -> tuple[str, ...]:
-    """The ``#SBATCH`` options a site needs beyond the provider's own, validated.
+    """Return the ``#SBATCH`` options a site needs beyond the provider's own, validated.
 
     :param qos: ``--qos``.
     :param constraint: ``--constraint`` (node features: ``h100``, ``a100&ib``, ``[r1|r2]``).

@@ -14,10 +14,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from airflow_provider_tao_slurm.core.commands import NodeRow
-from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.states import INFRA_NATIVE_STATES, JobState
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.commands import NodeRow
+    from airflow_provider_tao_slurm.core.failures import Classification
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ def _named(node: str, text: str) -> bool:
 def nodes_to_exclude(
     state: JobState, verdict: Classification, allocation: Sequence[str], rows: Sequence[NodeRow]
 ) -> Exclusion:
-    """The failed nodes, as precisely as the evidence allows.
+    """Return the failed nodes, as precisely as the evidence allows.
 
     :param state: the failed job's final state.
     :param verdict: the classification (its ``evidence`` is searched for node names).
@@ -60,7 +63,7 @@ def nodes_to_exclude(
 
 
 def remaining_nodes(partitions: Sequence[str], excluded: Sequence[str], rows: Sequence[NodeRow]) -> list[str]:
-    """The nodes of ``partitions`` outside ``excluded``, each once, in sinfo's order.
+    """Return the nodes of ``partitions`` outside ``excluded``, each once, in sinfo's order.
 
     A node that is down now still counts (it may come back): what matters is whether a job with
     this exclude list could ever start, which is what sbatch itself checks.

@@ -193,7 +193,7 @@ def assert_no_secrets(text: str, where: str) -> None:
 
 
 def sidecar_text(secrets: Mapping[str, str]) -> str:
-    """The mode-600 sidecar a job's batch script sources: one ``export NAME='value'`` line per secret.
+    """Return the mode-600 sidecar a job's batch script sources: one ``export NAME='value'`` line per secret.
 
     :param secrets: ``{variable name: resolved value}``.
     :returns: the file's text (values shell-quoted), names in order.
@@ -250,7 +250,7 @@ def redact_line(line: str, secrets: Iterable[str] = (), in_key: bool = False) ->
 
 
 def _encoded_forms(secret: str) -> set[str]:
-    """The secret and the forms it takes when a program encodes it (base64, URL, JSON string)."""
+    """Return the secret and the forms it takes when a program encodes it (base64, URL, JSON string)."""
     raw = secret.encode()
     forms = {
         secret,
@@ -309,12 +309,12 @@ def _text_spans(text: str) -> Iterator[tuple[str, str, int, int]]:
 
 
 def _spliced(text: str, index: int) -> bool:
-    """True for the two characters of a backslash-newline splice."""
+    """Tell whether ``index`` is on one of the two characters of a backslash-newline splice."""
     return text.startswith(_SPLICE, index) or (index > 0 and text.startswith(_SPLICE, index - 1))
 
 
 def _env_block_spans(lines: list[str], number: int) -> Iterator[tuple[str, str, int, int]]:
-    """The literal ``value:`` of a block-YAML env entry whose ``- name:`` (credential-named) is above ``number``."""
+    """Yield the literal ``value:`` of a block-YAML env entry whose credential-named ``- name:`` is above ``number``."""
     match = _ENV_VALUE_LINE.match(lines[number])
     if match is None:
         return

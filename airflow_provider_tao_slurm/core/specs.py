@@ -29,7 +29,7 @@ _CLOSING = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
 def load_spec(spec: Mapping[str, Any] | str | None) -> dict[str, Any] | None:
-    """The spec as a dict, checked: YAML text is parsed within the bounds, a mapping is walked.
+    """Return the spec as a dict, checked: YAML text is parsed within the bounds, a mapping is walked.
 
     :param spec: a mapping, YAML text of a mapping, or None.
     :returns: the spec (None when none was given).

@@ -281,7 +281,7 @@ def state_from_native(
 def state_from_end_evidence(
     job_id: str, markers: Iterable[tuple[int, int]], exit_code_text: str | None
 ) -> JobState | None:
-    """The end that a job's own files show, for a job that squeue and sacct both no longer know.
+    """Return the end that a job's own files show, for a job that squeue and sacct both no longer know.
 
     A short ``MinJobAge`` makes slurmctld forget a finished job within seconds; when slurmdbd lags
     past the vanished-job grace, nothing else can say how the job ended. Its batch script can: its
@@ -365,7 +365,7 @@ SQUEUE_LINE_CACHE = 8192
 
 @functools.lru_cache(maxsize=SQUEUE_LINE_CACHE)
 def _squeue_line(line: str) -> JobState | None:
-    """The state one squeue line gives (``None`` for a line that is no job row); states are immutable."""
+    """Return the state one squeue line gives (``None`` for a line that is no job row); states are immutable."""
     row = _row(line, _SQUEUE_COLUMNS)
     if row is None:
         return None
@@ -511,7 +511,7 @@ PENDING_HINTS: Mapping[str, str] = MappingProxyType(
 
 
 def pending_hint(reason: str | None) -> str | None:
-    """What to make of a pending reason (``None`` for a reason without a hint); the longest matching prefix wins."""
+    """Explain a pending reason (``None`` for a reason without a hint); the longest matching prefix wins."""
     if not reason:
         return None
     matches = [key for key in PENDING_HINTS if reason.startswith(key)]

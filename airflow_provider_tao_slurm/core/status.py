@@ -49,7 +49,7 @@ def parse_status_lines(text: str) -> list[dict[str, Any]]:
 
 
 def status_verdict(entries: list[dict[str, Any]] | None) -> StatusVerdict:
-    """The LAST SUCCESS or FAILURE line decides (a resumed run appends after an old FAILURE)."""
+    """Judge ``status.json`` by its LAST SUCCESS or FAILURE line (a resumed run appends after an old FAILURE)."""
     if not entries:
         return StatusVerdict(None, "status.json is missing or empty", 0)
     for entry in reversed(entries):

@@ -32,7 +32,7 @@ _LAUNCHER_GROUPS = frozenset({"model", "dataset", "deploy"})
 
 
 def tao_entry_point(command: str) -> str | None:
-    """The TAO network a command starts, if it starts with a TAO entry point.
+    """Return the TAO network a command starts, if it starts with a TAO entry point.
 
     Leading ``NAME=value`` assignments are skipped; the first word may be a path. ``<network>_pyt``,
     ``_tf``, ``_tf1`` and ``_tf2`` entry points give themselves; the ``tao`` launcher gives the network
@@ -58,7 +58,7 @@ def tao_entry_point(command: str) -> str | None:
 
 
 def job_network_arch(network_arch: str | None, image: ImageRef, command: str) -> str:
-    """The ``network_arch`` a job's record gets, which decides whether it is a TAO action.
+    """Return the ``network_arch`` a job's record gets, which decides whether it is a TAO action.
 
     :param network_arch: what the user passed (None: not given); kept as it is when given.
     :param image: the job's image.

@@ -82,7 +82,7 @@ _RESERVED_ENV_PREFIXES = ("SLURM_", "TAO_SLURM_")
 
 
 def _template_source(name: str) -> str:
-    """The text of template ``name`` (also what ``@@% include %@@`` reads).
+    """Return the text of template ``name`` (also what ``@@% include %@@`` reads).
 
     :raises TemplateRenderError: if it cannot be read.
     """
@@ -217,7 +217,7 @@ def render_template(name: str, values: Mapping[str, object]) -> str:
 
 
 def resource_fields(resources: Resources) -> dict[str, Any]:
-    """The :class:`SbatchSpec` fields that come straight from validated :class:`Resources`."""
+    """Return the :class:`SbatchSpec` fields that come straight from validated :class:`Resources`."""
     return {
         "partition": resources.partition,
         "account": resources.account,
@@ -236,7 +236,7 @@ def resource_fields(resources: Resources) -> dict[str, Any]:
 
 
 def _program_timeout(spec: SbatchSpec) -> int:
-    """The program's own ``timeout``: ``timeout_seconds``, except in a slice, which ends at SLURM's limit.
+    """Return the program's own ``timeout``: ``timeout_seconds``, except in a slice, which ends at SLURM's limit.
 
     A slice of a chain (``max_continuations``) runs until SLURM ends it TIMEOUT, after the warning
     signal: its program is given twice the wall time, so the program's timeout never ends it first.
@@ -287,7 +287,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
 
 
 def _slice_values(script: SliceScript | None) -> dict[str, object]:
-    """The slice placeholders: all empty (false) outside a chain of slices."""
+    """Return the slice placeholders: all empty (false) outside a chain of slices."""
     if script is None:
         return dict.fromkeys(
             ("SLICE", "SIGNAL_OPTION", "GRACE_SECONDS", "SLICES_DIR", "LATEST_CHECKPOINT_FIND", "CHECKPOINT_SIGNAL"), ""

@@ -43,7 +43,7 @@ class JobUsage:
     exit_code: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        """The figures as plain JSON values (for XCom and the job record)."""
+        """Return the figures as plain JSON values (for XCom and the job record)."""
         return asdict(self)
 
     def summary(self, slurm_job_id: str, outcome: str) -> str:
@@ -87,7 +87,7 @@ def _time(text: str) -> datetime | None:
 
 
 def parse_usage(stdout: str, slurm_job_id: str) -> JobUsage | None:
-    """The usage of ``slurm_job_id`` from :func:`usage_command`'s output (``None`` when there is no row yet).
+    """Return the usage of ``slurm_job_id`` from :func:`usage_command`'s output (``None`` when there is no row yet).
 
     A row whose fields do not parse counts as missing, never as zero cost.
     """

@@ -15,13 +15,14 @@ import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.exceptions import CommandTimeoutError, ConnectionLostError
 from airflow_provider_tao_slurm.hooks.failover import connect_first, host_failure
 from airflow_provider_tao_slurm.hooks.options import SshOptions, ssh_options
 
 if TYPE_CHECKING:
     import asyncssh
+
+    from airflow_provider_tao_slurm.core.config import ClusterSettings
 
 #: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
 ASYNC_MAX_SESSIONS = 8
@@ -60,7 +61,7 @@ class _AsyncConnectionPool:
         return entries[key]
 
     async def connection(self, s: ClusterSettings) -> asyncssh.SSHClientConnection:
-        """The account's open connection, connecting (with failover) when there is none."""
+        """Return the account's open connection, connecting (with failover) when there is none."""
         entry = self._entry(s)
         async with entry.lock:
             if entry.conn is not None and not entry.conn.is_closed():
@@ -128,7 +129,7 @@ async def _finish(
 
 
 def _raw(data: bytes | str | None) -> bytes:
-    """A command's output as bytes (asyncssh types it loosely)."""
+    """Return a command's output as bytes (asyncssh types it loosely)."""
     if isinstance(data, str):
         return data.encode()
     return data or b""
@@ -181,5 +182,5 @@ _ASYNC_POOL = _AsyncConnectionPool()
 
 
 def async_pool() -> _AsyncConnectionPool:
-    """The process-wide async connection pool (shared by every trigger in a triggerer)."""
+    """Return the process-wide async connection pool (shared by every trigger in a triggerer)."""
     return _ASYNC_POOL

@@ -100,7 +100,7 @@ def host_failure(options: SshOptions, exc: BaseException) -> SlurmConnectionErro
 def _no_host_answered(
     cluster_name: str, failures: Sequence[tuple[str, str]], kinds: set[type[SlurmConnectionError]]
 ) -> SlurmConnectionError:
-    """The error for a failover that ran out of login hosts: the common error class, every host and why."""
+    """Return the error for a failover that ran out of login hosts: the common error class, every host and why."""
     kind = kinds.pop() if len(kinds) == 1 else SlurmConnectionError
     detail = "; ".join(reason for _, reason in failures)
     return kind(f"no login host of cluster {cluster_name!r} answered: {detail}", failures)

@@ -70,7 +70,7 @@ class SshOptions:
 
 
 def ssh_options(s: ClusterSettings, host: str) -> SshOptions:
-    """The SSH options for one login host of ``s``.
+    """Return the SSH options for one login host of ``s``.
 
     :raises KeyFilePermissionError: for a key file that is missing or readable by group or others.
     :raises ConnectionConfigError: for a pinned host key that is not a usable key.
@@ -114,7 +114,7 @@ def check_key_file(path: str) -> None:
 
 
 def _pinned_host_key(host_key: str) -> PinnedKey:
-    """The pinned ``host_key`` extra (``<type> <base64>``, as in known_hosts) as a paramiko key.
+    """Return the pinned ``host_key`` extra (``<type> <base64>``, as in known_hosts) as a paramiko key.
 
     :raises ConnectionConfigError: for text that is not such a key, or a key type SSH hosts do not use.
     """

@@ -40,7 +40,7 @@ class CommandResult:
 
 
 def _result(rc: int, out: bytes, err: bytes, host: str, *, check: bool = False, what: str = "command") -> CommandResult:
-    """A command's result, its stderr redacted.
+    """Build a command's result, its stderr redacted.
 
     :param check: raise on a non-zero exit status.
     :param what: a short description of the command, for that error.
@@ -66,7 +66,7 @@ def _result(rc: int, out: bytes, err: bytes, host: str, *, check: bool = False, 
 
 
 def _file_text(result: CommandResult, path: str) -> str | None:
-    """The text :func:`~airflow_provider_tao_slurm.core.commands.read_file` read; None only when there is no file.
+    """Return the text :func:`~airflow_provider_tao_slurm.core.commands.read_file` read; None only for no file.
 
     :raises RemoteReadError: when the read failed otherwise (the file may well exist).
     """
@@ -136,7 +136,7 @@ def _check_scancel(result: CommandResult) -> None:
 
 
 def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
-    """The ids squeue did not answer for (or saw finish): sacct has their final state and exit code."""
+    """Return the ids squeue did not answer for (or saw finish): sacct has their final state and exit code."""
     live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
     return [i for i in ids if i not in live or live[i].is_terminal]
 

@@ -137,7 +137,7 @@ class SlurmHook(BaseHook):
         )
 
     def _settings_without_connection(self) -> ClusterSettings:
-        """Settings from the ``SLURM_*`` variables, for when the default Airflow connection does not exist.
+        """Read the settings from the ``SLURM_*`` variables, for when the default Airflow connection does not exist.
 
         The variables stand in for the default connection only: an explicitly named connection that
         does not exist is an error (a typo must not silently reach another cluster).
@@ -336,7 +336,7 @@ class SlurmHook(BaseHook):
         )
 
     def _sbatch_reply(self, result: CommandResult, script_path: str, job_name: str) -> str:
-        """The job id from the submitting round trip's reply, or the error it means."""
+        """Return the job id from the submitting round trip's reply, or the error it means."""
         if result.rc != 0 and STAGING_FAILED in result.stderr:
             raise RemoteCommandError(
                 f"staging the job's files failed on {result.host} with exit status {result.rc}, so nothing was "
@@ -447,7 +447,7 @@ class SlurmHook(BaseHook):
         return _combine_poll(ids, squeue, sacct)
 
     def describe_job(self, slurm_job_id: str) -> dict[str, str]:
-        """What slurmctld knows of a job (name, owner, state, log paths); empty once it forgot the job."""
+        """Return what slurmctld knows of a job (name, owner, state, log paths); empty once it forgot the job."""
         result = self.run(commands.show_job(slurm_job_id), what="scontrol show job")
         return commands.parse_show_job(result.stdout) if result.rc == 0 else {}
 
@@ -460,7 +460,7 @@ class SlurmHook(BaseHook):
             _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
 
     def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
-        """The cluster's partitions (hidden ones too) with their ``MaxTime``, default flag and GPU shape.
+        """Return the cluster's partitions (hidden ones too) with their ``MaxTime``, default flag and GPU shape.
 
         One ``sinfo -a`` answer is kept for :data:`PARTITION_CACHE_S` seconds on shared storage (under
         ``results_dir``) and serves every worker; ``fresh`` asks sinfo again. A partition whose line
@@ -560,7 +560,7 @@ class SlurmHook(BaseHook):
         return await async_pool().run(settings, command, stdin, settings.cmd_timeout if timeout is None else timeout)
 
     async def a_settings(self) -> ClusterSettings:
-        """Settings read with the async connection API (safe inside the triggerer's event loop), read once.
+        """Read the settings with the async connection API (safe inside the triggerer's event loop), once.
 
         :raises ConnectionConfigError: as :attr:`settings`.
         """
@@ -631,7 +631,7 @@ class SlurmHook(BaseHook):
         return _tail_chunks(rc, out, err, host, len(requests), nonce)
 
     async def a_end_markers(self, since: Mapping[str, float]) -> list[commands.EndMarker]:
-        """The end markers in each ends directory modified after ``since[directory]``, in one command.
+        """Return the end markers in each ends directory modified after ``since[directory]``, in one command.
 
         :raises RemoteCommandError: when the listing failed (the poller tries again at its next read).
         """
@@ -671,7 +671,7 @@ class SlurmHook(BaseHook):
 
 
 def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[str, bytes]:
-    """The command that unpacks ``files`` under ``base`` and the tar archive it reads on stdin."""
+    """Return the command that unpacks ``files`` under ``base`` and the tar archive it reads on stdin."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w") as archive:
         for name, (content, mode) in files.items():

@@ -31,8 +31,10 @@ logging.getLogger("paramiko.transport").setLevel(logging.WARNING)
 
 
 def connect(options: SshOptions) -> paramiko.SSHClient:
-    """Connect to one login host; the TCP connect, the SSH banner and the authentication each get
-    ``connect_timeout``, and a pinned host key must be the one the server presents.
+    """Connect to one login host.
+
+    The TCP connect, the SSH banner and the authentication each get ``connect_timeout``, and a pinned
+    host key must be the one the server presents.
 
     :raises SlurmConnectionError: (or a subclass) naming the host and why.
     """
@@ -49,7 +51,7 @@ def connect(options: SshOptions) -> paramiko.SSHClient:
 
 
 def _ssh_hook(options: SshOptions) -> SSHHook:
-    """An SSH provider hook for one login host, ``options`` spelt in its terms.
+    """Build an SSH provider hook for one login host, ``options`` spelt in its terms.
 
     The provider passes no passphrase with a key file, so an encrypted key file is read here and
     handed over as key text, with its passphrase.

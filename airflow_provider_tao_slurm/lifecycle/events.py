@@ -80,7 +80,7 @@ class JobHandle:
     slices: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-safe dict (the XCom value)."""
+        """Return the JSON-safe dict (the XCom value)."""
         data = asdict(self)
         data["exclude_nodes"] = list(self.exclude_nodes)
         data["secret_refs"] = dict(self.secret_refs)
@@ -161,7 +161,7 @@ class Observation:
 
 
 def state_to_payload(state: JobState) -> dict[str, Any]:
-    """A JSON-safe dict of a :class:`JobState` (enums as plain strings)."""
+    """Return a JSON-safe dict of a :class:`JobState` (enums as plain strings)."""
     return {
         "job_id": state.job_id,
         "native": state.native,
@@ -181,7 +181,7 @@ def state_to_payload(state: JobState) -> dict[str, Any]:
 
 
 def state_from_payload(job_id: str, payload: Mapping[str, Any]) -> JobState:
-    """The :class:`JobState` of :func:`state_to_payload`'s dict (re-derived from the raw fields)."""
+    """Return the :class:`JobState` of :func:`state_to_payload`'s dict (re-derived from the raw fields)."""
     return state_from_native(
         job_id,
         str(payload.get("raw_state") or payload.get("native") or ""),
@@ -218,7 +218,7 @@ class JobEvent:
     log_offsets: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON-safe dict the triggerer stores and hands to ``execute_complete``."""
+        """Return the JSON-safe dict the triggerer stores and hands to ``execute_complete``."""
         return {
             "status": str(self.status),
             "slurm_job_id": self.slurm_job_id,

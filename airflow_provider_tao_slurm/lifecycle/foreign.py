@@ -41,7 +41,7 @@ class ForeignJob:
     work_dir: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """What the deferral keeps (``execute_complete``'s ``foreign`` kwarg)."""
+        """Return what the deferral keeps (``execute_complete``'s ``foreign`` kwarg)."""
         return {"slurm_job_id": self.slurm_job_id, "job_name": self.job_name, "logs": dict(self.logs)}
 
     @classmethod
@@ -49,7 +49,7 @@ class ForeignJob:
         return cls(str(value["slurm_job_id"]), str(value.get("job_name") or ""), dict(value.get("logs") or {}))
 
     def watched(self, cluster: str | None) -> dict[str, Any]:
-        """The XCom the extra links read for this job."""
+        """Return the XCom the extra links read for this job."""
         return {
             "slurm_job_id": self.slurm_job_id,
             "job_id": self.job_name,
@@ -60,7 +60,7 @@ class ForeignJob:
 
 
 def find_foreign_job(hook: Any, slurm_job_id: str) -> ForeignJob:
-    """The job ``slurm_job_id`` as slurmctld describes it (checked, then looked up).
+    """Return the job ``slurm_job_id`` as slurmctld describes it (checked, then looked up).
 
     :raises ValidationError: when the id is not a SLURM job id.
     :raises JobNotFoundError: when neither scontrol nor squeue nor sacct knows it.
@@ -86,7 +86,7 @@ def find_foreign_job(hook: Any, slurm_job_id: str) -> ForeignJob:
 
 
 def settle_foreign(settlement: Settlement, job: ForeignJob, event: JobEvent) -> dict[str, Any]:
-    """The end of a job submitted elsewhere: its outcome, logs and cost; nothing recorded or resubmitted.
+    """Settle the end of a job submitted elsewhere: its outcome, logs and cost; nothing recorded or resubmitted.
 
     :raises ValidationError: when the event is about another job.
     :raises JobNotFoundError: it vanished.

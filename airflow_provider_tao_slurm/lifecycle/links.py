@@ -58,7 +58,7 @@ def check_url_template(template: str) -> None:
 
 
 def job_url(handle: Mapping[str, Any], handle_key: str, template: str | None = None) -> str:
-    """The URL of the cluster path ``handle[handle_key]`` of a job handle.
+    """Return the URL of the cluster path ``handle[handle_key]`` of a job handle.
 
     :param handle: the job handle returned by ``SbatchSubmitOperator``.
     :param handle_key: which path: ``"log_dir"`` or ``"results_dir"``.
@@ -81,7 +81,7 @@ def job_url(handle: Mapping[str, Any], handle_key: str, template: str | None = N
 
 
 def connection_url_template(conn_id: str) -> str | None:
-    """The ``log_url_template`` extra of connection ``conn_id`` (None when unset or no connection)."""
+    """Return the ``log_url_template`` extra of connection ``conn_id`` (None when unset or no connection)."""
     from airflow.sdk import BaseHook
 
     try:
@@ -98,7 +98,7 @@ class _SlurmPathLink(BaseOperatorLink):
     handle_key: ClassVar[str]
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
-        """The URL of the job's path (``""`` when the task has no job handle).
+        """Return the URL of the job's path (``""`` when the task has no job handle).
 
         :param operator: the task; its ``slurm_conn_id`` names the connection with the URL template.
         :param ti_key: the task instance.

@@ -47,7 +47,7 @@ def _utc(ts: float) -> str:
 
 
 def asset_extra(handle: JobHandle, result: Mapping[str, Any]) -> dict[str, Any]:
-    """What an Asset event of a finished job carries: where its results are, which job, and its cost."""
+    """Return what an Asset event of a finished job carries: where its results are, which job, and its cost."""
     return {
         "results_dir": handle.results_dir,
         "job_id": handle.job_id,
@@ -138,7 +138,7 @@ class Settlement:
         )
 
     def _observed(self, handle: JobHandle, record: JobRecord, event: JobEvent) -> JobRecord:
-        """The record with the wait's observations (a terminal record takes none)."""
+        """Return the record with the wait's observations (a terminal record takes none)."""
         started = any(t.source == "trigger" and t.state == TaoState.RUNNING for t in record.transitions)
         for seen in event.transitions if record.terminal_state is None else ():
             started = started or seen.state is TaoState.RUNNING
@@ -161,7 +161,7 @@ class Settlement:
         return record
 
     def _completed(self, handle: JobHandle, record: JobRecord, state: JobState) -> dict[str, Any]:
-        """A COMPLETED job: COMPLETE when its ``status.json`` agrees (or is not required), else ERROR."""
+        """Settle a COMPLETED job: COMPLETE when its ``status.json`` agrees (or is not required), else ERROR."""
         required = self.require_status_json
         if required is None:
             required = is_tao_action(record.network_arch)  # a TAO action is COMPLETE only with status.json SUCCESS
@@ -199,7 +199,7 @@ class Settlement:
         return record_dict(record)
 
     def report_usage(self, handle: JobHandle, usage: JobUsage, state: JobState) -> None:
-        """The job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""
+        """Report the job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""
         from airflow.sdk.observability.stats import Stats
 
         self.log.info("%s", usage.summary(handle.slurm_job_id, f"{state.tao_state} ({state.native})"))
@@ -244,7 +244,7 @@ class Settlement:
         return tail
 
     def _exit_codes(self, handle: JobHandle, job_code: int | None) -> dict[str, Any] | None:
-        """The job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""
+        """Return the job's exit code plus, for execution blocks, every child's (from the child exit-code file)."""
         codes: dict[str, Any] = {} if job_code is None else {"job": job_code}
         if handle.child_exit_code_path:
             text = self.hook.read_file(handle.child_exit_code_path)

@@ -1,5 +1,6 @@
-"""Airflow-side helpers shared by the operators and the sensor: the lazily created hook, secret
-references, registry credentials, time, script lint.
+"""Airflow-side helpers shared by the operators and the sensor.
+
+The lazily created hook, secret references, registry credentials, time, script lint.
 
 One module, so that no operator or sensor imports another one for a helper. Operator modules
 import it at DAG parse time, so it imports the hook and the domain modules only inside the
@@ -91,7 +92,7 @@ def renamed_parameter(kwargs: dict[str, Any], old: str, new: str, value: Any, de
 
 
 def renamed_attribute(new: str) -> property:
-    """The attribute under a parameter's deprecated old name, read-only, for as long as the old name is accepted.
+    """Return the attribute under a parameter's deprecated old name, read-only, for as long as the old name is accepted.
 
     :param new: the parameter's (and attribute's) new name, e.g. ``poll_interval_seconds``.
     :returns: a property reading ``new``.
@@ -100,7 +101,7 @@ def renamed_attribute(new: str) -> property:
 
 
 def check_flag(name: str, value: object) -> bool:
-    """An operator's ``True``/``False`` parameter (``deferrable``, ``force_*``).
+    """Check an operator's ``True``/``False`` parameter (``deferrable``, ``force_*``).
 
     :raises ValidationError: naming the parameter and the value.
     """
@@ -190,7 +191,7 @@ def resolve_secrets(refs: Mapping[str, str]) -> tuple[list[str], dict[str, str]]
 
 
 def secret_references(secret_env: Mapping[str, str]) -> dict[str, str]:
-    """The ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
+    """Return the ``env:``/``conn:``/``var:`` references of ``secret_env`` (never literal values).
 
     They travel in the job handle so the sensor can resolve the same secrets and redact them from
     the log tails it shows.
@@ -267,7 +268,7 @@ def _chosen_partitions(
 def partitions_for(
     hook: SlurmHook, requested: object, time_hours: float, *, param: str = "time_hours", cpu_only: bool = False
 ) -> tuple[str, ...]:
-    """The partitions a job goes to (``requested``, else the cluster's default), checked against their MaxTime.
+    """Return the partitions a job goes to (``requested``, else the cluster's default), checked against their MaxTime.
 
     :param requested: partition name(s) from the operator or the connection (None or empty: the default).
     :param time_hours: the wall time asked for.
@@ -281,7 +282,7 @@ def partitions_for(
 
 
 def place_on_cluster(hook: SlurmHook, resources: Resources, *, param: str = "time_hours") -> Resources:
-    """A GPU request placed on the cluster: partitions resolved and checked, GPUs laid out on their nodes.
+    """Place a GPU request on the cluster: partitions resolved and checked, GPUs laid out on their nodes.
 
     :param resources: the validated request (its ``partition`` as requested; empty: the default).
     :param param: the parameter named in a time-limit error.

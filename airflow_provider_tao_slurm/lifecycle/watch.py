@@ -91,7 +91,7 @@ class Watch:
         last_state: str | None = None,
         last_reason: str | None = None,
     ) -> Watch:
-        """The watch of a job submitted at ``submitted_at`` (``last_state``: already reported by an earlier wait)."""
+        """Start watching a job submitted at ``submitted_at`` (``last_state``: already reported by an earlier wait)."""
         last = (last_state, last_reason) if last_state is not None else None
         return cls(str(slurm_job_id), job_name, submitted_at, ran=last_state == str(TaoState.RUNNING), last=last)
 
@@ -101,7 +101,7 @@ class Watch:
         return f"{self.slurm_job_id} ({self.job_name})" if self.job_name else self.slurm_job_id
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-safe dict; :meth:`from_dict` rebuilds the watch."""
+        """Return a JSON-safe dict; :meth:`from_dict` rebuilds the watch."""
         return {
             "slurm_job_id": self.slurm_job_id,
             "job_name": self.job_name,
@@ -196,7 +196,7 @@ def observe(
 
 
 def _missing(watch: Watch, rules: WatchRules, polled_at: float, last_seen: float | None) -> Step:
-    """A poll that did not find the job: VANISHED once it has been missing longer than the grace."""
+    """Judge a poll that did not find the job: VANISHED once it has been missing longer than the grace."""
     watch = replace(watch, last_seen=max(watch.last_seen, last_seen or watch.last_seen))
     missing = polled_at - watch.last_seen
     if missing <= rules.not_found_grace_seconds:

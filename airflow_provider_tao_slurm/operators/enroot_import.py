@@ -202,7 +202,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         return self.execute_complete(context, event)
 
     def on_kill(self) -> None:
-        """A user killed the task while it waited in the worker: cancel the conversion it submitted.
+        """Cancel the conversion the task submitted: a user killed the task while it waited in the worker.
 
         A conversion adopted from another run is left running for that run; a deferred task is
         killed through its trigger, which cancels only a conversion this task submitted.
@@ -242,7 +242,7 @@ class EnrootImportOperator(SlurmBaseOperator):
     # ------------------------------------------------------------------ validation (no SSH)
 
     def _job_parameters(self) -> JobParameters:
-        """The conversion job's resource parameters, checked as every submitting operator checks them.
+        """Return the conversion job's resource parameters, checked as every submitting operator checks them.
 
         :raises ResourceError: (or ``ValidationError`` for a site option) naming the parameter and the fix.
         """
@@ -399,7 +399,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         )
 
     def _convert(self, plan: ConversionPlan, script: str, owner: str) -> str | SubmittedConversion:
-        """Holding the lock: check the target once more, then stage and submit the conversion job."""
+        """Check the target once more, then stage and submit the conversion job (holding the lock)."""
         from airflow_provider_tao_slurm.core.conversion import (
             SubmittedConversion,
             conversion_job_name,
@@ -465,7 +465,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         return parsed.slurm_job_id, parsed.job_name, parsed.message or f"ended with event status {parsed.status}"
 
     def _log_tail(self, results_dir: str, job_id: str, job_name: str) -> str:
-        """The last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
+        """Return the last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
         from airflow_provider_tao_slurm.core.layout import JobLayout
         from airflow_provider_tao_slurm.exceptions import TaoSlurmError
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle

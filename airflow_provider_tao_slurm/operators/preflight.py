@@ -224,7 +224,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     def _partitions(
         self, gpu: tuple[str, ...], conversion: tuple[str, ...], resolved: dict[str, str]
     ) -> tuple[bool, str]:
-        """The GPU partitions exist and have GPUs; the conversion partition exists (chosen without GPUs if unset)."""
+        """Check the GPU partitions exist with GPUs, and the conversion partition (chosen without GPUs if unset)."""
         from airflow_provider_tao_slurm.core.partitions import choose_partitions, resolve_partitions
         from airflow_provider_tao_slurm.exceptions import ResourceError
 
@@ -294,7 +294,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         return True, f"ok: enroot {lines[-1]} on partition {partition}"
 
     def _gpu_node(self, partition: str, account: str | None, results_dir: str, datasets: list[str]) -> tuple[bool, str]:
-        """What a GPU job needs, checked on a node of its partition (the login host's view is not the node's)."""
+        """Check what a GPU job needs on a node of its partition (the login host's view is not the node's)."""
         from airflow_provider_tao_slurm.core import commands
         from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
 

@@ -307,7 +307,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         return _job_handle(job, slurm_job_id, record, resources).to_dict()
 
     def _script(self, job: BoundRequest, secrets: Sequence[str]) -> tuple[str, Resources]:
-        """The batch script and the resources placed on the cluster.
+        """Return the batch script and the resources placed on the cluster.
 
         Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
         partitions the cluster confirms (its default one when none was given), with their MaxTime.
@@ -330,7 +330,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         resources: Resources,
         secrets: Mapping[str, str],
     ) -> StagedFiles:
-        """The files a newly submitted job stages (an adopted job stages nothing)."""
+        """Return the files a newly submitted job stages (an adopted job stages nothing)."""
         return job.files(
             script=script,
             record=record,
@@ -374,7 +374,7 @@ class SbatchSubmitOperator(SlurmBaseOperator):
 
 
 def _job_handle(job: BoundRequest, slurm_job_id: str, record: JobRecord, resources: Resources) -> JobHandle:
-    """The handle of the submitted (or adopted) job: what the sensor watches and the XCom carries."""
+    """Return the handle of the submitted (or adopted) job: what the sensor watches and the XCom carries."""
     from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
     request, layout = job.request, job.layout

@@ -105,7 +105,7 @@ class Rendezvous:
 
 
 def _first_int(env: Mapping[str, str], names: Sequence[str], default: int, minimum: int) -> tuple[int, str]:
-    """The first of ``names`` that is set, as an int of at least ``minimum``, with the name used."""
+    """Return the first of ``names`` that is set, as an int of at least ``minimum``, with the name used."""
     for name in names:
         text = env.get(name, "").strip()
         if not text:
@@ -159,17 +159,17 @@ def rendezvous(env: Mapping[str, str]) -> Rendezvous:
 
 
 def expected_sum(world_size: int) -> int:
-    """The all-reduce result when every rank contributes ``rank + 1``."""
+    """Return the all-reduce result when every rank contributes ``rank + 1``."""
     return world_size * (world_size + 1) // 2
 
 
 def shown_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The NCCL and gloo settings in ``env`` (never anything else: no secrets in the log)."""
+    """Return the NCCL and gloo settings in ``env`` (never anything else: no secrets in the log)."""
     return {name: env[name] for name in sorted(env) if name.startswith(SHOWN_PREFIXES)}
 
 
 def describe(config: Rendezvous, env: Mapping[str, str]) -> dict[str, object]:
-    """The configuration the dry run prints."""
+    """Return the configuration the dry run prints."""
     return {**asdict(config), "settings": shown_env(env)}
 
 
@@ -178,14 +178,16 @@ def _say(*parts: object) -> None:
 
 
 def driver_version(text: str) -> str | None:
-    """The NVIDIA driver version in the text of :data:`DRIVER_VERSION_FILE` (``None`` when absent)."""
+    """Return the NVIDIA driver version in the text of :data:`DRIVER_VERSION_FILE` (``None`` when absent)."""
     match = _DRIVER_RE.search(text)
     return match.group(1) if match else None
 
 
 def nccl_version_text(value: object) -> str | None:
-    """``torch.cuda.nccl.version()`` as ``2.18.1``: a tuple (a fourth, text part is a suffix, left
-    out), or the packed int of older PyTorch releases.
+    """Return ``torch.cuda.nccl.version()`` as ``2.18.1``.
+
+    The value is a tuple (a fourth, text part is a suffix, left out), or the packed int of older
+    PyTorch releases.
 
     NCCL packs ``major*10000 + minor*100 + patch`` from 2.9 on and ``major*1000 + minor*100 + patch``
     before.
@@ -208,7 +210,7 @@ def _read_driver_file() -> str | None:
 
 
 def seen_versions(torch: Any, env: Mapping[str, str]) -> dict[str, str]:
-    """What this node offers the probe: NCCL, driver, CUDA build, PyTorch, partition (:data:`UNSEEN` if unknown).
+    """Return what this node offers the probe: NCCL, driver, CUDA build, PyTorch, partition (:data:`UNSEEN` if unknown).
 
     :param torch: the imported ``torch`` module.
     :param env: the process environment (``SLURM_JOB_PARTITION``).
@@ -234,7 +236,7 @@ def _fields(values: Mapping[str, object]) -> str:
 def _device(
     torch: Any, config: Rendezvous, backend: str, seen: Mapping[str, str], env: Mapping[str, str]
 ) -> tuple[Any, int]:
-    """The device to all-reduce on and 0, or ``None`` and the exit status (after printing why)."""
+    """Return the device to all-reduce on and 0, or ``None`` and the exit status (after printing why)."""
     where = f"rank {config.rank} host {os.uname().nodename} partition {seen['partition']}"
     if backend == GLOO:
         return torch.device("cpu"), 0

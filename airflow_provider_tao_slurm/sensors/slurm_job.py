@@ -50,7 +50,7 @@ HANDLE_KEYS = ("job_id", "slurm_job_id", "job_dir", "results_dir", "record_path"
 
 
 def _watch_tag(context: Any) -> str:
-    """A short name for this task try: its live-log cursors are its own (a new try shows the logs afresh)."""
+    """Return a short name for this task try: its live-log cursors are its own (a new try shows the logs afresh)."""
     ti = context["ti"]
     ident = f"{ti.dag_id}|{ti.task_id}|{ti.run_id}|{getattr(ti, 'map_index', -1)}|{getattr(ti, 'try_number', 0)}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
@@ -248,7 +248,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     # ------------------------------------------------------------------ live logs
 
     def _live_streams(self, context: Any, handle: JobHandle) -> list[dict[str, str | None]]:
-        """The files shown live (``main.out``, ``main.err``, ``status.json``), each with its cursor in the log dir."""
+        """List the files shown live (``main.out``, ``main.err``, ``status.json``), each with its log-dir cursor."""
         from airflow_provider_tao_slurm.core.logstream import PROGRESS
         from airflow_provider_tao_slurm.lifecycle.settle import LOGS
 
@@ -263,7 +263,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         ]
 
     def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str] | None) -> list[LineStream]:
-        """The live streams, redacting ``secrets``; none when the job's secrets did not resolve (None)."""
+        """Return the live streams, redacting ``secrets``; none when the job's secrets did not resolve (None)."""
         from airflow_provider_tao_slurm.core.logstream import LineStream
 
         if secrets is None:
@@ -404,7 +404,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         return dataclasses.replace(step.event, log_offsets=self._shown_offsets())
 
     def on_kill(self) -> None:
-        """A user killed the task waiting in a worker (``deferrable=False``): cancel, record CANCELED, drop the sidecar.
+        """Cancel, record CANCELED, drop the sidecar: a user killed the task waiting in a worker (``deferrable=False``).
 
         A deferred sensor is killed through its trigger's ``on_kill`` instead; this one then has no job.
         """
@@ -431,7 +431,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             context["outlet_events"][asset].extra.update(asset_extra(handle, result))
 
     def _secret_values(self, handle: JobHandle) -> list[str] | None:
-        """The job's secrets, resolved from the handle's references, so a job that prints one is redacted.
+        """Return the job's secrets, resolved from the handle's references, so a job that prints one is redacted.
 
         None (said once per job) when one does not resolve here: pattern redaction alone would show that
         secret if the job printed it, so the job's log lines are not shown (they stay in its files).

@@ -453,7 +453,7 @@ def get_poller(
     read_ends: EndsReader | None = None,
     confirm_ends: StatesFetcher | None = None,
 ) -> StatusPoller:
-    """The poller of ``key`` in the running event loop (created on first use)."""
+    """Return the poller of ``key`` in the running event loop (created on first use)."""
     pollers = _POLLERS.setdefault(asyncio.get_running_loop(), {})
     poller = pollers.get(key)
     if poller is None:

@@ -172,7 +172,7 @@ class SlurmJobTrigger(BaseTrigger):
         return f"{self.slurm_job_id} ({self.job_name})" if self.job_name else self.slurm_job_id
 
     async def _line_streams(self) -> list[LineStream]:
-        """The job's live streams, with its secrets (resolved here, never stored) for redaction.
+        """Return the job's live streams, with its secrets (resolved here, never stored) for redaction.
 
         No streams when a secret does not resolve in the triggerer: pattern redaction alone would show that
         secret if the job printed it, so the job's lines are withheld (said once; they stay in its files).
@@ -212,7 +212,7 @@ class SlurmJobTrigger(BaseTrigger):
         return {label: offset for label, offset in shown.items() if offset is not None}
 
     async def on_kill(self) -> None:
-        """A user marked the deferred task failed/success or cleared it: cancel the job, record it, remove the sidecar.
+        """Cancel the job, record it, remove the sidecar: a user marked the deferred task failed/success or cleared it.
 
         Airflow 3.3 calls this only on explicit user action, never on triggerer restarts.
         """

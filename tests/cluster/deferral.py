@@ -16,11 +16,12 @@ import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
 from airflow_provider_tao_slurm.hooks.slurm import async_pool
-from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
     from airflow.triggers.base import TriggerEvent
+
+    from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
 T = TypeVar("T")
 

@@ -31,7 +31,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from deferral import wait_until
 
-from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
@@ -45,6 +44,7 @@ from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, Slur
 from airflow_provider_tao_slurm.lifecycle import submission
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.config import ClusterSettings
     from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster

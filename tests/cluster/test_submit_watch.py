@@ -47,7 +47,6 @@ from deferral import context, defer, first_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import JobFailedError
-from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 from airflow_provider_tao_slurm.triggers.poller import active_pollers
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
@@ -55,6 +54,7 @@ from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 if TYPE_CHECKING:
     from airflow.triggers.base import TriggerEvent
 
+    from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
     from tests.cluster.conftest import SshRun
 
 pytestmark = pytest.mark.cluster

@@ -26,7 +26,7 @@ def _indexed_checks(condition: str, items: list[str], prefix: str = "") -> str:
 
 
 def _parse_indexed(stdout: str, items: Sequence[str], what: str, prefix: str = "") -> list[str]:
-    """The items an :func:`_indexed_checks` answer says ``MISSING``, in order.
+    """Return the items an :func:`_indexed_checks` answer says ``MISSING``, in order.
 
     :raises RemoteCommandError: when some item got no answer (the shell is not POSIX, or the output was cut).
     """
@@ -55,7 +55,7 @@ def test_paths(paths: Sequence[str]) -> str:
 
 
 def parse_test_paths(stdout: str, paths: Sequence[str]) -> list[str]:
-    """The paths :func:`test_paths` found missing.
+    """Return the paths :func:`test_paths` found missing.
 
     :param stdout: the command's stdout (unrelated lines, e.g. from shell start-up files, are ignored).
     :param paths: the same paths, in the same order.
@@ -76,7 +76,7 @@ def which(tools: Sequence[str]) -> str:
 
 
 def parse_which(stdout: str, tools: Sequence[str]) -> list[str]:
-    """The tools :func:`which` did not find.
+    """Return the tools :func:`which` did not find.
 
     :param stdout: the command's stdout.
     :param tools: the same tools, in the same order.

@@ -22,7 +22,7 @@ _SQSH_RE = re.compile(rf"SQSH (\d+)(?: ([0-9a-f]{{0,{2 * SQSH_HEADER_BYTES}}}))?
 
 
 def enroot_credential_machines(registry: str) -> tuple[str, ...]:
-    """The ``machine`` entries a registry needs in the Enroot credentials file.
+    """Return the ``machine`` entries a registry needs in the Enroot credentials file.
 
     :param registry: registry host (``nvcr.io``, ``ghcr.io``, ``registry.example.org:5000``).
     :returns: both NGC hosts for ``nvcr.io``, else just the registry.
@@ -39,7 +39,7 @@ def _credentials_prefix(machine: str, login: str) -> str:
 
 
 def credentials_line(machine: str, login: str, password: str) -> str:
-    """The credentials-file line :func:`install_enroot_credentials` writes (netrc format).
+    """Return the credentials-file line :func:`install_enroot_credentials` writes (netrc format).
 
     The hook sends only ``password`` over stdin; the remote command writes this exact line.
     Use this to check a password before sending it.
@@ -110,7 +110,7 @@ def enroot_credentials_present(machines: Sequence[str]) -> str:
 
 
 def parse_enroot_credentials_present(stdout: str, machines: Sequence[str]) -> list[str]:
-    """The machines :func:`enroot_credentials_present` found no credentials line for.
+    """Return the machines :func:`enroot_credentials_present` found no credentials line for.
 
     :param stdout: the command's stdout.
     :param machines: the same machines, in the same order.

@@ -34,7 +34,7 @@ _GUARD = (
 
 
 def trusted_base(path: str, results_dir: str | None) -> str:
-    """The directory whose tree :func:`secure_dirs` checks for ``path``: the results dir when ``path`` lies under it.
+    """Return the directory whose tree :func:`secure_dirs` checks for ``path``: the results dir if ``path`` is in it.
 
     :param path: absolute path about to be written.
     :param results_dir: the connection's shared base directory, if any.

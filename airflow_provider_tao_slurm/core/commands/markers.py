@@ -53,7 +53,7 @@ def end_markers(since: Mapping[str, float]) -> str:
 
 
 def parse_end_markers(stdout: str, directories: Sequence[str]) -> list[EndMarker]:
-    """The markers :func:`end_markers` listed; lines that are not well-formed markers are ignored."""
+    """Return the markers :func:`end_markers` listed; lines that are not well-formed markers are ignored."""
     markers: list[EndMarker] = []
     directory: str | None = None
     for line in stdout.splitlines():

@@ -27,7 +27,7 @@ def srun_help() -> str:
 
 
 def missing_srun_options(help_text: str, options: Sequence[str]) -> list[str]:
-    """The options that ``srun --help`` does not list.
+    """Return the options that ``srun --help`` does not list.
 
     :param help_text: the stdout of :func:`srun_help`.
     :param options: long options such as ``--container-image``.

@@ -222,7 +222,7 @@ _SHOW_JOB_PAIR_RE = re.compile(r"(?:^|\s)(" + "|".join(SHOW_JOB_KEYS) + r")=(.*?
 
 
 def parse_show_job(stdout: str) -> dict[str, str]:
-    """The :data:`SHOW_JOB_KEYS` of :func:`show_job`'s line (empty when the job is not known).
+    """Return the :data:`SHOW_JOB_KEYS` of :func:`show_job`'s line (empty when the job is not known).
 
     ``UserId`` reads ``name(uid)``; only the name is kept. A value holding a space followed by
     ``Word=`` is cut there (scontrol does not quote values).

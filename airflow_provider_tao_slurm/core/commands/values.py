@@ -21,14 +21,14 @@ _SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@-]*")
 
 
 def _absolute(path: str, what: str = "path") -> str:
-    """An absolute path (so no path can be mistaken for an option)."""
+    """Check that ``path`` is absolute (so no path can be mistaken for an option)."""
     if not isinstance(path, str) or not path.startswith("/"):
         raise ValidationError(f"{what} {path!r} is not absolute; give the full cluster path starting with '/'")
     return path
 
 
 def _absolute_all(paths: Sequence[str], what: str = "path") -> list[str]:
-    """A non-empty list of absolute paths (a lone string is refused, not split into characters)."""
+    """Check a non-empty list of absolute paths (a lone string is refused, not split into characters)."""
     if isinstance(paths, str) or not paths:
         raise ValidationError(f"pass a non-empty list of {what}s, not {paths!r}")
     return [_absolute(path, what) for path in paths]
@@ -42,7 +42,7 @@ def _slurm_job_ids(job_ids: Sequence[str], *, allow_empty: bool = False) -> list
 
 
 def _starttime(starttime: str) -> str:
-    """A sacct ``--starttime``: ``now-<n><unit>`` or a valid ``YYYY-MM-DDTHH:MM:SS``."""
+    """Check a sacct ``--starttime``: ``now-<n><unit>`` or a valid ``YYYY-MM-DDTHH:MM:SS``."""
     match = _STARTTIME_RE.fullmatch(starttime) if isinstance(starttime, str) else None
     valid = match is not None
     if match is not None and match.group(1):
@@ -56,14 +56,14 @@ def _starttime(starttime: str) -> str:
 
 
 def _mode(mode: str) -> str:
-    """An octal file mode such as ``600``."""
+    """Check an octal file mode such as ``600``."""
     if not isinstance(mode, str) or not _MODE_RE.fullmatch(mode):
         raise ValidationError(f"file mode {mode!r} must be 3 or 4 octal digits, e.g. '600'")
     return mode
 
 
 def _names(values: Sequence[str], pattern: re.Pattern[str], what: str) -> list[str]:
-    """A non-empty list of names, each matching ``pattern`` whole."""
+    """Check a non-empty list of names, each matching ``pattern`` whole."""
     if isinstance(values, str) or not values:
         raise ValidationError(f"pass a non-empty list of {what}s, not {values!r}")
     for value in values:
@@ -73,12 +73,12 @@ def _names(values: Sequence[str], pattern: re.Pattern[str], what: str) -> list[s
 
 
 def _machine(machine: str) -> str:
-    """A registry host name (``host`` or ``host:port``), lower case."""
+    """Check a registry host name (``host`` or ``host:port``); return it lower case."""
     return _names([machine], _MACHINE_RE, "registry host name")[0].lower()
 
 
 def _count(value: int, what: str, minimum: int) -> int:
-    """An integer (not a bool) of at least ``minimum``."""
+    """Check an integer (not a bool) of at least ``minimum``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValidationError(f"{what} must be an integer of at least {minimum}, not {value!r}")
     return value

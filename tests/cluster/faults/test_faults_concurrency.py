@@ -25,6 +25,7 @@ from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatase
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
 
+    from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
     from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster
@@ -109,7 +110,6 @@ def test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job(
     record lookups, staging and held submissions interleave differently each time. Expected: both tries of a
     run return the same SLURM job; of the jobs submitted under that name, exactly one was ever released (the
     oldest); any other was cancelled while still held (it never ran); the job completes."""
-    from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
     outcomes: list[dict[str, Any]] = []
     for race in range(RACES):

@@ -7,9 +7,13 @@ RELIABILITY.md is registered here too, so a run that collects either suite recor
 
 from __future__ import annotations
 
-import pytest
+from typing import TYPE_CHECKING
+
 from clusterkit import conn, dag_id, image, secret_value
 from reliability_report import register
+
+if TYPE_CHECKING:
+    import pytest
 
 __all__ = ["conn", "dag_id", "image", "secret_value"]
 
