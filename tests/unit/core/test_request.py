@@ -5,13 +5,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.continuation import DEFAULT_CHECKPOINT_GLOBS
-from airflow_provider_tao_slurm.core.execution import Execution
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json
 from airflow_provider_tao_slurm.core.request import (
@@ -30,6 +29,9 @@ from airflow_provider_tao_slurm.exceptions import (
     SecretLeakError,
     ValidationError,
 )
+
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.execution import Execution
 
 SETTINGS = ClusterSettings(
     hosts=("login",),

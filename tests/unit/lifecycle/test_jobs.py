@@ -1,4 +1,4 @@
-"""``JobLifecycle`` over a fake hook (files in a dict, every lookup, command and submission recorded).
+"""``JobLifecycle`` over the shared fake hook (files in a dict, every lookup, command and submission recorded).
 
 Submit once and adoption across tries, infrastructure resubmission (exclusions, partition fit),
 cancel (sync and async), UNKNOWN records, settling and log tails.
@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.exceptions import AirflowFailException
+from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.failures import Classification
@@ -32,7 +32,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk
+from airflow_provider_tao_slurm.hooks.slurm import CommandResult
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import Attempt, JobLifecycle
 
@@ -76,104 +76,36 @@ def record_of(job_id: str, state: TaoState | None = TaoState.RUNNING, *, retry_o
     return mark(record, state, now=NOW, message="ended", source="sensor", **extra)
 
 
-class FakeHook:
-    """Files in a dict; records reads, lookups, commands, stagings, submissions and cancels."""
+class LifecycleHook(FakeSlurmHook):
+    """The shared fake answering what a resubmission and a slice's end ask: node states, allocation, checkpoints."""
 
-    def __init__(self, files: Mapping[str, str] | None = None) -> None:
-        self.files: dict[str, str] = dict(files or {})
-        self.reads: list[str] = []
-        self.lookups: list[str] = []
-        self.found: dict[str, list[str]] = {}
-        self.lookup_error: Exception | None = None
-        self.commands: list[str] = []
-        self.staged: list[tuple[str, list[str]]] = []
-        self.submits: list[tuple[str, str, str, tuple[str, ...]]] = []
-        self.submit_error: Exception | None = None
-        self.cancels: list[tuple[list[str], str | None]] = []
-        self.released: list[tuple[str, str, str]] = []
+    def __init__(self) -> None:
+        super().__init__()
         self.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
         self.allocation = "n1\nn2\n"
         self.checkpoints = CommandResult(0, "NOSTART\n", "")
+        self.handlers.append(self._cluster)
 
-    # -- sync
-    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        self.reads.append(path)
-        return self.files.get(path)
-
-    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.files[path] = data.decode()
-
-    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
-        self.commands.append(command)
+    def _cluster(self, command: str) -> CommandResult | None:
         if command == commands.node_states():
             return CommandResult(0, self.sinfo, "")
         if command.startswith("sinfo -h -N -o %N -n"):
             return CommandResult(0, self.allocation, "")
         if "-newer" in command:  # the slice's new checkpoints
-            if check and self.checkpoints.rc:
-                raise RemoteCommandError(f"{what} failed", rc=self.checkpoints.rc, stderr=self.checkpoints.stderr)
             return self.checkpoints
-        return CommandResult(0, "", "")
+        return None
 
-    def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
-        self.released.append((log_dir, job_name, job_id))
 
-    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
-        self.lookups.append(job_name)
-        if self.lookup_error is not None:
-            raise self.lookup_error
-        return list(self.found.get(job_name, []))
+def store(hook: FakeSlurmHook, record: JobRecord) -> None:
+    hook.files[JobLayout(BASE, record.job_id).record_path] = to_json(record)
 
-    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
-        self.staged.append((base, sorted(files)))
 
-    def submit(
-        self,
-        script_path: str,
-        job_name: str,
-        *,
-        log_dir: str,
-        extra_args: Sequence[str] = (),
-        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
-    ) -> str:
-        if stage is not None:  # the real hook stages in the same round trip, before sbatch
-            self.stage_files(*stage)
-        if self.submit_error is not None:
-            raise self.submit_error
-        self.submits.append((script_path, job_name, log_dir, tuple(extra_args)))
-        return "501"
+def read_record(hook: FakeSlurmHook, job_id: str) -> JobRecord:
+    return from_json(hook.files[JobLayout(BASE, job_id).record_path])
 
-    def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
-        self.cancels.append((list(job_ids), job_name))
 
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
-        text = self.files.get(path, "")
-        data = text[offset : offset + max_bytes]
-        return LogChunk(size=len(text), data=data, next_offset=offset + len(data))
-
-    # -- async
-    async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
-        self.cancel(job_ids, job_name=job_name)
-
-    async def a_read_file(self, path: str) -> str | None:
-        return self.read_file(path)
-
-    async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.write_file(path, data, mode)
-
-    async def a_run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
-        return self.run(command, check=check, what=what)
-
-    # -- helpers
-    def store(self, record: JobRecord) -> None:
-        self.files[JobLayout(BASE, record.job_id).record_path] = to_json(record)
-
-    def record(self, job_id: str) -> JobRecord:
-        return from_json(self.files[JobLayout(BASE, job_id).record_path])
-
-    @property
-    def sidecar_removals(self) -> list[str]:
-        return [c for c in self.commands if c.startswith("rm -f -- ")]
+def sidecar_removals(hook: FakeSlurmHook) -> list[str]:
+    return [c for c in hook.commands if c.startswith("rm -f -- ")]
 
 
 #: What settling a job removes, in one command: its secret sidecar and its end markers.
@@ -184,7 +116,7 @@ SETTLED_REMOVAL = f"rm -f -- {JobLayout(BASE, FIRST).sidecar_path} {BASE}/ends/5
 
 
 def test_the_first_try_submits_the_first_id_without_any_lookup() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
 
     attempt = JobLifecycle(hook).plan_attempt(ti(1), BASE)
 
@@ -291,9 +223,9 @@ def test_plan_attempt(
     expected: Attempt,
     lookups: list[str],
 ) -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     for record in records:
-        hook.store(record)
+        store(hook, record)
     hook.found = found
 
     attempt = JobLifecycle(hook).plan_attempt(ti(try_number), BASE)
@@ -307,7 +239,7 @@ def test_plan_attempt(
 
 
 def test_plan_attempt_reads_the_newest_try_first() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
 
     JobLifecycle(hook).plan_attempt(ti(4), BASE)
 
@@ -319,9 +251,9 @@ def test_plan_attempt_reads_the_newest_try_first() -> None:
     [pytest.param([], id="no-records"), pytest.param([record_of(tried(2), retry_of=FIRST)], id="try2-live")],
 )
 def test_a_failed_lookup_propagates_and_nothing_is_submitted(records: list[JobRecord]) -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     for record in records:
-        hook.store(record)
+        store(hook, record)
     hook.lookup_error = JobLookupError("looking up jobs by name failed (squeue exited 1)", evidence="squeue exited 1")
 
     with pytest.raises(JobLookupError, match="squeue exited 1"):
@@ -331,7 +263,7 @@ def test_a_failed_lookup_propagates_and_nothing_is_submitted(records: list[JobRe
 
 
 def test_several_of_our_jobs_of_one_name_stop_the_try() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     hook.found = {FIRST: ["500", "501"]}
 
     with pytest.raises(AmbiguousSubmissionError, match=r"2 SLURM jobs are named .*\(500, 501\)"):
@@ -344,7 +276,7 @@ def test_several_of_our_jobs_of_one_name_stop_the_try() -> None:
 
 
 def test_submit_once_stages_submits_and_marks_running() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     attempt = Attempt(FIRST, JobLayout(BASE, FIRST))
     files = {"jobs/x/spec.yaml": (b"a: 1\n", 0o644)}
 
@@ -353,14 +285,14 @@ def test_submit_once_stages_submits_and_marks_running() -> None:
     )
 
     assert slurm_id == "501"
-    assert hook.staged == [(BASE, ["jobs/x/spec.yaml"])]
+    assert hook.staged == [(BASE, files)]
     assert hook.submits == [(attempt.layout.script_path, FIRST, f"{BASE}/logs", ())]
     assert (record.state, record.backend_ref) == (TaoState.RUNNING, "501")
-    assert hook.record(FIRST) == record
+    assert read_record(hook, FIRST) == record
 
 
 def test_submit_once_of_an_adopted_job_submits_nothing() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     attempt = Attempt(FIRST, JobLayout(BASE, FIRST), adopted="500")
 
     slurm_id, record = JobLifecycle(hook).submit_once(attempt, results_base=BASE, files={}, record=record_of(FIRST))
@@ -460,13 +392,13 @@ def failure(native: str, evidence: str, node_list: str | None = "n[1-2]") -> tup
 def test_resubmit_excludes_only_what_the_evidence_names(
     native: str, evidence: str, sinfo: str, allocation: str, changes: dict[str, Any], extra: tuple[str, ...]
 ) -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.sinfo, hook.allocation = sinfo, allocation
     state, verdict = failure(native, evidence, node_list="n[1-2]" if allocation else None)
     old = handle(**changes)
 
-    new = JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
+    new = JobLifecycle(hook).resubmit(SENSOR_TI, old, read_record(hook, FIRST), state, verdict)
 
     assert hook.lookups == [RETRY_ID]
     assert hook.submits == [(LAYOUT.script_path, RETRY_ID, f"{BASE}/logs", extra)]
@@ -475,53 +407,41 @@ def test_resubmit_excludes_only_what_the_evidence_names(
     assert new.exclude_nodes == (tuple(extra[0].removeprefix("--exclude=").split(",")) if extra else ())
     assert (new.record_path, new.log_dir) == (JobLayout(BASE, RETRY_ID).record_path, f"{BASE}/logs/{RETRY_ID}-501")
     assert (new.num_nodes, new.partition, new.sidecar_path) == (old.num_nodes, old.partition, old.sidecar_path)
-    settled = hook.record(FIRST)
+    settled = read_record(hook, FIRST)
     assert (settled.terminal_state, settled.err_class) == (TaoState.ERROR, ErrClass.ERR_INFRA)
     assert RETRY_ID in settled.transitions[-1].message
-    retry = hook.record(RETRY_ID)
+    retry = read_record(hook, RETRY_ID)
     assert (retry.retry_of, retry.backend_ref, retry.state) == (FIRST, "501", TaoState.RUNNING)
-    assert hook.sidecar_removals == []  # the resubmitted job still needs its secrets
-
-
-class StagingHook(FakeHook):
-    """Keeps what is staged, content and mode."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.contents: dict[str, tuple[bytes | None, int]] = {}
-
-    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
-        super().stage_files(base, files)
-        self.contents.update({f"{base}/{name}": value for name, value in files.items()})
+    assert sidecar_removals(hook) == []  # the resubmitted job still needs its secrets
 
 
 def test_resubmit_stages_the_secret_sidecar_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """The failed run's EXIT trap removed the sidecar (SLURM was not rerunning it): the resubmission, which runs
     the same script, gets it again, resolved on this worker, mode 600, in the same round trip as sbatch."""
     monkeypatch.setenv("TAO_TEST_SRC", "s3cr3t value'x")
-    hook = StagingHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     state, verdict = failure("FAILED", "line 7: NVRM: Xid (PCI:0000:3b:00) on n2: 79, GPU has fallen off the bus")
     old = handle(sidecar_path=LAYOUT.sidecar_path, secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
 
-    JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
+    JobLifecycle(hook).resubmit(SENSOR_TI, old, read_record(hook, FIRST), state, verdict)
 
-    assert hook.contents == {LAYOUT.sidecar_path: (b"export HF_TOKEN='s3cr3t value'\"'\"'x'\n", 0o600)}
+    assert hook.staged_files == {LAYOUT.sidecar_path: (b"export HF_TOKEN='s3cr3t value'\"'\"'x'\n", 0o600)}
     assert [job_name for _, job_name, _, _ in hook.submits] == [RETRY_ID]
     assert all("s3cr3t" not in text for text in hook.files.values())
 
 
 def test_resubmit_with_a_secret_this_worker_cannot_resolve_submits_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TAO_TEST_SRC", raising=False)
-    hook = StagingHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     state, verdict = failure("FAILED", "line 7: NVRM: Xid (PCI:0000:3b:00) on n2: 79, GPU has fallen off the bus")
     old = handle(sidecar_path=LAYOUT.sidecar_path, secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
 
     with pytest.raises(ValidationError, match="TAO_TEST_SRC, which is not set on the worker"):
-        JobLifecycle(hook).resubmit(SENSOR_TI, old, hook.record(FIRST), state, verdict)
-    assert (hook.submits, hook.contents) == ([], {})
-    assert hook.record(FIRST).terminal_state is None, "no record says it was resubmitted"
+        JobLifecycle(hook).resubmit(SENSOR_TI, old, read_record(hook, FIRST), state, verdict)
+    assert (hook.submits, hook.staged_files) == ([], {})
+    assert read_record(hook, FIRST).terminal_state is None, "no record says it was resubmitted"
 
 
 @pytest.mark.parametrize(
@@ -560,32 +480,32 @@ def test_resubmit_with_a_secret_this_worker_cannot_resolve_submits_nothing(monke
 def test_resubmit_refuses_when_the_partition_would_be_too_small(
     sinfo: str, changes: dict[str, Any], meta: str | None, match: str
 ) -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.sinfo = sinfo
     if meta is not None:
         hook.files[LAYOUT.meta_path] = meta
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
 
     with pytest.raises(JobFailedError, match=match) as failed:
-        JobLifecycle(hook).resubmit(SENSOR_TI, handle(**changes), hook.record(FIRST), state, verdict)
+        JobLifecycle(hook).resubmit(SENSOR_TI, handle(**changes), read_record(hook, FIRST), state, verdict)
 
     assert failed.value.err_class == "ERR_INFRA"
     assert hook.submits == []
     assert JobLayout(BASE, RETRY_ID).record_path not in hook.files
-    settled = hook.record(FIRST)
+    settled = read_record(hook, FIRST)
     assert (settled.terminal_state, settled.err_class) == (TaoState.ERROR, ErrClass.ERR_INFRA)
     assert "not resubmitted" in settled.transitions[-1].message
-    assert hook.sidecar_removals == [SETTLED_REMOVAL]
+    assert sidecar_removals(hook) == [SETTLED_REMOVAL]
 
 
 def test_resubmit_adopts_the_job_an_earlier_try_resubmitted() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.found = {RETRY_ID: ["501"]}
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
 
-    new = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    new = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
 
     assert hook.submits == []
     assert (new.job_id, new.slurm_job_id, new.infra_retries) == (RETRY_ID, "501", 1)
@@ -593,26 +513,26 @@ def test_resubmit_adopts_the_job_an_earlier_try_resubmitted() -> None:
 
 
 def test_an_adopted_resubmission_keeps_the_nodes_it_excludes() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
-    first = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    first = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
     assert first.exclude_nodes == ("n2",)
     hook.found = {RETRY_ID: ["501"]}
 
-    again = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    again = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
 
     assert again.exclude_nodes == first.exclude_nodes
 
 
 def test_a_second_resubmission_still_checks_the_partition_from_the_meta_file() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.files[LAYOUT.meta_path] = '{"nodes": 2, "partition": "polar"}'
     hook.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
     # an older provider's handle: no num_nodes/partition, so the shape comes from the meta file
-    retried = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+    retried = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
     assert (retried.job_dir, retried.exclude_nodes, retried.num_nodes) == (LAYOUT.job_dir, ("n2",), None)
     # the resubmitted job ran on n1,n3 and n3 failed too: only n1 is left for the 2-node job
     hook.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|down*\n"
@@ -620,21 +540,21 @@ def test_a_second_resubmission_still_checks_the_partition_from_the_meta_file() -
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL", node_list="n[1,3]")
 
     with pytest.raises(JobFailedError, match="could never start"):
-        JobLifecycle(hook).resubmit(SENSOR_TI, retried, hook.record(RETRY_ID), state, verdict)
+        JobLifecycle(hook).resubmit(SENSOR_TI, retried, read_record(hook, RETRY_ID), state, verdict)
 
 
 def test_a_refused_resubmission_settles_both_records() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.submit_error = SubmissionError("Requested node configuration is not available", rc=1)
     state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
 
     with pytest.raises(JobFailedError, match=r"was refused .*excluded nodes \(n2\)"):
-        JobLifecycle(hook).resubmit(SENSOR_TI, handle(), hook.record(FIRST), state, verdict)
+        JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
 
-    assert hook.record(FIRST).terminal_state is TaoState.ERROR
-    assert hook.record(RETRY_ID).terminal_state is TaoState.ERROR
-    assert hook.sidecar_removals == [SETTLED_REMOVAL]
+    assert read_record(hook, FIRST).terminal_state is TaoState.ERROR
+    assert read_record(hook, RETRY_ID).terminal_state is TaoState.ERROR
+    assert sidecar_removals(hook) == [SETTLED_REMOVAL]
 
 
 # ---------------------------------------------------------------------- cancel, UNKNOWN, settle, log tails
@@ -652,9 +572,9 @@ def test_a_refused_resubmission_settles_both_records() -> None:
 def test_cancel_scancels_records_canceled_and_removes_the_sidecar(
     side: str, stored: TaoState | str, canceled: bool
 ) -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     if stored != "missing":
-        hook.store(record_of(FIRST, stored))  # type: ignore[arg-type]
+        store(hook, record_of(FIRST, stored))  # type: ignore[arg-type]
     before = hook.files.get(LAYOUT.record_path)
     lifecycle = JobLifecycle(hook)
 
@@ -672,9 +592,9 @@ def test_cancel_scancels_records_canceled_and_removes_the_sidecar(
         )
 
     assert hook.cancels == [(["500"], FIRST)]
-    assert hook.sidecar_removals == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert sidecar_removals(hook) == [f"rm -f -- {LAYOUT.sidecar_path}"]
     if canceled:
-        record = hook.record(FIRST)
+        record = read_record(hook, FIRST)
         assert record.terminal_state is TaoState.CANCELED
         assert record.transitions[-1].source == ("sensor on_kill" if side == "sync" else "trigger on_kill")
     else:
@@ -683,48 +603,48 @@ def test_cancel_scancels_records_canceled_and_removes_the_sidecar(
 
 @pytest.mark.parametrize("remove_sidecar", [True, False], ids=["vanished", "unrecognised"])
 def test_mark_unknown(remove_sidecar: bool) -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
 
-    JobLifecycle(hook).mark_unknown(handle(), hook.record(FIRST), "gone", remove_sidecar=remove_sidecar)
+    JobLifecycle(hook).mark_unknown(handle(), read_record(hook, FIRST), "gone", remove_sidecar=remove_sidecar)
 
-    record = hook.record(FIRST)
+    record = read_record(hook, FIRST)
     assert (record.terminal_state, record.transitions[-1].state, record.transitions[-1].message) == (
         None,
         TaoState.UNKNOWN,
         "gone",
     )
-    assert hook.sidecar_removals == ([f"rm -f -- {LAYOUT.sidecar_path}"] if remove_sidecar else [])
+    assert sidecar_removals(hook) == ([f"rm -f -- {LAYOUT.sidecar_path}"] if remove_sidecar else [])
 
 
 def test_mark_unknown_leaves_a_terminal_record_alone() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST, TaoState.COMPLETE))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST, TaoState.COMPLETE))
     before = hook.files[LAYOUT.record_path]
 
-    JobLifecycle(hook).mark_unknown(handle(), hook.record(FIRST), "gone", remove_sidecar=True)
+    JobLifecycle(hook).mark_unknown(handle(), read_record(hook, FIRST), "gone", remove_sidecar=True)
 
     assert hook.files[LAYOUT.record_path] == before
 
 
 def test_settle_keeps_the_first_verdict_and_removes_the_sidecar() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST, TaoState.CANCELED))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST, TaoState.CANCELED))
 
-    record = JobLifecycle(hook).settle(handle(), hook.record(FIRST), TaoState.COMPLETE, message="late")
+    record = JobLifecycle(hook).settle(handle(), read_record(hook, FIRST), TaoState.COMPLETE, message="late")
 
     assert record.terminal_state is TaoState.CANCELED
-    assert hook.record(FIRST).terminal_state is TaoState.CANCELED
-    assert hook.sidecar_removals == [SETTLED_REMOVAL]
+    assert read_record(hook, FIRST).terminal_state is TaoState.CANCELED
+    assert sidecar_removals(hook) == [SETTLED_REMOVAL]
 
 
 def test_require_record_names_the_missing_file() -> None:
     with pytest.raises(JobNotFoundError, match=LAYOUT.record_path):
-        JobLifecycle(FakeHook()).require_record(handle())
+        JobLifecycle(LifecycleHook()).require_record(handle())
 
 
 def test_records_are_written_redacted() -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     record = mark(record_of(FIRST), TaoState.RUNNING, now=NOW, message="token tok-1f3a9c5e7b seen", source="x")
 
     JobLifecycle(hook).write_record(LAYOUT.record_path, record, ["tok-1f3a9c5e7b"])
@@ -743,7 +663,7 @@ def test_records_are_written_redacted() -> None:
     ],
 )
 def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
-    hook = FakeHook()
+    hook = LifecycleHook()
     if text is not None:
         hook.files["/l/main.out"] = text
 
@@ -766,17 +686,17 @@ def timed_out() -> JobState:
 
 def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAO_TEST_SRC", "s3cr3t")
-    hook = StagingHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.checkpoints = CommandResult(
         0, f"START\n1.5 {LAYOUT.results_dir}/e1.pth\n2.5 {LAYOUT.results_dir}/e2.pth\n", ""
     )
     old = chain(secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
 
-    new = JobLifecycle(hook).continue_slice(SENSOR_TI, old, hook.record(FIRST), timed_out(), SLICE_USAGE)
+    new = JobLifecycle(hook).continue_slice(SENSOR_TI, old, read_record(hook, FIRST), timed_out(), SLICE_USAGE)
 
     assert hook.submits == [(LAYOUT.script_path, RETRY_ID, f"{BASE}/logs", ("--export=ALL,TAO_SLURM_SLICE=2",))]
-    assert list(hook.contents) == [LAYOUT.sidecar_path], "the ended slice's EXIT trap removed it"
+    assert list(hook.staged_files) == [LAYOUT.sidecar_path], "the ended slice's EXIT trap removed it"
     assert (new.job_id, new.slurm_job_id, new.retry_of, new.slice_number) == (RETRY_ID, "501", FIRST, 2)
     assert (new.results_dir, new.script_path, new.infra_retries) == (old.results_dir, old.script_path, 0)
     assert new.slices == (
@@ -790,13 +710,13 @@ def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: 
             "checkpoint": f"{LAYOUT.results_dir}/e2.pth",
         },
     )
-    ended = hook.record(FIRST)
+    ended = read_record(hook, FIRST)
     assert ended.terminal_state is TaoState.ERROR
     assert ended.transitions[-1].message == (
         f"slice 1 ended TIMEOUT after writing 2 checkpoint(s); slice 2 of at most 3 resumes from "
         f"{LAYOUT.results_dir}/e2.pth; continued as {RETRY_ID}"
     )
-    assert hook.record(RETRY_ID).retry_of == FIRST
+    assert read_record(hook, RETRY_ID).retry_of == FIRST
 
 
 @pytest.mark.parametrize(
@@ -813,57 +733,49 @@ def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: 
     ],
 )
 def test_the_chain_stops_with_the_rule_and_its_fix(changes: dict[str, Any], listing: str, message: str) -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.checkpoints = CommandResult(0, listing, "")
 
     with pytest.raises(JobFailedError, match=re.escape(message)):
-        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(**changes), hook.record(FIRST), timed_out(), None)
+        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(**changes), read_record(hook, FIRST), timed_out(), None)
 
     assert hook.submits == []
-    ended = hook.record(FIRST)
+    ended = read_record(hook, FIRST)
     assert (ended.terminal_state, ended.err_class) == (TaoState.ERROR, ErrClass.ERR_PROGRAM)
-    assert SETTLED_REMOVAL in hook.sidecar_removals
+    assert SETTLED_REMOVAL in sidecar_removals(hook)
 
 
 def test_a_next_slice_an_earlier_try_started_is_adopted() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.found[RETRY_ID] = ["611"]
     hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
 
-    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), hook.record(FIRST), timed_out(), None)
+    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
     assert (hook.submits, new.slurm_job_id, new.slice_number) == ([], "611", 2)
 
 
 def test_a_checkpoint_listing_that_failed_decides_nothing() -> None:
-    hook = FakeHook()
-    hook.store(record_of(FIRST))
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
     hook.checkpoints = CommandResult(1, "START\n", "find: Input/output error")
 
     with pytest.raises(RemoteCommandError):
-        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), hook.record(FIRST), timed_out(), None)
+        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
     assert hook.submits == []
-    assert hook.record(FIRST).terminal_state is None
+    assert read_record(hook, FIRST).terminal_state is None
 
 
 def test_an_unreadable_record_of_an_earlier_try_stops_the_try_before_anything_is_submitted() -> None:
     """Try 3: try 2's record exists but the storage answers EIO. Reading it as "no record" would fall back to
     the first try's (terminal) record and submit a second job beside try 2's; the try fails, retryable, instead."""
-    hook = FakeHook()
-    hook.store(record_of(FIRST, TaoState.ERROR))
-    hook.store(record_of(tried(2), retry_of=FIRST))
-    unreadable = JobLayout(BASE, tried(2)).record_path
-    read = hook.read_file
-
-    def read_file(path: str, max_bytes: int = 1 << 20) -> str | None:
-        if path == unreadable:
-            raise RemoteReadError(f"reading {path} failed with exit status 1: Input/output error", path, rc=1)
-        return read(path, max_bytes)
-
-    hook.read_file = read_file  # type: ignore[method-assign]
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST, TaoState.ERROR))
+    store(hook, record_of(tried(2), retry_of=FIRST))
+    hook.unreadable.add(JobLayout(BASE, tried(2)).record_path)
 
     with pytest.raises(RemoteReadError, match=r"record of an earlier try .*Input/output error.*nothing was submitted"):
         JobLifecycle(hook).plan_attempt(ti(3), BASE)

@@ -5,9 +5,11 @@ failed lookup is never "no job"."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
+from fakes import FakeSlurmHook, StagedFiles
 
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
@@ -15,6 +17,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 from airflow_provider_tao_slurm.lifecycle import submission
 from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
 
@@ -23,25 +26,37 @@ UNKNOWN = SubmissionOutcomeUnknownError("sbatch of j: remote command did not fin
 DOWN = JobLookupError("looking up jobs by name failed", evidence="squeue exited 1")
 
 
-class Cluster:
-    """``submit`` answers from ``replies``; lookups from ``lookups`` (a list of ids, or an exception)."""
+class Cluster(FakeSlurmHook):
+    """``submit`` answers from ``replies``; lookups from ``lookups`` (a list of ids, or an exception; the last
+    one repeats). ``calls`` has every submit, lookup and release in order."""
 
     def __init__(self, replies: list[Any], lookups: list[Any]) -> None:
+        super().__init__()
         self.replies = list(replies)
-        self.lookups = list(lookups)
+        self.lookups_left = list(lookups)
         self.calls: list[str] = []
 
-    def submit(self, script_path: str, job_name: str, **_: Any) -> str:
+    def submit(
+        self,
+        script_path: str,
+        job_name: str,
+        *,
+        log_dir: str,
+        extra_args: Sequence[str] = (),
+        stage: tuple[str, StagedFiles] | None = None,
+    ) -> str:
         self.calls.append("submit")
         reply = self.replies.pop(0)
         if isinstance(reply, Exception):
             raise reply
         return str(reply)
 
-    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
+    def find_jobs_by_name(
+        self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
+    ) -> list[str]:
         assert all_hosts, "a reconcile asks every login host"
         self.calls.append("lookup")
-        answer = self.lookups.pop(0) if len(self.lookups) > 1 else self.lookups[0]
+        answer = self.lookups_left.pop(0) if len(self.lookups_left) > 1 else self.lookups_left[0]
         if isinstance(answer, Exception):
             raise answer
         return list(answer)

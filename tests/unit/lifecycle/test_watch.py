@@ -8,12 +8,15 @@ through the same scripts against a scripted hook and must end the way the trigge
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import pytest
+from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import JobLookupError
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
@@ -120,17 +123,20 @@ def test_the_watch_round_trips_through_its_dict() -> None:
     assert watch.ended_at == 3
 
 
-class ScriptedHook:
-    """Answers ``get_states`` from a script; the wait's clock advances by each sleep."""
+class ScriptedHook(FakeSlurmHook):
+    """Answers ``get_states`` from a script: a state, None (unknown to SLURM) or an exception, one per poll."""
 
     def __init__(self, answers: list[Any]) -> None:
+        super().__init__()
         self.answers = list(answers)
 
-    def get_states(self, job_ids: list[str]) -> dict[str, JobState]:
+    def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
+        ids = list(job_ids)
+        self.polls.append(ids)
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
-        return {} if answer is None else {job_ids[0]: answer}
+        return {} if answer is None else {ids[0]: answer}
 
 
 class Clock:

@@ -1,32 +1,32 @@
 """``NcclProbeOperator`` without a cluster: planning, deferral, candidate retries, backends, verdicts and the cache.
 
-The hook is a recording stand-in for the public ``SlurmHook`` methods the operator uses; the
+The hook is the shared recording stand-in for ``SlurmHook`` (``tests/unit/fakes.py``); the
 scripts, cache entries, triggers and events are the real ones the provider's code builds.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from importlib import resources
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.nccl import CachedEnv, SeenVersions, cache_key, cache_text
-from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.shell import quote
-from airflow_provider_tao_slurm.core.states import state_from_native
+from airflow_provider_tao_slurm.core.states import JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import (
     ImageReferenceError,
     NcclProbeError,
     ResourceError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import LogChunk
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 from airflow_provider_tao_slurm.lifecycle.events import state_to_payload
 from airflow_provider_tao_slurm.operators.nccl_probe import NcclProbeOperator
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
@@ -58,69 +58,24 @@ SETTINGS = ClusterSettings(
 )
 
 
-class FakeHook:
-    """Records what the operator asks of the cluster; answers from dicts the test fills in."""
+def cluster(files: dict[str, str] | None = None) -> FakeSlurmHook:
+    """The shared fake on this module's cluster, with ``files`` on its shared storage."""
+    return FakeSlurmHook(files, settings=SETTINGS)
 
-    def __init__(self, files: dict[str, str] | None = None) -> None:
-        self.settings = SETTINGS
-        self.files = dict(files or {})
-        self.partitions = [Partition("polar", 4.0, True, 4), Partition("polar_long", 48.0, False, 4)]
-        self.modes: dict[str, str] = {}
-        self.logs: dict[str, str] = {}
-        self.staged: list[tuple[str, dict[str, tuple[bytes | None, int]]]] = []
-        self.submitted: list[tuple[str, str, str]] = []
-        self.cancelled: list[tuple[list[str], str | None]] = []
-        self.reads: list[str] = []
 
-    def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
-        return list(self.partitions)
-
-    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        self.reads.append(path)
-        return self.files.get(path)
-
-    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.files[path] = data.decode()
-        self.modes[path] = mode
-
-    def stage_files(self, base: str, files: dict[str, tuple[bytes | None, int]]) -> None:
-        self.staged.append((base, files))
-
-    def submit(
-        self,
-        script_path: str,
-        job_name: str,
-        *,
-        log_dir: str,
-        extra_args: Any = (),
-        stage: tuple[str, dict[str, tuple[bytes | None, int]]] | None = None,
-    ) -> str:
-        if stage is not None:  # the real hook stages in the same round trip, before sbatch
-            self.stage_files(*stage)
-        self.submitted.append((script_path, job_name, log_dir))
-        return str(500 + len(self.submitted))
-
-    def cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
-        self.cancelled.append((list(job_ids), job_name))
-
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
-        data = self.logs.get(path, "").encode()
-        chunk = data[offset : offset + max_bytes]
-        return LogChunk(size=len(data), data=chunk.decode(), next_offset=offset + len(chunk))
-
-    def script(self, index: int) -> str:
-        base, files = self.staged[index]
-        script_path = self.submitted[index][0]
-        content = files[script_path[len(base) + 1 :]][0]
-        assert content is not None
-        return content.decode()
+def staged_script(hook: FakeSlurmHook, index: int) -> str:
+    """The batch script the ``index``-th submission staged."""
+    base, files = hook.staged[index]
+    content = files[hook.submits[index].script_path[len(base) + 1 :]][0]
+    assert content is not None
+    return content.decode()
 
 
 def context(try_number: int = 1) -> dict[str, Any]:
     return {"ti": SimpleNamespace(dag_id="dag", task_id="probe", run_id="run1", map_index=-1, try_number=try_number)}
 
 
-def operator(hook: FakeHook, **kwargs: Any) -> NcclProbeOperator:
+def operator(hook: FakeSlurmHook, **kwargs: Any) -> NcclProbeOperator:
     op = NcclProbeOperator(task_id="probe", image=kwargs.pop("image", IMAGE), **kwargs)
     op.__dict__["hook"] = hook
     return op
@@ -134,7 +89,7 @@ def deferred(call: Callable[[], object]) -> TaskDeferred:
 
 def finish(
     op: NcclProbeOperator,
-    hook: FakeHook,
+    hook: FakeSlurmHook,
     deferral: TaskDeferred,
     native: str,
     exit_code: int,
@@ -148,14 +103,14 @@ def finish(
     """
     slurm_id = deferral.trigger.slurm_job_id
     name = deferral.trigger.job_name
-    hook.logs[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
+    hook.files[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
     state = state_from_native(slurm_id, native, source="sacct", exit_code=exit_code)
     event = {"status": "terminal", "slurm_job_id": slurm_id, "job_name": name, "state": state_to_payload(state)}
     return op.execute_complete(context(), event=event, **(deferral.kwargs if keep_kwargs else {}))
 
 
 def play(
-    op: NcclProbeOperator, hook: FakeHook, endings: list[tuple[str, int, str]], *, keep_kwargs: bool = True
+    op: NcclProbeOperator, hook: FakeSlurmHook, endings: list[tuple[str, int, str]], *, keep_kwargs: bool = True
 ) -> Any:
     """Run execute() and then each probe job's ending in turn; return the final result."""
     deferral = deferred(lambda: op.execute(context()))
@@ -188,12 +143,12 @@ THIRD = {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": 
 def test_candidates_until_one_passes(
     endings: list[tuple[str, int, str]], env: dict[str, str], keep_kwargs: bool
 ) -> None:
-    hook = FakeHook()
+    hook = cluster()
     assert play(operator(hook), hook, endings, keep_kwargs=keep_kwargs) == env
     ids = [str(501 + i) for i in range(len(endings))]
-    assert [job_ids for job_ids, _ in hook.cancelled] == [[i] for i in ids[:-1]]
-    assert [name for _, name in hook.cancelled] == [name for _, name, _ in hook.submitted[:-1]]
-    assert len({name for _, name, _ in hook.submitted}) == len(endings)
+    assert [job_ids for job_ids, _ in hook.cancels] == [[i] for i in ids[:-1]]
+    assert [name for _, name in hook.cancels] == [name for _, name, _, _ in hook.submits[:-1]]
+    assert len({name for _, name, _, _ in hook.submits}) == len(endings)
     cached = json.loads(hook.files[CACHE])
     entry = cached["entries"]["multi-node/nccl"]
     assert (entry["env"], entry["slurm_job_id"], cached["cluster"], cached["partitions"], entry["image"]) == (
@@ -206,7 +161,7 @@ def test_candidates_until_one_passes(
     assert (entry["seen"]["driver"], entry["seen"]["nccl"]) == ("535.104.05", "2.18.1")
     assert hook.modes[CACHE] == "644"
     for index, candidate in enumerate([{}, P2P, THIRD][: len(endings)]):
-        exports = [line for line in hook.script(index).splitlines() if line.startswith("export NCCL_")]
+        exports = [line for line in staged_script(hook, index).splitlines() if line.startswith("export NCCL_")]
         assert exports == [f"export {name}={quote(value)}" for name, value in candidate.items()]
 
 
@@ -232,18 +187,18 @@ def test_candidates_until_one_passes(
     ],
 )
 def test_probe_failures(endings: list[tuple[str, int, str]], message: str, submits: int) -> None:
-    hook = FakeHook()
+    hook = cluster()
     with pytest.raises(NcclProbeError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         play(operator(hook), hook, endings)
-    assert len(hook.submitted) == submits
-    assert len(hook.cancelled) == submits
+    assert len(hook.submits) == submits
+    assert len(hook.cancels) == submits
     assert CACHE not in hook.files
     if submits == 3:
         assert str(info.value).count("\n- candidate ") == 3
 
 
 def test_all_hang_message_lists_each_candidate() -> None:
-    hook = FakeHook()
+    hook = cluster()
     with pytest.raises(NcclProbeError) as info:
         play(operator(hook), hook, [("FAILED", 124, HANG_LOG)] * 3)
     lines = [line for line in str(info.value).splitlines() if line.startswith("- ")]
@@ -294,10 +249,10 @@ def now(monkeypatch: pytest.MonkeyPatch) -> str:
 
 @pytest.mark.usefixtures("now")
 def test_cache_hit_submits_nothing() -> None:
-    hook = FakeHook({CACHE: cache_entry(P2P)})
+    hook = cluster({CACHE: cache_entry(P2P)})
     assert operator(hook).execute(context()) == P2P
     assert hook.reads == [CACHE]
-    assert (hook.submitted, hook.staged) == ([], [])
+    assert (hook.submits, hook.staged) == ([], [])
 
 
 @pytest.mark.usefixtures("now")
@@ -327,9 +282,9 @@ def test_cache_hit_submits_nothing() -> None:
     ],
 )
 def test_probes_without_a_usable_cache(files: dict[str, str], kwargs: dict[str, Any]) -> None:
-    hook = FakeHook(files)
+    hook = cluster(files)
     assert play(operator(hook, **kwargs), hook, [("COMPLETED", 0, OK_LOG)]) == {}
-    assert len(hook.submitted) == 1
+    assert len(hook.submits) == 1
     entry = json.loads(hook.files[CACHE])["entries"]["multi-node/nccl"]
     assert (entry["env"], entry["probed_at"], entry["image"]) == ({}, "2026-01-02T00:00:00Z", IMAGE)
 
@@ -337,15 +292,15 @@ def test_probes_without_a_usable_cache(files: dict[str, str], kwargs: dict[str, 
 @pytest.mark.usefixtures("now")
 def test_a_new_entry_keeps_the_other_scope_and_records_what_it_saw() -> None:
     single = cache_entry({"NCCL_IB_DISABLE": "1"}, nodes=1)
-    hook = FakeHook({CACHE: single})
+    hook = cluster({CACHE: single})
     assert play(operator(hook), hook, [("COMPLETED", 0, OK_LOG.replace("535.104.05", "550.54.15"))]) == {}
     cached = json.loads(hook.files[CACHE])
     assert sorted(cached["entries"]) == ["multi-node/nccl", "single-node/nccl"]
     assert (cached["latest"]["driver"], cached["latest"]["slurm_job_id"]) == ("550.54.15", "501")
     # The single-node entry saw driver 535: the next single-node run probes again instead of trusting it.
-    again = FakeHook({CACHE: hook.files[CACHE]})
+    again = cluster({CACHE: hook.files[CACHE]})
     deferred(lambda: operator(again, num_nodes=1, gpus_per_node=2).execute(context()))
-    assert len(again.submitted) == 1
+    assert len(again.submits) == 1
 
 
 # ---------------------------------------------------------------------------------------------- backends
@@ -360,7 +315,7 @@ def test_a_new_entry_keeps_the_other_scope_and_records_what_it_saw() -> None:
 )
 def test_nccl_required_without_cuda_fails_at_once(log: str, exit_code: int, native: str) -> None:
     """A probe that could not use NCCL is refused with the fix; the other candidates are not tried."""
-    hook = FakeHook()
+    hook = cluster()
     with pytest.raises(NcclProbeError) as info:
         play(operator(hook), hook, [(native, exit_code, log)])
     message = str(info.value)
@@ -368,22 +323,22 @@ def test_nccl_required_without_cuda_fails_at_once(log: str, exit_code: int, nati
     assert "Check the image" in message
     assert "--container-image" in message
     assert "/lustre/u/logs/" in message
-    assert len(hook.submitted) == 1
+    assert len(hook.submits) == 1
     assert CACHE not in hook.files
 
 
 def test_cpu_test_runs_gloo_and_caches_it_apart() -> None:
-    hook = FakeHook()
+    hook = cluster()
     op = operator(hook, backend="gloo")
     assert play(op, hook, [("COMPLETED", 0, GLOO_LOG)]) == {}
-    assert hook.script(0).rstrip().count("nccl_probe.py --backend gloo") == 1
+    assert staged_script(hook, 0).rstrip().count("nccl_probe.py --backend gloo") == 1
     entries = json.loads(hook.files[CACHE])["entries"]
     assert list(entries) == ["multi-node/gloo"]
     assert entries["multi-node/gloo"]["backend"] == "gloo"
     # The CPU test's entry never answers a run that requires NCCL.
-    nccl = FakeHook({CACHE: hook.files[CACHE]})
+    nccl = cluster({CACHE: hook.files[CACHE]})
     deferred(lambda: operator(nccl).execute(context()))
-    assert len(nccl.submitted) == 1
+    assert len(nccl.submits) == 1
 
 
 def test_backend_is_templated() -> None:
@@ -391,24 +346,24 @@ def test_backend_is_templated() -> None:
 
 
 def test_one_gpu_needs_no_probe() -> None:
-    hook = FakeHook()
+    hook = cluster()
     assert operator(hook, num_nodes=1, gpus_per_node=1).execute(context()) == {}
-    assert (hook.reads, hook.submitted) == ([], [])
+    assert (hook.reads, hook.submits) == ([], [])
 
 
 # ---------------------------------------------------------------------------------------------- the job
 
 
 def test_first_job_is_staged_submitted_and_deferred() -> None:
-    hook = FakeHook()
+    hook = cluster()
     deferral = deferred(lambda: operator(hook, timeout_seconds=120, poll_interval_seconds=3).execute(context()))
-    (base, files), ((script_path, name, log_dir),) = hook.staged[0], hook.submitted
+    (base, files), ((script_path, name, log_dir, _extra),) = hook.staged[0], hook.submits
     assert base == "/lustre/u"
     assert script_path == f"/lustre/u/jobs/{name}/sbatch/job_{name}.sbatch"
     assert log_dir == "/lustre/u/logs"
     assert files[f"jobs/{name}/inputs/nccl_probe.py"] == (PROGRAM, 0o644)
     assert files[f"jobs/{name}/sbatch/job_{name}.sbatch"][1] == 0o700
-    script = hook.script(0)
+    script = staged_script(hook, 0)
     for line in (
         f"#SBATCH --job-name={name}",
         "#SBATCH --partition=polar",
@@ -434,10 +389,10 @@ def test_first_job_is_staged_submitted_and_deferred() -> None:
 
 
 def test_single_node_with_several_gpus() -> None:
-    hook = FakeHook()
+    hook = cluster()
     op = operator(hook, num_nodes=1, gpus_per_node=4, python="/opt/venv/bin/python")
     deferral = deferred(lambda: op.execute(context()))
-    script = hook.script(0)
+    script = staged_script(hook, 0)
     assert "#SBATCH --gres=gpu:4" in script.splitlines()
     assert "--wait-all-nodes" not in script
     assert "--standalone --nnodes=1 --nproc-per-node=4" in script
@@ -447,17 +402,17 @@ def test_single_node_with_several_gpus() -> None:
 
 
 def test_job_names_are_per_try_and_per_candidate() -> None:
-    first, second = FakeHook(), FakeHook()
+    first, second = cluster(), cluster()
     names_1 = deferred(lambda: operator(first).execute(context(try_number=1))).kwargs["job_names"]
     names_2 = deferred(lambda: operator(second).execute(context(try_number=2))).kwargs["job_names"]
-    again = deferred(lambda: operator(FakeHook()).execute(context(try_number=1))).kwargs["job_names"]
+    again = deferred(lambda: operator(cluster()).execute(context(try_number=1))).kwargs["job_names"]
     assert len(set(names_1)) == len(set(names_2)) == 3
     assert not set(names_1) & set(names_2)
     assert names_1 == again
 
 
 def test_event_for_another_job_is_refused() -> None:
-    hook = FakeHook()
+    hook = cluster()
     op = operator(hook)
     deferral = deferred(lambda: op.execute(context()))
     event = {"status": "terminal", "slurm_job_id": "999", "job_name": "tao-other-0123456789abcdef"}
@@ -500,10 +455,10 @@ def test_event_for_another_job_is_refused() -> None:
     ],
 )
 def test_bad_inputs_fail_before_the_cluster(kwargs: dict[str, Any], error: type[Exception], message: str) -> None:
-    hook = FakeHook()
+    hook = cluster()
     with pytest.raises(error, match=message):
         operator(hook, **kwargs).execute(context())
-    assert (hook.reads, hook.staged, hook.submitted) == ([], [], [])
+    assert (hook.reads, hook.staged, hook.submits) == ([], [], [])
 
 
 # ---------------------------------------------------------------------------------------------- into the submit
@@ -517,14 +472,14 @@ def test_bad_inputs_fail_before_the_cluster(kwargs: dict[str, Any], error: type[
     ],
 )
 def test_probe_output_feeds_a_multi_node_submit(nccl_env: dict[str, str], exports: list[str]) -> None:
-    hook = FakeHook()
+    hook = cluster()
     submit = SbatchSubmitOperator(
         task_id="submit", image=IMAGE, command="train.sh", num_nodes=2, gpus_per_node=1, nccl_env=nccl_env
     )
     submit.__dict__["hook"] = hook
     handle = submit.execute(context())
     assert handle["slurm_job_id"] == "501"
-    script = hook.script(0).splitlines()
+    script = staged_script(hook, 0).splitlines()
     assert [line for line in script if line.startswith("export NCCL_")] == exports
     for line in (
         "#SBATCH --nodes=2",
@@ -536,33 +491,29 @@ def test_probe_output_feeds_a_multi_node_submit(nccl_env: dict[str, str], export
 
 
 def test_multi_node_submit_without_probe_result_is_refused() -> None:
-    hook = FakeHook()
+    hook = cluster()
     submit = SbatchSubmitOperator(task_id="submit", image=IMAGE, command="train.sh", num_nodes=2, gpus_per_node=1)
     submit.__dict__["hook"] = hook
     with pytest.raises(ValidationError, match="put NcclProbeOperator upstream and pass its output as nccl_env"):
         submit.execute(context())
-    assert (hook.staged, hook.submitted) == ([], [])
+    assert (hook.staged, hook.submits) == ([], [])
 
 
-class WaitingHook(FakeHook):
+class WaitingHook(FakeSlurmHook):
     """Answers status queries with each probe job's ending in turn (the worker-side wait)."""
 
     def __init__(self, endings: list[tuple[str, int, str]]) -> None:
-        super().__init__()
+        super().__init__(settings=SETTINGS)
         self.endings = list(endings)
-        self.queries: list[list[str]] = []
 
-    def get_states(self, job_ids: list[str]) -> dict[str, Any]:
-        self.queries.append(list(job_ids))
+    def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         (slurm_id,) = job_ids
         native, exit_code, log = self.endings.pop(0)
-        name = self.submitted[-1][1]
-        self.logs[f"/lustre/u/logs/{name}-{slurm_id}/main.out"] = log
-        return {
-            slurm_id: state_from_native(
-                slurm_id, native, source="sacct", exit_code=exit_code, end="2026-12-04T05:08:30"
-            )
-        }
+        self.files[f"/lustre/u/logs/{self.submits[-1].job_name}-{slurm_id}/main.out"] = log
+        self.states[slurm_id] = state_from_native(
+            slurm_id, native, source="sacct", exit_code=exit_code, end="2026-12-04T05:08:30"
+        )
+        return super().get_states([slurm_id], since=since)
 
 
 def test_non_deferrable_probe_waits_for_each_candidate_in_the_worker() -> None:
@@ -570,5 +521,5 @@ def test_non_deferrable_probe_waits_for_each_candidate_in_the_worker() -> None:
 
     assert operator(hook, deferrable=False, poll_interval_seconds=0.01).execute(context()) == P2P
 
-    assert hook.queries == [["501"], ["502"]]
-    assert [job_ids for job_ids, _ in hook.cancelled] == [["501"]]
+    assert hook.polls == [["501"], ["502"]]
+    assert [job_ids for job_ids, _ in hook.cancels] == [["501"]]

@@ -5,16 +5,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.partitions import Partition
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
@@ -25,7 +24,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SecretLeakError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, SlurmHook
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
 SETTINGS = ClusterSettings(
@@ -124,7 +123,7 @@ def test_missing_results_dir_is_a_connection_problem(no_ssh: SlurmHook) -> None:
 )
 def test_secret_value_outside_the_sidecar_is_refused(kwargs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAO_TEST_SRC", SECRET)
-    hook = FakeHook()
+    hook = SubmitHook()
     op = operator(hook, secret_env={"HF_TOKEN": "env:TAO_TEST_SRC"}, **kwargs)
 
     with pytest.raises(SecretLeakError) as leak:
@@ -132,18 +131,18 @@ def test_secret_value_outside_the_sidecar_is_refused(kwargs: dict[str, Any], mon
 
     assert SECRET not in str(leak.value)
     assert "secret_env" in str(leak.value)
-    assert (hook.staged, hook.submits) == ({}, [])  # refused before anything reached the cluster
+    assert (hook.staged, hook.submits) == ([], [])  # refused before anything reached the cluster
 
 
 def test_literal_credential_in_command_is_refused() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     op = operator(hook, command="HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz0123456789 python train.py")
 
     with pytest.raises(SecretLeakError, match="HF_TOKEN") as leak:
         op.execute(ctx())
 
     assert "hf_abcdefghij" not in str(leak.value)
-    assert (hook.staged, hook.submits) == ({}, [])
+    assert (hook.staged, hook.submits) == ([], [])
 
 
 @pytest.mark.parametrize(
@@ -169,10 +168,10 @@ def test_literal_credential_in_command_is_refused() -> None:
     ],
 )
 def test_the_partitions_own_limit_is_checked_before_anything_is_staged(kwargs: dict[str, Any], message: str) -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     with pytest.raises(ResourceError, match=re.escape(message)):
         operator(hook, **kwargs).execute(ctx())
-    assert (hook.staged, hook.submits) == ({}, [])
+    assert (hook.staged, hook.submits) == ([], [])
 
 
 TORCHRUN_8 = {"distributed": {"launcher": "torchrun", "processes_per_node": 8}}
@@ -185,14 +184,14 @@ def test_a_bundle_whose_processes_per_node_disagree_with_the_gpus_is_refused_bef
     cluster lays the job out as 2 nodes x 4 GPUs, still before anything is staged."""
     with pytest.raises(ValidationError, match="processes_per_node is 8"):
         operator(no_ssh, gpus_per_node=2, nccl_env={}, execution=TORCHRUN_8).execute(ctx())
-    hook = FakeHook()
+    hook = SubmitHook()
     with pytest.raises(ValidationError, match=r"processes_per_node is 8.*gpus_per_node=4"):
         operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}, execution=TORCHRUN_8).execute(ctx())
-    assert (hook.staged, hook.submits) == ({}, [])
+    assert (hook.staged, hook.submits) == ([], [])
 
 
 def test_total_gpus_is_laid_out_on_the_partitions_nodes() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}).execute(ctx())
     script = staged_text(hook, LAYOUT.script_path)
     assert ("#SBATCH --nodes=2\n" in script, "#SBATCH --exclusive\n" in script) == (True, False)
@@ -200,7 +199,7 @@ def test_total_gpus_is_laid_out_on_the_partitions_nodes() -> None:
 
 
 def test_site_options_reach_the_script_and_the_default_partition_is_the_clusters() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     hook.settings = dataclasses.replace(SETTINGS, partitions=())
     handle = operator(
         hook,
@@ -226,7 +225,7 @@ def test_site_options_reach_the_script_and_the_default_partition_is_the_clusters
         assert f"{line}\n" in script
     assert handle["partition"] == "polar_long"
 
-    other = FakeHook()
+    other = SubmitHook()
     other.settings = dataclasses.replace(SETTINGS, partitions=())
     assert operator(other).execute(ctx())["partition"] == "polar"  # the cluster's default partition
 
@@ -234,68 +233,29 @@ def test_site_options_reach_the_script_and_the_default_partition_is_the_clusters
 # ---------------------------------------------------------------------- staging and submission
 
 
-class FakeHook:
-    """Stages into a dict, hands out SLURM job ids, answers name lookups from ``found``."""
-
-    settings = SETTINGS
+class SubmitHook(FakeSlurmHook):
+    """The shared fake on this module's cluster; a job lookup must ask every login host."""
 
     def __init__(self) -> None:
-        self.staged: dict[str, tuple[bytes | None, int]] = {}
-        self.files: dict[str, str] = {}
-        self.submits: list[tuple[str, str, str]] = []
-        self.found: list[str] = []
-        self.commands: list[str] = []
-        self.released: list[tuple[str, str, str]] = []
+        super().__init__(settings=SETTINGS)
+        self.next_job_id = 701
 
-    def stage_files(self, base: str, files: Mapping[str, tuple[bytes | None, int]]) -> None:
-        self.staged.update({f"{base}/{name}": item for name, item in files.items()})
-
-    def submit(
-        self,
-        script_path: str,
-        job_name: str,
-        *,
-        log_dir: str,
-        extra_args: Sequence[str] = (),
-        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
-    ) -> str:
-        if stage is not None:  # the real hook stages in the same round trip, before sbatch
-            self.stage_files(*stage)
-        self.submits.append((script_path, job_name, log_dir))
-        return str(700 + len(self.submits))
-
-    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        if path in self.files:
-            return self.files[path]
-        staged = self.staged.get(path)
-        return staged[0].decode() if staged and staged[0] is not None else None
-
-    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.files[path] = data.decode()
-
-    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
+    def find_jobs_by_name(
+        self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
+    ) -> list[str]:
         assert all_hosts
-        return list(self.found)
-
-    def run(self, command: str, **kwargs: Any) -> None:
-        self.commands.append(command)
-
-    def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
-        self.released.append((log_dir, job_name, job_id))
-
-    def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
-        return [Partition("polar", 4.0, True, 4), Partition("polar_long", 48.0, False, 4)]
+        return super().find_jobs_by_name(job_name, all_hosts=all_hosts, since=since)
 
 
-def staged_text(hook: FakeHook, path: str) -> str:
-    content = hook.staged[path][0]
+def staged_text(hook: FakeSlurmHook, path: str) -> str:
+    content = hook.staged_files[path][0]
     assert content is not None
     return content.decode()
 
 
 def test_first_try_stages_everything_with_the_secret_only_in_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TAO_TEST_SRC", SECRET)
-    hook = FakeHook()
+    hook = SubmitHook()
     op = operator(
         hook,
         secret_env={"HF_TOKEN": "env:TAO_TEST_SRC"},
@@ -307,20 +267,20 @@ def test_first_try_stages_everything_with_the_secret_only_in_the_sidecar(monkeyp
 
     handle = op.execute(ctx())
 
-    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
     assert handle["job_id"] == JOB_ID
     assert handle["slurm_job_id"] == "701"
     assert handle["log_dir"] == LAYOUT.job_log_dir("701")
     assert handle["sidecar_path"] == LAYOUT.sidecar_path
     assert handle["exclude_nodes"] == ["n3"]
     assert SECRET not in json.dumps(handle)
-    assert hook.staged[LAYOUT.sidecar_path] == (f"export HF_TOKEN={SECRET}\n".encode(), 0o600)
-    assert hook.staged[LAYOUT.script_path][1] == 0o700
+    assert hook.staged_files[LAYOUT.sidecar_path] == (f"export HF_TOKEN={SECRET}\n".encode(), 0o600)
+    assert hook.staged_files[LAYOUT.script_path][1] == 0o700
     script = staged_text(hook, LAYOUT.script_path)
     assert "#SBATCH --exclude=n3" in script
     assert f"TAO_SLURM_ENV_FILE={LAYOUT.sidecar_path}" in script
     assert json.loads(staged_text(hook, LAYOUT.env_path)) == {"OUT": f"{LAYOUT.results_dir}/out"}
-    for path, (content, _mode) in hook.staged.items():
+    for path, (content, _mode) in hook.staged_files.items():
         assert path == LAYOUT.sidecar_path or SECRET.encode() not in (content or b""), path
     record = from_json(hook.files[LAYOUT.record_path])
     assert (record.state, record.backend_ref, record.terminal_state) == (TaoState.RUNNING, "701", None)
@@ -328,18 +288,18 @@ def test_first_try_stages_everything_with_the_secret_only_in_the_sidecar(monkeyp
 
 
 def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     first = operator(hook).execute(ctx())
     opened = replace(from_json(hook.files[LAYOUT.record_path]), submitted_at="2026-01-01T00:00:00Z")
     opened.transitions[0] = replace(opened.transitions[0], ts="2026-01-01T00:00:00Z")
     hook.files[LAYOUT.record_path] = to_json(opened)
-    hook.found = [first["slurm_job_id"]]
+    hook.found[JOB_ID] = [first["slurm_job_id"]]
     hook.staged.clear()
 
     second = operator(hook).execute(ctx(try_number=2))
 
-    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
-    assert hook.staged == {}
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
+    assert hook.staged == []
     # the first try may have died before releasing its held job: the adopting try releases it
     assert hook.released == [(LAYOUT.log_dir, JOB_ID, first["slurm_job_id"])]
     assert hook.commands == []
@@ -351,16 +311,16 @@ def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
 
 
 def test_retried_try_after_a_crash_before_sbatch_submits_once() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
 
     handle = operator(hook).execute(ctx(try_number=2))
 
-    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
     assert handle["job_id"] == JOB_ID
 
 
 def test_retried_try_after_the_job_ended_submits_a_new_job() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     operator(hook).execute(ctx())
     ended = mark(
         from_json(hook.files[LAYOUT.record_path]),
@@ -380,9 +340,9 @@ def test_retried_try_after_the_job_ended_submits_a_new_job() -> None:
 
 
 def test_retried_try_with_two_jobs_of_its_name_stops() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     operator(hook).execute(ctx())
-    hook.found = ["701", "702"]
+    hook.found[JOB_ID] = ["701", "702"]
 
     with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
         operator(hook).execute(ctx(try_number=2))
@@ -413,7 +373,7 @@ PLAIN_SQSH = "/lustre/containers/docker.io+library+pytorch+2.3.sqsh"
     ],
 )
 def test_a_tao_job_is_recorded_as_a_tao_action_unless_it_says_custom(kwargs: dict[str, Any], network_arch: str) -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
 
     operator(hook, **kwargs).execute(ctx())
 
@@ -461,7 +421,7 @@ JOB_DIR = LAYOUT.job_dir
 def test_a_job_whose_container_cannot_see_its_files_is_refused_before_anything_is_staged(
     connection_mounts: str | None, kwargs: dict[str, Any], unseen: list[str], fix: str
 ) -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     hook.settings = dataclasses.replace(SETTINGS, container_mounts=connection_mounts)
 
     with pytest.raises(ValidationError, match="the job's container cannot see") as refused:
@@ -471,7 +431,7 @@ def test_a_job_whose_container_cannot_see_its_files_is_refused_before_anything_i
     assert all(path in message for path in unseen), message
     assert "/lustre/data/val" not in message
     assert f"container_mounts={fix}" in message
-    assert (hook.staged, hook.submits, hook.files) == ({}, [], {})
+    assert (hook.staged, hook.submits, hook.files) == ([], [], {})
 
 
 def test_a_job_without_mounts_is_refused_before_any_ssh(no_ssh: SlurmHook) -> None:
@@ -495,12 +455,12 @@ def test_a_job_without_mounts_is_refused_before_any_ssh(no_ssh: SlurmHook) -> No
     ],
 )
 def test_mounts_that_show_the_jobs_files_are_accepted(connection_mounts: str | None, kwargs: dict[str, Any]) -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     hook.settings = dataclasses.replace(SETTINGS, container_mounts=connection_mounts)
 
     handle = operator(hook, **kwargs).execute(ctx())
 
-    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir)]
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
     assert handle["results_dir"] == RESULTS_DIR
 
 
@@ -508,7 +468,7 @@ def test_mounts_that_show_the_jobs_files_are_accepted(connection_mounts: str | N
 
 
 def test_a_training_with_continuations_runs_as_a_slice_and_its_handle_carries_the_chain() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     handle = operator(hook, max_continuations=3, checkpoint_glob="*.pth", time_hours=0.5, timeout_hours=0.45).execute(
         ctx()
     )
@@ -520,7 +480,7 @@ def test_a_training_with_continuations_runs_as_a_slice_and_its_handle_carries_th
 
 
 def test_without_continuations_the_script_is_the_seeds() -> None:
-    hook = FakeHook()
+    hook = SubmitHook()
     handle = operator(hook).execute(ctx())
     assert "--signal" not in staged_text(hook, LAYOUT.script_path)
     assert (handle["max_continuations"], handle["checkpoint_globs"]) == (0, [])

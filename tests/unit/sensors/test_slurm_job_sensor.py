@@ -1,9 +1,10 @@
-"""``SlurmJobSensor`` with a fake hook: deferral, event validation, settling, infra resubmission."""
+"""``SlurmJobSensor`` with the shared fake hook: deferral, event validation, settling, infra resubmission."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import MethodType, SimpleNamespace
 from typing import Any
@@ -12,12 +13,13 @@ import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import TaskDeferred
+from fakes import SETTINGS, FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.commands import end_markers
 from airflow_provider_tao_slurm.core.images import parse_image
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, open_record, to_json
-from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
+from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.core.tao import job_network_arch
 from airflow_provider_tao_slurm.core.usage import usage_command
 from airflow_provider_tao_slurm.exceptions import (
@@ -26,12 +28,11 @@ from airflow_provider_tao_slurm.exceptions import (
     JobLookupError,
     JobNotFoundError,
     RemoteCommandError,
-    RemoteReadError,
     SubmissionError,
     UnknownStateError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import CommandResult, LogChunk, SlurmHook
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, CommandResult, SlurmHook
 from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
 from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
@@ -59,6 +60,7 @@ LAYOUT = JobLayout(BASE, JOB_ID)
 SETTLED_REMOVAL = f"rm -f -- {LAYOUT.sidecar_path} {BASE}/ends/{SLURM_ID}-*.end"
 RETRY_ID = mint_job_id("dag", "wait", "run1", retry_of=JOB_ID)
 RETRY_LAYOUT = JobLayout(BASE, RETRY_ID)
+STATUS_PATH = f"{LAYOUT.results_dir}/status.json"
 
 
 def make_handle(**changes: Any) -> dict[str, Any]:
@@ -98,64 +100,33 @@ def running_record(network_arch: str = "custom") -> str:
     return to_json(record)
 
 
-class FakeHook:
-    """Files in a dict; records every command, lookup and submission."""
+class SensorHook(FakeSlurmHook):
+    """The shared fake holding the job's running record; it answers what settling asks of the cluster."""
 
     def __init__(self) -> None:
-        self.files: dict[str, str] = {LAYOUT.record_path: running_record()}
-        self.commands: list[str] = []
-        self.lookups: list[str] = []
-        self.submits: list[tuple[str, str, tuple[str, ...]]] = []
-        self.found: list[str] = []
-        self.submit_error: Exception | None = None
-        self.status: list[dict[str, Any]] | None = None
+        super().__init__({LAYOUT.record_path: running_record()})
         self.usage_stdout = ""
         self.checkpoints = "NOSTART\n"
+        self.handlers.append(self._cluster)
 
-    def read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
-        return self.files.get(path)
-
-    def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.files[path] = data.decode()
-
-    def read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> LogChunk:
-        text = self.files.get(path, "")
-        data = text[offset : offset + max_bytes]
-        return LogChunk(size=len(text), data=data, next_offset=offset + len(data))
-
-    def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
-        return self.status
-
-    def run(self, command: str, *, check: bool = False, what: str = "", **_: Any) -> CommandResult:
-        self.commands.append(command)
+    def _cluster(self, command: str) -> CommandResult | None:
         if "%N|%P|%t" in command:  # node states: n2 went down with the failure
             return CommandResult(0, "n1|polar*|idle\nn2|polar*|down*\n", "")
         if command == usage_command(SLURM_ID):
             return CommandResult(0, self.usage_stdout, "")
         if "-newer" in command:  # a slice's new checkpoints
             return CommandResult(0, self.checkpoints, "")
-        return CommandResult(0, "n2\n" if command.startswith("sinfo") else "", "")
+        return CommandResult(0, "n2\n", "") if command.startswith("sinfo") else None
 
-    def find_jobs_by_name(self, job_name: str, *, all_hosts: bool = False) -> list[str]:
-        self.lookups.append(job_name)
-        return list(self.found)
 
-    def submit(
-        self,
-        script_path: str,
-        job_name: str,
-        *,
-        log_dir: str,
-        extra_args: Sequence[str] = (),
-        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
-    ) -> str:
-        if self.submit_error is not None:
-            raise self.submit_error
-        self.submits.append((script_path, job_name, tuple(extra_args)))
-        return "501"
+def read_record(hook: FakeSlurmHook, path: str = LAYOUT.record_path) -> dict[str, Any]:
+    return dict(json.loads(hook.files[path]))
 
-    def record(self, path: str = LAYOUT.record_path) -> dict[str, Any]:
-        return dict(json.loads(self.files[path]))
+
+def set_status(hook: FakeSlurmHook, status: list[dict[str, Any]] | None) -> None:
+    """Put TAO's ``status.json`` lines in the job's results directory (None: the job wrote none)."""
+    if status is not None:
+        hook.files[STATUS_PATH] = "".join(f"{json.dumps(line)}\n" for line in status)
 
 
 class NoHook:
@@ -182,7 +153,7 @@ def terminal(native: str, *, exit_code: int = 0, node_list: str | None = "n2", *
     }
 
 
-def node_failed(hook: FakeHook, node: str = "n2") -> None:
+def node_failed(hook: FakeSlurmHook, node: str = "n2") -> None:
     """Put SLURM's own node-failure banner (as slurmstepd writes it) in the first job's main.err."""
     hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = (
         f"srun: error: Node failure on {node}\nslurmstepd-{node}: error: *** JOB {SLURM_ID} ON {node} CANCELLED AT "
@@ -253,12 +224,12 @@ def test_execute_complete_refuses_a_bad_event_before_any_ssh(event: Any, match: 
 
 
 def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     event = terminal("COMPLETED", transitions=[{"ts": 1767323046.0, "state": "RUNNING", "native": "RUNNING"}])
 
     result = complete(sensor_with(hook), event)
 
-    assert result == hook.record()
+    assert result == read_record(hook)
     assert result["terminal_state"] == "COMPLETE"
     assert result["exit_codes"] == {"job": 0}
     assert [(t["state"], t["source"]) for t in result["transitions"]] == [
@@ -274,7 +245,7 @@ def test_completed_job_settles_complete_and_removes_the_sidecar() -> None:
 def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_log(
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.usage_stdout = (
         f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T07:02:10|3718|cpu=2,gres/gpu=2|n2|0:0\n"
     )
@@ -298,7 +269,7 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
         "exit_code": 0,
     }
     assert {key: result[key] for key in figures} == figures
-    assert hook.record()["extra"]["usage"] == figures
+    assert read_record(hook)["extra"]["usage"] == figures
     assert metrics == [
         ("timing", "tao_slurm.job.queue_time", 12.0),
         ("timing", "tao_slurm.job.run_time", 3718.0),
@@ -318,6 +289,21 @@ def no_status_settle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jobs_module, "STATUS_SETTLE_S", 0.0)
 
 
+class LateStatusHook(SensorHook):
+    """``status.json`` says SUCCESS only once it was read more than ``appears_after`` times (None: never)."""
+
+    def __init__(self, appears_after: int | None) -> None:
+        super().__init__()
+        self.appears_after = appears_after
+        self.status_reads: list[str] = []
+
+    def read_status_json(self, path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
+        self.status_reads.append(path)
+        if self.appears_after is not None and len(self.status_reads) > self.appears_after:
+            set_status(self, [{"status": "SUCCESS"}])
+        return super().read_status_json(path, max_bytes)
+
+
 @pytest.mark.parametrize(("appears_after", "outcome"), [(2, "COMPLETE"), (None, "ERROR")], ids=["lagging", "missing"])
 def test_a_missing_status_json_is_read_again_before_it_counts_as_missing(
     monkeypatch: pytest.MonkeyPatch, appears_after: int | None, outcome: str
@@ -325,15 +311,9 @@ def test_a_missing_status_json_is_read_again_before_it_counts_as_missing(
     """Shared storage caches attributes: the login host may not see the file a node wrote just before the end."""
     monkeypatch.setattr(jobs_module, "STATUS_SETTLE_S", 0.3)
     monkeypatch.setattr(jobs_module, "STATUS_RETRY_S", 0.05)
-    hook = FakeHook()
+    hook = LateStatusHook(appears_after)
     hook.files[LAYOUT.record_path] = running_record("classification_pyt")
-    reads: list[str] = []
-
-    def read_status_json(path: str, max_bytes: int = 1 << 20) -> list[dict[str, Any]] | None:
-        reads.append(path)
-        return [{"status": "SUCCESS"}] if appears_after is not None and len(reads) > appears_after else None
-
-    hook.read_status_json = read_status_json  # type: ignore[method-assign]
+    reads = hook.status_reads
     if outcome == "COMPLETE":
         assert complete(sensor_with(hook), terminal("COMPLETED"))["terminal_state"] == "COMPLETE"
         assert len(reads) == 3
@@ -341,7 +321,7 @@ def test_a_missing_status_json_is_read_again_before_it_counts_as_missing(
         with pytest.raises(JobFailedError, match=r"status\.json is missing"):
             complete(sensor_with(hook), terminal("COMPLETED"))
         assert 4 <= len(reads) <= 8  # read again for the whole window, then missing
-    assert hook.record()["terminal_state"] == outcome
+    assert read_record(hook)["terminal_state"] == outcome
 
 
 @pytest.mark.parametrize(
@@ -354,15 +334,15 @@ def test_a_missing_status_json_is_read_again_before_it_counts_as_missing(
     ],
 )
 def test_a_tao_job_is_complete_only_with_status_json_success(network_arch: str, status: Any, outcome: str) -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.files[LAYOUT.record_path] = running_record(network_arch)
-    hook.status = status
+    set_status(hook, status)
     if outcome == "COMPLETE":
         assert complete(sensor_with(hook), terminal("COMPLETED"))["terminal_state"] == "COMPLETE"
         return
     with pytest.raises(JobFailedError, match=outcome):
         complete(sensor_with(hook), terminal("COMPLETED"))
-    assert hook.record()["terminal_state"] == "ERROR"
+    assert read_record(hook)["terminal_state"] == "ERROR"
 
 
 @pytest.mark.parametrize(
@@ -380,15 +360,15 @@ def test_a_tao_job_submitted_with_the_defaults_is_not_complete_without_status_js
     network_arch = job_network_arch(
         None, parse_image("/lustre/c/nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh"), command
     )
-    hook = FakeHook()
+    hook = SensorHook()
     hook.files[LAYOUT.record_path] = running_record(network_arch)
-    hook.status = status
+    set_status(hook, status)
 
     with pytest.raises(JobFailedError, match="pass network_arch='custom' to SbatchSubmitOperator") as failed:
         complete(sensor_with(hook), terminal("COMPLETED"))
 
     assert failed.value.err_class == "ERR_PROGRAM"
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
 @pytest.mark.parametrize(
@@ -399,24 +379,24 @@ def test_a_tao_job_submitted_with_the_defaults_is_not_complete_without_status_js
     ],
 )
 def test_completed_job_with_bad_status_json_fails(status: Any, require: bool, match: str) -> None:
-    hook = FakeHook()
-    hook.status = status
+    hook = SensorHook()
+    set_status(hook, status)
 
     with pytest.raises(JobFailedError, match=match) as failed:
         complete(sensor_with(hook, require_status_json=require), terminal("COMPLETED"))
 
     assert failed.value.err_class == "ERR_PROGRAM"
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
 def test_program_failure_fails_without_resubmission() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
 
     with pytest.raises(JobFailedError, match=r"ERR_PROGRAM.*ExitCode=3:0") as failed:
         complete(sensor_with(hook), terminal("FAILED", exit_code=3))
 
     assert failed.value.err_class == "ERR_PROGRAM"
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
     assert hook.submits == []
     assert hook.lookups == []
@@ -424,13 +404,13 @@ def test_program_failure_fails_without_resubmission() -> None:
 
 
 def test_cancelled_job_is_canceled_not_unknown() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     event = terminal("CANCELLED by 1001")
 
     with pytest.raises(JobFailedError, match="cancelled outside this task"):
         complete(sensor_with(hook), event)
 
-    record = hook.record()
+    record = read_record(hook)
     assert record["terminal_state"] == "CANCELED"
     assert record["transitions"][-1]["message"] == "SLURM job 500 ended CANCELLED by 1001"
     assert hook.commands == [usage_command(SLURM_ID), SETTLED_REMOVAL]
@@ -438,7 +418,7 @@ def test_cancelled_job_is_canceled_not_unknown() -> None:
 
 @pytest.mark.parametrize("status", ["vanished", "error"], ids=["vanished", "older-provider-error"])
 def test_vanished_job_is_recorded_unknown_and_its_sidecar_removed(status: str) -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     event = {
         "status": status,
         "slurm_job_id": SLURM_ID,
@@ -449,13 +429,13 @@ def test_vanished_job_is_recorded_unknown_and_its_sidecar_removed(status: str) -
     with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
         complete(sensor_with(hook), event)
 
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
 
 
 def test_unrecognised_state_fails_naming_it_and_keeps_the_sidecar() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     state = state_from_native(SLURM_ID, "WEIRD_STATE", source="squeue")
     message = "SLURM reports job 500 in state 'WEIRD_STATE', which this provider does not know"
     event = {
@@ -469,28 +449,26 @@ def test_unrecognised_state_fails_naming_it_and_keeps_the_sidecar() -> None:
     with pytest.raises(UnknownStateError, match="'WEIRD_STATE'"):
         complete(sensor_with(hook), event)
 
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
     assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands  # the job may still run and need it
 
 
 def test_non_deferrable_on_kill_cancels_records_and_removes_the_sidecar() -> None:
-    hook = FakeHook()
-    cancels: list[tuple[list[str], str | None]] = []
-    hook.cancel = lambda ids, job_name=None: cancels.append((list(ids), job_name))  # type: ignore[attr-defined]
+    hook = SensorHook()
     sensor = sensor_with(hook, deferrable=False)
     sensor._current = JobHandle.from_dict(make_handle())
 
     sensor.on_kill()
 
-    assert cancels == [([SLURM_ID], JOB_ID)]
-    record = hook.record()
+    assert hook.cancels == [([SLURM_ID], JOB_ID)]
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "sensor on_kill")
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
 
 
 def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     node_failed(hook)
     handle = make_handle(num_nodes=2, partition="polar")
 
@@ -499,14 +477,14 @@ def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() ->
 
     assert hook.submits == []
     assert RETRY_LAYOUT.record_path not in hook.files
-    old = hook.record()
+    old = read_record(hook)
     assert (old["terminal_state"], old["err_class"]) == ("ERROR", "ERR_INFRA")
     assert "not resubmitted" in old["transitions"][-1]["message"]
     assert hook.commands[-1] == SETTLED_REMOVAL
 
 
 def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     with pytest.raises(JobFailedError):
         complete(sensor_with(hook), terminal("FAILED", exit_code=3))
     settled = hook.files[LAYOUT.record_path]
@@ -522,7 +500,7 @@ def test_a_retried_sensor_settles_an_already_terminal_record_without_changing_it
 
 
 def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     node_failed(hook)
     sensor = sensor_with(hook)
 
@@ -530,8 +508,8 @@ def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
         complete(sensor, terminal("NODE_FAIL", node_list="n2"), make_handle(exclude_nodes=["n1"]))
 
     assert hook.lookups == [RETRY_ID]
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--exclude=n1,n2",))]
-    old = hook.record()
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, LAYOUT.log_dir, ("--exclude=n1,n2",))]
+    old = read_record(hook)
     assert (old["terminal_state"], old["err_class"]) == ("ERROR", "ERR_INFRA")
     assert RETRY_ID in old["transitions"][-1]["message"]
     retry = from_json(hook.files[RETRY_LAYOUT.record_path])
@@ -552,7 +530,7 @@ def test_node_failure_is_resubmitted_once_keeping_excluded_nodes() -> None:
 
 
 def test_a_node_failure_the_log_does_not_confirm_is_not_resubmitted() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = "Traceback (most recent call last):\nValueError: bad\n"
 
     with pytest.raises(JobFailedError, match=r"NODE_FAIL on n2\) but the log names no infrastructure error") as failed:
@@ -560,11 +538,11 @@ def test_a_node_failure_the_log_does_not_confirm_is_not_resubmitted() -> None:
 
     assert failed.value.err_class == "ERR_INFRA"
     assert hook.submits == []
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
 
 
 def test_hardware_evidence_in_the_log_is_an_infrastructure_failure() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.files[f"{LAYOUT.job_log_dir(SLURM_ID)}/main.err"] = (
         "NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus\n"
     )
@@ -572,17 +550,17 @@ def test_hardware_evidence_in_the_log_is_an_infrastructure_failure() -> None:
     with pytest.raises(TaskDeferred):
         complete(sensor_with(hook), terminal("FAILED", exit_code=1, node_list=None))
 
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ())]
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, LAYOUT.log_dir, ())]
 
 
 def test_a_retried_sensor_adopts_the_job_an_earlier_try_resubmitted() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     node_failed(hook)
     with pytest.raises(TaskDeferred):
         complete(sensor_with(hook), terminal("NODE_FAIL"))
     old_record = hook.files[LAYOUT.record_path]
     retry_record = hook.files[RETRY_LAYOUT.record_path]
-    hook.found = ["501"]
+    hook.found[RETRY_ID] = ["501"]
 
     with pytest.raises(TaskDeferred) as deferred:
         complete(sensor_with(hook), terminal("NODE_FAIL"))
@@ -594,9 +572,9 @@ def test_a_retried_sensor_adopts_the_job_an_earlier_try_resubmitted() -> None:
 
 
 def test_two_resubmitted_jobs_of_one_name_stop_the_sensor() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     node_failed(hook)
-    hook.found = ["501", "502"]
+    hook.found[RETRY_ID] = ["501", "502"]
 
     with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
         complete(sensor_with(hook), terminal("NODE_FAIL"))
@@ -605,18 +583,18 @@ def test_two_resubmitted_jobs_of_one_name_stop_the_sensor() -> None:
 
 
 def test_infra_retries_are_bounded() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
 
     with pytest.raises(JobFailedError, match="ERR_INFRA") as failed:
         complete(sensor_with(hook, max_infra_retries=2), terminal("NODE_FAIL"), make_handle(infra_retries=2))
 
     assert failed.value.err_class == "ERR_INFRA"
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
     assert hook.submits == []
 
 
 def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     node_failed(hook)
     hook.submit_error = SubmissionError("Requested node configuration is not available", rc=1)
 
@@ -624,8 +602,8 @@ def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
         complete(sensor_with(hook), terminal("NODE_FAIL"), make_handle(exclude_nodes=["n1"]))
 
     assert failed.value.err_class == "ERR_INFRA"
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_INFRA")
-    retry = hook.record(RETRY_LAYOUT.record_path)
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
+    retry = read_record(hook, RETRY_LAYOUT.record_path)
     assert retry["terminal_state"] == "ERROR"
     assert "not available" in retry["transitions"][-1]["message"]
     assert hook.commands[-1] == SETTLED_REMOVAL
@@ -636,7 +614,7 @@ def test_log_tail_redacts_the_jobs_own_secrets(
 ) -> None:
     secret = "tok-1f3a9c5e7b"
     monkeypatch.setenv("SENSOR_TEST_TOKEN", secret)
-    hook = FakeHook()
+    hook = SensorHook()
     handle = make_handle(secret_refs={"HF_TOKEN": "env:SENSOR_TEST_TOKEN"})
     hook.files[f"{handle['log_dir']}/main.out"] = f"epoch 1\nleaked {secret} here\n"
 
@@ -662,20 +640,26 @@ class Clock(datetime):
         return cls.fromtimestamp(cls.at, tz)
 
 
-def poking(hook: FakeHook, script: list[Any], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> SlurmJobSensor:
-    """A non-deferrable sensor whose status queries answer from ``script`` (a state, None, or an exception)."""
-    monkeypatch.setattr(sensor_module, "datetime", Clock)
-    answers = list(script)
+class PokedHook(SensorHook):
+    """Answers each status query with the next of ``answers``: a state, None (unknown to SLURM) or an exception."""
 
-    def get_states(ids: list[str]) -> dict[str, Any]:
-        hook.polled.append(list(ids))
-        answer = answers.pop(0)
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[Any] = []
+
+    def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
+        ids = list(job_ids)
+        self.polls.append(ids)
+        answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return {} if answer is None else {ids[0]: answer}
 
-    hook.polled = []  # type: ignore[attr-defined]
-    hook.get_states = get_states  # type: ignore[attr-defined]
+
+def poking(hook: PokedHook, script: list[Any], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> SlurmJobSensor:
+    """A non-deferrable sensor whose status queries answer from ``script`` (a state, None, or an exception)."""
+    monkeypatch.setattr(sensor_module, "datetime", Clock)
+    hook.answers = list(script)
     sensor = sensor_with(hook, deferrable=False, **kwargs)
     # submitted at T0: the not-found clock starts there, as the trigger's does from the submission
     sensor._start_watch(JobHandle.from_dict({**make_handle(), "submitted_at": "2026-01-02T03:05:45Z"}))
@@ -713,7 +697,7 @@ LOOKUP_FAILED = JobLookupError("1 of 1 job(s) unanswered", evidence="squeue exit
     ],
 )
 def test_poke_keeps_waiting(monkeypatch: pytest.MonkeyPatch, script: list[Any], times: tuple[float, ...]) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     before = hook.files[LAYOUT.record_path]
     sensor = poking(hook, script, monkeypatch, not_found_grace_seconds=10, unrecognised_grace_seconds=10)
 
@@ -724,31 +708,31 @@ def test_poke_keeps_waiting(monkeypatch: pytest.MonkeyPatch, script: list[Any], 
 
 
 def test_poke_vanished_is_recorded_unknown_and_its_sidecar_removed(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     sensor = poking(hook, [None, None], monkeypatch, not_found_grace_seconds=10)
 
     with pytest.raises(JobNotFoundError, match=f"SLURM job {SLURM_ID} .* unknown to squeue and sacct for 11 s"):
         poke_at(sensor, 0, 11)
 
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
 
 
 def test_poke_unrecognised_is_recorded_unknown_and_keeps_the_sidecar(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     sensor = poking(hook, [native("WEIRD_STATE"), native("WEIRD_STATE")], monkeypatch, unrecognised_grace_seconds=10)
 
     with pytest.raises(UnknownStateError, match="'WEIRD_STATE'"):
         poke_at(sensor, 0, 10)
 
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
     assert f"rm -f -- {LAYOUT.sidecar_path}" not in hook.commands
 
 
 def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     sensor = poking(hook, [native("RUNNING"), native("COMPLETED", "sacct", exit_code=0, signal=0)], monkeypatch)
 
     first, done = poke_at(sensor, 0, 30)
@@ -761,7 +745,7 @@ def test_poke_completed_returns_the_final_record(monkeypatch: pytest.MonkeyPatch
 
 def test_poke_waits_for_accountings_full_row_then_takes_its_exit_code(monkeypatch: pytest.MonkeyPatch) -> None:
     """squeue shows FAILED first, then sacct's row without its End (exit 0:0), then the full row."""
-    hook = FakeHook()
+    hook = PokedHook()
     script = [
         native("FAILED"),
         native("FAILED", "sacct", exit_code=0, signal=0, end=None),
@@ -773,45 +757,45 @@ def test_poke_waits_for_accountings_full_row_then_takes_its_exit_code(monkeypatc
     with pytest.raises(JobFailedError):
         poke_at(sensor, 20)
 
-    assert hook.record()["exit_codes"] == {"job": 3}
+    assert read_record(hook)["exit_codes"] == {"job": 3}
 
 
 def test_poke_takes_the_state_at_hand_once_accounting_stays_silent(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     sensor = poking(hook, [native("FAILED"), native("FAILED")], monkeypatch)
 
     assert poke_at(sensor, 0) == [False]
     with pytest.raises(JobFailedError):
         poke_at(sensor, 31)
 
-    assert hook.record()["exit_codes"] == {}
+    assert read_record(hook)["exit_codes"] == {}
 
 
 def test_poke_resubmission_watches_the_new_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    hook = FakeHook()
+    hook = PokedHook()
     node_failed(hook)
     failed = native("NODE_FAIL", "sacct", exit_code=0, signal=0, node_list="n2")
     sensor = poking(hook, [failed, native("RUNNING")], monkeypatch)
 
     assert poke_at(sensor, 0, 30) == [False, False]
 
-    assert hook.polled == [[SLURM_ID], ["501"]]  # type: ignore[attr-defined]
+    assert hook.polls == [[SLURM_ID], ["501"]]
     assert sensor._current is not None
     assert (sensor._current.job_id, sensor._current.slurm_job_id, sensor._current.retry_of) == (RETRY_ID, "501", JOB_ID)
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--exclude=n2",))]
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, LAYOUT.log_dir, ("--exclude=n2",))]
 
 
 def test_non_deferrable_on_kill_scancels_our_job_by_name_and_user() -> None:
-    hook = FakeHook()
-    hook.settings = SimpleNamespace(user="alice")  # type: ignore[attr-defined]
-    hook.cancel = MethodType(SlurmHook.cancel, hook)  # type: ignore[attr-defined]  # the hook's real scancel line
+    hook = SensorHook()
+    hook.settings = replace(hook.settings, user="alice")
+    hook.cancel = MethodType(SlurmHook.cancel, hook)  # type: ignore[method-assign]  # the hook's real scancel line
     sensor = sensor_with(hook, deferrable=False)
     sensor._current = JobHandle.from_dict(make_handle())
 
     sensor.on_kill()
 
     assert hook.commands == [f"scancel -Q --name={JOB_ID} --user=alice {SLURM_ID}", f"rm -f -- {LAYOUT.sidecar_path}"]
-    record = hook.record()
+    record = read_record(hook)
     assert record["terminal_state"] == "CANCELED"
     assert record["transitions"][-1]["source"] == "sensor on_kill"
 
@@ -823,7 +807,7 @@ def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
 
 
 def test_a_finished_training_announces_its_results_on_the_sensors_assets() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.usage_stdout = (
         f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0\n"
     )
@@ -847,7 +831,7 @@ def test_a_finished_training_announces_its_results_on_the_sensors_assets() -> No
 
 
 def test_a_failed_training_announces_nothing() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     events: dict[Asset, SimpleNamespace] = {}
     sensor = sensor_with(hook, outlets=[Asset("tao://team/classifier/train")])
     with pytest.raises(JobFailedError):
@@ -895,7 +879,7 @@ def test_the_trigger_follows_main_out_main_err_and_status_json_with_cursors_per_
 
 def test_the_end_shows_only_what_the_live_lines_did_not(capfd: pytest.CaptureFixture[str]) -> None:
     """The trigger showed 'epoch 1' and 'epoch 2' live; at the end only 'epoch 3' is shown, cleaned and prefixed."""
-    hook = FakeHook()
+    hook = SensorHook()
     handle = make_handle()
     hook.files[f"{handle['log_dir']}/main.out"] = "epoch 1\nepoch 2\n\x1b[31mepoch 3\x1b[0m\n"
     hook.files[f"{handle['log_dir']}/main.err"] = "warning: x\n"
@@ -910,7 +894,7 @@ def test_the_end_shows_only_what_the_live_lines_did_not(capfd: pytest.CaptureFix
 
 def test_the_end_redacts_a_private_key_printed_over_many_lines(capfd: pytest.CaptureFixture[str]) -> None:
     """The key block came after the live lines: none of its lines is shown at the end, the lines after it are."""
-    hook = FakeHook()
+    hook = SensorHook()
     handle = make_handle()
     body = ["MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo", "4lgOEePzNm0tRgeLezV6ffAt0gunVTLw7onL"]
     key = "\n".join(["-----BEGIN " + "RSA PRIVATE KEY-----", *body, "-----END " + "RSA PRIVATE KEY-----"])
@@ -927,7 +911,7 @@ def test_a_secret_this_worker_cannot_resolve_keeps_the_jobs_lines_out_of_the_tas
     monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("SENSOR_MISSING_TOKEN", raising=False)
-    hook = FakeHook()
+    hook = SensorHook()
     handle = make_handle(secret_refs={"HF_TOKEN": "env:SENSOR_MISSING_TOKEN"})
     hook.files[f"{handle['log_dir']}/main.out"] = "epoch 1\nleaked tok-1f3a9c5e7b here\n"
 
@@ -941,19 +925,25 @@ def test_a_secret_this_worker_cannot_resolve_keeps_the_jobs_lines_out_of_the_tas
     assert f"they stay in {handle['log_dir']}" in out
 
 
-class EndsHook(FakeHook):
-    """A cluster whose ends directory holds ``markers`` (``<id>-<restart>-<code>.end`` names)."""
+class EndsHook(SensorHook):
+    """A cluster whose ends directory holds ``markers`` (``<id>-<restart>-<code>.end`` names).
+
+    With ``listing_error`` set, listing them fails with that error.
+    """
 
     def __init__(self, *markers: str) -> None:
         super().__init__()
         self.markers = markers
+        self.listing_error: str | None = None
+        self.handlers.insert(0, self._list_markers)
 
-    def run(self, command: str, *, check: bool = False, what: str = "", **kwargs: Any) -> CommandResult:
-        if command == end_markers({f"{BASE}/ends": 0.0}):
-            self.commands.append(command)
-            listed = "".join(f"{name} 1767323045.5\n" for name in self.markers)
-            return CommandResult(0, f"== tao-slurm ends 0\n{listed}", "")
-        return super().run(command, check=check, what=what, **kwargs)
+    def _list_markers(self, command: str) -> CommandResult | None:
+        if command != end_markers({f"{BASE}/ends": 0.0}):
+            return None
+        if self.listing_error is not None:
+            return CommandResult(2, "", self.listing_error)
+        listed = "".join(f"{name} 1767323045.5\n" for name in self.markers)
+        return CommandResult(0, f"== tao-slurm ends 0\n{listed}", "")
 
 
 VANISHED = {
@@ -974,7 +964,7 @@ def test_a_vanished_job_whose_end_marker_and_exit_code_file_show_a_clean_end_com
     result = complete(sensor_with(hook), VANISHED)
 
     assert (result["terminal_state"], result["exit_codes"]) == ("COMPLETE", {"job": 0})
-    record = hook.record()
+    record = read_record(hook)
     assert record["terminal_state"] == "COMPLETE"
     assert "UNKNOWN" not in [t["state"] for t in record["transitions"]]
     assert "settled on that evidence" in "".join(capfd.readouterr())
@@ -989,7 +979,7 @@ def test_a_vanished_job_whose_files_show_a_failure_fails_with_its_exit_code() ->
         complete(sensor_with(hook), VANISHED)
 
     assert failed.value.err_class == "ERR_PROGRAM"
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["exit_codes"]) == ("ERROR", {"job": 3})
 
 
@@ -1011,7 +1001,7 @@ def test_a_vanished_job_without_evidence_of_its_end_stays_unknown(
     with pytest.raises(JobNotFoundError, match="unknown to squeue and sacct"):
         complete(sensor_with(hook), VANISHED)
 
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["transitions"][-1]["state"]) == (None, "UNKNOWN")
 
 
@@ -1022,24 +1012,9 @@ def test_a_vanished_job_whose_files_could_not_be_read_is_not_settled(unreadable:
     hook.files[LAYOUT.exit_code_path] = "0\n"
     before = hook.files[LAYOUT.record_path]
     if unreadable == "markers":
-        hook.markers = ()
-        listed = hook.run
-
-        def run(command: str, *, check: bool = False, what: str = "", **kwargs: Any) -> CommandResult:
-            if command == end_markers({f"{BASE}/ends": 0.0}):
-                raise RemoteCommandError(f"{what} failed with exit status 2: Stale file handle", rc=2)
-            return listed(command, check=check, what=what, **kwargs)
-
-        hook.run = run  # type: ignore[method-assign]
+        hook.listing_error = "Stale file handle"
     else:
-        read = hook.read_file
-
-        def read_file(path: str, max_bytes: int = 1 << 20) -> str | None:
-            if path == LAYOUT.exit_code_path:
-                raise RemoteReadError(f"reading {path} failed with exit status 1: Input/output error", path, rc=1)
-            return read(path, max_bytes)
-
-        hook.read_file = read_file  # type: ignore[method-assign]
+        hook.unreadable.add(LAYOUT.exit_code_path)
 
     with pytest.raises(RemoteCommandError, match=r"Stale file handle|Input/output error"):
         complete(sensor_with(hook), VANISHED)
@@ -1054,21 +1029,13 @@ def test_job_or_slurm_job_id_but_not_both_nor_neither() -> None:
             sensor_with(NoHook(), **kwargs).execute(CTX)
 
 
-class ForeignHook(FakeHook):
-    """A cluster that knows job 777, submitted by someone else's script (stdout and stderr in one file)."""
-
-    settings = SimpleNamespace(cluster_name="polaris", hosts=("login",))
-
-    def __init__(self, info: dict[str, str] | None) -> None:
-        super().__init__()
-        self.info = info
-
-    def describe_job(self, slurm_job_id: str) -> dict[str, str]:
-        assert slurm_job_id == "777"
-        return dict(self.info or {})
-
-    def get_states(self, ids: list[str]) -> dict[str, Any]:
-        return {}
+def foreign_hook(info: dict[str, str] | None) -> FakeSlurmHook:
+    """A cluster that knows job 777 (``info``: what scontrol says of it; None: it forgot the job), submitted by
+    someone else's script (stdout and stderr in one file)."""
+    hook = FakeSlurmHook(settings=replace(SETTINGS, cluster_name="polaris"))
+    if info is not None:
+        hook.job_info["777"] = info
+    return hook
 
 
 FOREIGN_INFO = {
@@ -1088,7 +1055,7 @@ def foreign_event(native: str, exit_code: int = 0, **extra: Any) -> dict[str, An
 
 def test_a_job_submitted_elsewhere_is_watched_by_its_id_and_never_cancelled() -> None:
     sensor = SlurmJobSensor(task_id="wait", job=None, slurm_job_id=" 777 ", poke_interval=5)
-    sensor.__dict__["hook"] = ForeignHook(FOREIGN_INFO)
+    sensor.__dict__["hook"] = foreign_hook(FOREIGN_INFO)
 
     with pytest.raises(TaskDeferred) as deferred:
         sensor.execute(CTX)
@@ -1110,9 +1077,11 @@ def test_a_job_submitted_elsewhere_is_watched_by_its_id_and_never_cancelled() ->
 
 def test_an_unknown_job_id_fails_naming_it() -> None:
     sensor = SlurmJobSensor(task_id="wait", slurm_job_id="777", poke_interval=5)
-    sensor.__dict__["hook"] = ForeignHook(None)
+    hook = foreign_hook(None)
+    sensor.__dict__["hook"] = hook
     with pytest.raises(JobNotFoundError, match="SLURM job 777 is unknown to scontrol, squeue and sacct on polaris"):
         sensor.execute(CTX)
+    assert hook.polls == [["777"]]
 
 
 def test_a_bad_job_id_is_refused_before_any_ssh() -> None:
@@ -1142,13 +1111,13 @@ CHAIN = {"max_continuations": 3, "checkpoint_globs": ["*.pth"], "time_hours": 1 
     ids=["timeout", "preempted", "timeout-124"],
 )
 def test_a_slice_that_ran_out_of_time_after_a_checkpoint_is_continued(native: str, exit_code: int) -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.checkpoints = f"START\n9.5 {LAYOUT.results_dir}/train/epoch_5.pth\n"
 
     with pytest.raises(TaskDeferred) as deferred:
         complete(sensor_with(hook), terminal(native, exit_code=exit_code), make_handle(**CHAIN))
 
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, ("--export=ALL,TAO_SLURM_SLICE=2",))]
+    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, LAYOUT.log_dir, ("--export=ALL,TAO_SLURM_SLICE=2",))]
     handle = deferred.value.kwargs["job"]
     assert (handle["job_id"], handle["slurm_job_id"], handle["slice_number"]) == (RETRY_ID, "501", 2)
     assert [item["checkpoint"] for item in handle["slices"]] == [f"{LAYOUT.results_dir}/train/epoch_5.pth"]
@@ -1157,26 +1126,26 @@ def test_a_slice_that_ran_out_of_time_after_a_checkpoint_is_continued(native: st
 
 
 def test_without_continuations_a_timeout_stays_an_error() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     hook.checkpoints = f"START\n9.5 {LAYOUT.results_dir}/train/epoch_5.pth\n"
 
     with pytest.raises(JobFailedError, match="TIMEOUT"):
         complete(sensor_with(hook), terminal("TIMEOUT"))
 
-    assert (hook.submits, hook.record()["terminal_state"]) == ([], "ERROR")
+    assert (hook.submits, read_record(hook)["terminal_state"]) == ([], "ERROR")
 
 
 def test_a_slice_without_a_new_checkpoint_stops_the_chain_naming_the_fix() -> None:
-    hook = FakeHook()
+    hook = SensorHook()
     with pytest.raises(JobFailedError, match=r"slice 1 ended TIMEOUT and wrote no checkpoint: lower the training"):
         complete(sensor_with(hook), terminal("TIMEOUT"), make_handle(**CHAIN))
     assert hook.submits == []
-    assert (hook.record()["terminal_state"], hook.record()["err_class"]) == ("ERROR", "ERR_PROGRAM")
+    assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
 def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
-    hook = FakeHook()
-    hook.status = [{"status": "SUCCESS"}]
+    hook = SensorHook()
+    set_status(hook, [{"status": "SUCCESS"}])
     earlier = {
         "job_id": "tao-a-0000000000000001",
         "slurm_job_id": "400",
@@ -1193,7 +1162,7 @@ def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
     assert result["slices"][-1]["slurm_job_id"] == SLURM_ID
     assert result["totals"]["slices"] == 2
     assert result["totals"]["elapsed_seconds"] == 70
-    record = hook.record()
+    record = read_record(hook)
     assert (record["terminal_state"], record["extra"]["totals"], record["extra"]["slices"]) == (
         "COMPLETE",
         result["totals"],
@@ -1205,7 +1174,7 @@ def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
 def test_reschedule_mode_is_refused_before_anything_runs(watched: dict[str, Any]) -> None:
     """A rescheduled sensor is a new instance every poke: it would re-adopt a resubmitted job each time and
     its vanished/unknown clocks would never run out. Refused up front, naming the modes that work."""
-    hook = FakeHook()
+    hook = SensorHook()
     sensor = sensor_with(hook, deferrable=False, mode="reschedule", **watched)
 
     with pytest.raises(ValidationError, match=r"mode='reschedule'.*deferrable=True.*mode='poke'"):

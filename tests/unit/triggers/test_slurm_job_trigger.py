@@ -1,4 +1,4 @@
-"""``SlurmJobTrigger`` against a fake hook: serialisation, one event, grace windows, on_kill vs cleanup."""
+"""``SlurmJobTrigger`` against the shared fake hook: serialisation, one event, grace windows, on_kill vs cleanup."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ import re
 import subprocess
 import time
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import pytest
 from airflow.sdk.module_loading import import_string
+from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.commands import EndMarker, end_markers, parse_end_markers
 from airflow_provider_tao_slurm.core.config import ClusterSettings
@@ -21,7 +22,7 @@ from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, pa
 from airflow_provider_tao_slurm.core.records import from_json, mark, open_record, to_json
 from airflow_provider_tao_slurm.core.states import JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
-from airflow_provider_tao_slurm.hooks.slurm import CommandResult
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 from airflow_provider_tao_slurm.lifecycle import watch as watch_module
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
@@ -52,66 +53,60 @@ def sacct(
     }
 
 
-class FakeHook:
-    """Answers each poll with the next scripted result (the last one repeats); records cancels."""
+class TriggerHook(FakeSlurmHook):
+    """Answers each poll with the next scripted result (the last one repeats), accounting likewise; logs and end
+    markers are files on this machine, read by the hook's own scripts. ``seen_at``: when a poll last found the job.
+    """
 
     def __init__(self, script: Script) -> None:
-        self.files: dict[str, str] = {}
+        super().__init__(
+            settings=ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
+        )
         self.script = list(script)
-        self.polls: list[list[str]] = []
-        self.cancels: list[tuple[list[str], str | None]] = []
-        self.commands: list[str] = []
+        self.seen_at: float | None = None
         self.tail_calls = 0
         self.marker_reads = 0
-        self.accounting: list[dict[str, JobState]] = [{}]
+        self.accounting: Script = [{}]
         self.accounting_asked: list[list[str]] = []
-        self.settings = ClusterSettings(hosts=("login",), user="u", cluster_name=f"unit-{uuid.uuid4().hex[:8]}")
 
-    async def a_settings(self) -> ClusterSettings:
-        return self.settings
-
-    async def a_get_states(self, job_ids: list[str]) -> dict[str, JobState]:
-        self.polls.append(list(job_ids))
+    async def a_get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
+        ids = list(job_ids)
+        self.polls.append(ids)
         answer = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(answer, Exception):
             raise answer
+        if answer:
+            self.seen_at = time.time()
         return answer
 
-    async def a_cancel(self, job_ids: list[str], *, job_name: str | None = None) -> None:
-        self.cancels.append((list(job_ids), job_name))
-
-    async def a_run(self, command: str, **_: Any) -> CommandResult:
-        self.commands.append(command)
-        return CommandResult(0, "", "")
-
-    async def a_read_file(self, path: str) -> str | None:
-        return self.files.get(path)
-
-    async def a_tail_many(self, requests: list[TailRequest]) -> list[TailChunk]:
+    async def a_tail_many(self, requests: Sequence[TailRequest]) -> list[TailChunk[bytes]]:
         """The real batched log read, run by this machine's ``sh`` on local files."""
         self.tail_calls += 1
         script, nonce = tail_script(requests)
         done = subprocess.run(["sh", "-s"], input=script.encode(), capture_output=True, check=True)
         return parse_tail_output(done.stdout, len(requests), nonce)
 
-    async def a_write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        self.files[path] = data.decode()
-
-    async def a_end_markers(self, since: dict[str, float]) -> list[EndMarker]:
+    async def a_end_markers(self, since: Mapping[str, float]) -> list[EndMarker]:
         """The real end-marker listing, run by this machine's ``sh`` on local directories."""
         self.marker_reads += 1
         done = subprocess.run(["sh", "-c", end_markers(since)], capture_output=True, text=True, check=True)
         return parse_end_markers(done.stdout, list(since))
 
-    async def a_accounting_states(self, job_ids: list[str]) -> dict[str, JobState]:
-        """Accounting's scripted answers (the last one repeats)."""
-        self.accounting_asked.append(list(job_ids))
-        return self.accounting.pop(0) if len(self.accounting) > 1 else self.accounting[0]
+    async def a_accounting_states(
+        self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW
+    ) -> dict[str, JobState]:
+        """Accounting's scripted answers (the last one repeats; an exception is raised)."""
+        ids = list(job_ids)
+        self.accounting_asked.append(ids)
+        answer = self.accounting.pop(0) if len(self.accounting) > 1 else self.accounting[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
 
 @pytest.fixture
-def hook(monkeypatch: pytest.MonkeyPatch) -> FakeHook:
-    fake = FakeHook([{}])
+def hook(monkeypatch: pytest.MonkeyPatch) -> TriggerHook:
+    fake = TriggerHook([{}])
     monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: fake)
     return fake
 
@@ -161,7 +156,7 @@ def test_submitted_at_is_fixed_at_construction_and_survives_serialization() -> N
     assert SlurmJobTrigger(**kwargs).submitted_at == kwargs["submitted_at"]
 
 
-def test_exactly_one_terminal_event_then_return(hook: FakeHook) -> None:
+def test_exactly_one_terminal_event_then_return(hook: TriggerHook) -> None:
     hook.script = [squeue("PENDING", "Priority"), squeue("RUNNING"), squeue("RUNNING"), sacct("COMPLETED")]
 
     events = run(all_events(make()))
@@ -181,7 +176,7 @@ def test_exactly_one_terminal_event_then_return(hook: FakeHook) -> None:
     assert hook.polls == [[JOB]] * 4
 
 
-def test_last_state_from_kwargs_is_not_reported_again(hook: FakeHook) -> None:
+def test_last_state_from_kwargs_is_not_reported_again(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING"), sacct("FAILED", exit_code=3)]
 
     (event,) = run(all_events(make(last_state="RUNNING", last_reason=None)))
@@ -190,7 +185,7 @@ def test_last_state_from_kwargs_is_not_reported_again(hook: FakeHook) -> None:
 
 
 def test_a_requeue_is_watched_to_the_real_end_and_said_once_per_restart(
-    hook: FakeHook, capsys: pytest.CaptureFixture[str]
+    hook: TriggerHook, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Preempted (or its node failed) and requeued by SLURM twice: the job goes back to PENDING after RUNNING;
     the trigger says so with the restart count and keeps watching the same job id to COMPLETED."""
@@ -214,7 +209,7 @@ def test_a_requeue_is_watched_to_the_real_end_and_said_once_per_restart(
     assert said == ["1", "2"]
 
 
-def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: FakeHook) -> None:
+def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING"), squeue("FAILED", "NonZeroExitCode"), squeue("FAILED"), sacct("FAILED", 3)]
 
     (event,) = run(all_events(make()))
@@ -224,7 +219,7 @@ def test_terminal_state_from_squeue_waits_for_sacct_exit_code(hook: FakeHook) ->
     assert [t["state"] for t in event["transitions"]] == ["RUNNING", "ERROR"]
 
 
-def test_a_final_state_without_its_end_record_waits_for_the_full_row(hook: FakeHook) -> None:
+def test_a_final_state_without_its_end_record_waits_for_the_full_row(hook: TriggerHook) -> None:
     """slurmdbd back after an outage: the row shows FAILED before slurmctld's end record (exit 0:0, no End)."""
     hook.script = [squeue("RUNNING"), sacct("FAILED", 0, end=None), sacct("FAILED", 0, end=None), sacct("FAILED", 3)]
 
@@ -238,7 +233,7 @@ def test_a_final_state_without_its_end_record_waits_for_the_full_row(hook: FakeH
 
 
 def test_terminal_state_from_squeue_is_used_when_accounting_never_answers(
-    hook: FakeHook, monkeypatch: pytest.MonkeyPatch
+    hook: TriggerHook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(watch_module, "ACCOUNTING_SETTLE_S", 0.2)
     hook.script = [squeue("RUNNING"), squeue("CANCELLED")]
@@ -251,7 +246,7 @@ def test_terminal_state_from_squeue_is_used_when_accounting_never_answers(
     assert event["state"]["tao_state"] == "CANCELED"
 
 
-def test_not_found_is_tolerated_then_reported_as_vanished(hook: FakeHook) -> None:
+def test_not_found_is_tolerated_then_reported_as_vanished(hook: TriggerHook) -> None:
     hook.script = [{}]
     started = time.time()
 
@@ -268,7 +263,7 @@ def test_not_found_is_tolerated_then_reported_as_vanished(hook: FakeHook) -> Non
     assert len(hook.polls) >= 3
 
 
-def test_not_found_right_after_submit_is_not_an_error(hook: FakeHook) -> None:
+def test_not_found_right_after_submit_is_not_an_error(hook: TriggerHook) -> None:
     hook.script = [{}, {}, {}, squeue("RUNNING"), {}, sacct("COMPLETED")]
 
     (event,) = run(all_events(make(not_found_grace=5)))
@@ -277,30 +272,21 @@ def test_not_found_right_after_submit_is_not_an_error(hook: FakeHook) -> None:
     assert event["state"]["native"] == "COMPLETED"
 
 
-def test_grace_counts_from_when_the_job_was_last_seen(hook: FakeHook) -> None:
+def test_grace_counts_from_when_the_job_was_last_seen(hook: TriggerHook) -> None:
     """Ten polls see the job running (only the first is sent to the trigger: nothing new after it), then it
     is missing: the grace runs from the tenth poll, not from the one the trigger last heard."""
     hook.script = [squeue("RUNNING")] * 10 + [{}]
     started = time.time()
-    last_running: list[float] = []
-    original = hook.a_get_states
-
-    async def timed(job_ids: list[str]) -> dict[str, JobState]:
-        states = await original(job_ids)
-        if states:
-            last_running[:] = [time.time()]
-        return states
-
-    hook.a_get_states = timed  # type: ignore[method-assign]
 
     (event,) = run(all_events(make(submitted_at=started - 3600, not_found_grace=0.3)))
 
     assert event["status"] == "vanished"
     assert len(hook.polls) > 11
-    assert time.time() - last_running[0] >= 0.3
+    assert hook.seen_at is not None
+    assert time.time() - hook.seen_at >= 0.3
 
 
-def test_failed_polls_keep_the_trigger_waiting(hook: FakeHook) -> None:
+def test_failed_polls_keep_the_trigger_waiting(hook: TriggerHook) -> None:
     hook.script = [OSError("connection reset"), squeue("RUNNING"), sacct("COMPLETED")]
 
     events = run(all_events(make()))
@@ -309,21 +295,21 @@ def test_failed_polls_keep_the_trigger_waiting(hook: FakeHook) -> None:
     assert len(hook.polls) == 3
 
 
-def test_on_kill_cancels_the_job_by_id_and_exact_name(hook: FakeHook) -> None:
+def test_on_kill_cancels_the_job_by_id_and_exact_name(hook: TriggerHook) -> None:
     run(make().on_kill())
 
     assert hook.cancels == [([JOB], NAME)]
     assert hook.commands == []
 
 
-def test_on_kill_removes_the_secret_sidecar_after_cancelling(hook: FakeHook) -> None:
+def test_on_kill_removes_the_secret_sidecar_after_cancelling(hook: TriggerHook) -> None:
     run(make(sidecar_path=SIDECAR).on_kill())
 
     assert hook.cancels == [([JOB], NAME)]
     assert hook.commands == [f"rm -f -- {SIDECAR}"]
 
 
-def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook: FakeHook) -> None:
+def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING")]
     trigger = make()
 
@@ -343,7 +329,7 @@ def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook:
     assert hook.cancels == []
 
 
-def test_an_unrecognised_state_ends_the_wait_after_its_grace(hook: FakeHook) -> None:
+def test_an_unrecognised_state_ends_the_wait_after_its_grace(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING"), squeue("WEIRD_STATE")]
     started = time.time()
 
@@ -355,7 +341,7 @@ def test_an_unrecognised_state_ends_the_wait_after_its_grace(hook: FakeHook) -> 
     assert event["state"]["raw_state"] == "WEIRD_STATE"
 
 
-def test_an_unrecognised_state_that_goes_away_resets_its_clock(hook: FakeHook) -> None:
+def test_an_unrecognised_state_that_goes_away_resets_its_clock(hook: TriggerHook) -> None:
     hook.script = [squeue("WEIRD_STATE"), squeue("RUNNING")] * 10 + [sacct("COMPLETED")]
 
     (event,) = run(all_events(make(unrecognised_grace=POLL * 1.5)))
@@ -363,7 +349,7 @@ def test_an_unrecognised_state_that_goes_away_resets_its_clock(hook: FakeHook) -
     assert event["status"] == "terminal"
 
 
-def test_a_failed_poll_restarts_the_not_found_clock(hook: FakeHook) -> None:
+def test_a_failed_poll_restarts_the_not_found_clock(hook: TriggerHook) -> None:
     hook.script = [OSError("controller down")] * 2 + [{}] + [sacct("COMPLETED")]
     started = time.time()
 
@@ -372,7 +358,7 @@ def test_a_failed_poll_restarts_the_not_found_clock(hook: FakeHook) -> None:
     assert event["status"] == "terminal"  # the first "not found" after the failures did not vanish the job
 
 
-def test_on_kill_records_canceled_with_its_source(hook: FakeHook) -> None:
+def test_on_kill_records_canceled_with_its_source(hook: TriggerHook) -> None:
     hook.files["/lustre/u/records/r.json"] = running_record()
 
     run(make(sidecar_path=SIDECAR, record_path="/lustre/u/records/r.json").on_kill())
@@ -418,7 +404,7 @@ def running_record() -> str:
     ],
 )
 def test_every_event_reads_back_as_a_job_event(
-    hook: FakeHook, script: Script, status: EventStatus, tao_state: TaoState | None
+    hook: TriggerHook, script: Script, status: EventStatus, tao_state: TaoState | None
 ) -> None:
     hook.script = script
 
@@ -431,7 +417,7 @@ def test_every_event_reads_back_as_a_job_event(
 
 
 @pytest.mark.parametrize("native", ["WEIRD_STATE", "SOMETHING_NEW", "RESV_DEL_HOLD_X"])
-def test_an_unknown_native_state_lasting_its_grace_is_unrecognised(hook: FakeHook, native: str) -> None:
+def test_an_unknown_native_state_lasting_its_grace_is_unrecognised(hook: TriggerHook, native: str) -> None:
     hook.script = [squeue("PENDING"), squeue(native)]
     started = time.time()
 
@@ -451,7 +437,7 @@ def test_an_unknown_native_state_lasting_its_grace_is_unrecognised(hook: FakeHoo
         pytest.param([squeue("WEIRD_STATE")] * 3 + [sacct("COMPLETED")], id="ends-before-grace"),
     ],
 )
-def test_an_unknown_state_that_goes_away_resets(hook: FakeHook, script: Script) -> None:
+def test_an_unknown_state_that_goes_away_resets(hook: TriggerHook, script: Script) -> None:
     hook.script = [*script, sacct("COMPLETED")]
 
     (event,) = run(all_events(make(unrecognised_grace=POLL * 20)))
@@ -468,7 +454,7 @@ def test_an_unknown_state_that_goes_away_resets(hook: FakeHook, script: Script) 
     ],
 )
 @pytest.mark.parametrize("failures", [1, 3])
-def test_an_error_update_restarts_the_not_found_clock(hook: FakeHook, failure: Exception, failures: int) -> None:
+def test_an_error_update_restarts_the_not_found_clock(hook: TriggerHook, failure: Exception, failures: int) -> None:
     # Last seen an hour ago, grace 0.5 s: without the restart the first "not found" would vanish the job.
     hook.script = [failure] * failures + [{}] + [sacct("COMPLETED")]
     started = time.time()
@@ -479,7 +465,7 @@ def test_an_error_update_restarts_the_not_found_clock(hook: FakeHook, failure: E
     assert len(hook.polls) == failures + 2
 
 
-def test_not_found_after_errors_still_vanishes_once_the_grace_has_passed(hook: FakeHook) -> None:
+def test_not_found_after_errors_still_vanishes_once_the_grace_has_passed(hook: TriggerHook) -> None:
     hook.script = [OSError("controller down"), {}]
     started = time.time()
 
@@ -500,7 +486,7 @@ def test_not_found_after_errors_still_vanishes_once_the_grace_has_passed(hook: F
     ],
 )
 def test_on_kill_records_canceled_via_the_async_file_api(
-    hook: FakeHook,
+    hook: TriggerHook,
     record_path: str | None,
     stored: str | None,
     sidecar: str | None,
@@ -532,7 +518,7 @@ def test_on_kill_records_canceled_via_the_async_file_api(
 # ---------------------------------------------------------------------- live logs
 
 
-class WritingHook(FakeHook):
+class WritingHook(TriggerHook):
     """Each poll, the 'job' appends the next scripted bytes to its log before the state is answered."""
 
     def __init__(self, script: Script, log: Any, writes: list[bytes]) -> None:
@@ -540,11 +526,11 @@ class WritingHook(FakeHook):
         self.log_path = log
         self.writes = list(writes)
 
-    async def a_get_states(self, job_ids: list[str]) -> dict[str, JobState]:
+    async def a_get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         if self.writes:
             with self.log_path.open("ab") as out:
                 out.write(self.writes.pop(0))
-        return await super().a_get_states(job_ids)
+        return await super().a_get_states(job_ids, since=since)
 
 
 def live_lines(output: str) -> list[str]:
@@ -663,7 +649,7 @@ def fast_markers(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("fast_markers")
 @pytest.mark.parametrize(("code", "native"), [(0, "COMPLETED"), (3, "FAILED")])
 def test_the_end_marker_ends_the_wait_long_before_the_next_scheduler_query(
-    hook: FakeHook, tmp_path: Any, code: int, native: str
+    hook: TriggerHook, tmp_path: Any, code: int, native: str
 ) -> None:
     ends = tmp_path / "ends $(x)"
     ends.mkdir()
@@ -693,7 +679,7 @@ def test_the_end_marker_ends_the_wait_long_before_the_next_scheduler_query(
 
 @pytest.mark.usefixtures("fast_markers")
 def test_a_marker_accounting_does_not_confirm_leaves_the_job_to_the_scheduler_queries(
-    hook: FakeHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    hook: TriggerHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A requeued run's marker (accounting shows the job pending again) is dropped; the next run's marker ends
     the wait; another results base's marker of the same id is never read as this job's."""
@@ -726,7 +712,7 @@ def test_a_marker_accounting_does_not_confirm_leaves_the_job_to_the_scheduler_qu
 
 
 def test_with_accounting_down_a_marker_ends_nothing(
-    hook: FakeHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    hook: TriggerHook, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_provider_tao_slurm.triggers import poller
 
@@ -736,13 +722,7 @@ def test_with_accounting_down_a_marker_ends_nothing(
     ends.mkdir()
     (ends / f"{JOB}-0-0.end").touch()
     hook.script = [squeue("RUNNING")]
-    hook.accounting = []
-
-    async def down(job_ids: list[str]) -> dict[str, JobState]:
-        hook.accounting_asked.append(list(job_ids))
-        raise RuntimeError("sacct: error: Problem talking to the database: Connection refused")
-
-    hook.a_accounting_states = down  # type: ignore[method-assign]
+    hook.accounting = [RuntimeError("sacct: error: Problem talking to the database: Connection refused")]
 
     async def scenario() -> int:
         task = asyncio.ensure_future(all_events(make(poll_interval=3600, end_marker_dir=str(ends))))
@@ -757,7 +737,7 @@ def test_with_accounting_down_a_marker_ends_nothing(
     assert 2 <= asked <= 6, f"a failing sacct is asked again every marker interval, not every recheck ({asked})"
 
 
-def test_without_an_ends_directory_no_marker_is_read(hook: FakeHook) -> None:
+def test_without_an_ends_directory_no_marker_is_read(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING"), sacct("COMPLETED")]
     events = run(all_events(make()))
     assert JobEvent.from_dict(events[0]).state.source == "sacct"  # type: ignore[union-attr]
