@@ -10,11 +10,13 @@ Which errors burn a retry:
   (:class:`ValidationError` and its subclasses, among them a multi-node job without its NCCL probe
   result and bad connection settings, :class:`ConnectionConfigError`), :class:`TemplateRenderError`,
   :class:`SecretLeakError`, an unknown or changed host key (:class:`HostKeyError`), refused
-  credentials (:class:`SlurmAuthenticationError`) and duplicate jobs that need a person
-  (:class:`AmbiguousSubmissionError`).
+  credentials (:class:`SlurmAuthenticationError`), duplicate jobs that need a person
+  (:class:`AmbiguousSubmissionError`) and a job that failed as a program error
+  (:class:`ProgramFailedError`: its program would fail the same way again).
 - **Retryable** (Airflow's ``retries`` apply): everything else, e.g. no login host reachable,
   a dropped connection, the controller or accounting down (:class:`JobLookupError`), ``sbatch``
-  refusing a job (often transient: "Socket timed out"), a failed job, a failed conversion.
+  refusing a job (often transient: "Socket timed out"), a job that failed for the infrastructure
+  once its resubmissions are used up, a failed conversion.
 """
 
 from __future__ import annotations
@@ -223,6 +225,21 @@ class JobFailedError(TaoSlurmError):
     def __init__(self, message: str, err_class: str | None = None) -> None:
         super().__init__(message)
         self.err_class = err_class
+
+
+class ProgramFailedError(JobFailedError, AirflowFailException):
+    """The job failed as a program error (``ERR_PROGRAM``): a retry cannot fix it.
+
+    The task fails without using its retries (it would show the same lines and fail the same way);
+    retries stay for what a retry can fix: the infrastructure and the connection.
+    """
+
+
+def job_failed(message: str, err_class: str | None) -> JobFailedError:
+    """Build the error of a failed job: a program error fails the task without its retries."""
+    if err_class == "ERR_PROGRAM":
+        return ProgramFailedError(message, err_class=err_class)
+    return JobFailedError(message, err_class=err_class)
 
 
 class ConnectionLostError(SlurmConnectionError):

@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.records import check_slurm_job_id
 from airflow_provider_tao_slurm.core.states import TaoState
-from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError, ValidationError
+from airflow_provider_tao_slurm.exceptions import (
+    JobFailedError,
+    JobNotFoundError,
+    UnknownStateError,
+    ValidationError,
+    job_failed,
+)
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus
 
 if TYPE_CHECKING:
@@ -109,10 +115,10 @@ def settle_foreign(settlement: Settlement, job: ForeignJob, event: JobEvent) -> 
         raise JobFailedError(f"SLURM job {job.slurm_job_id} ended {state.raw_state or state.native}")
     if state.tao_state is not TaoState.COMPLETE:
         verdict = classify(state, "\n".join(tails))
-        raise JobFailedError(
+        raise job_failed(
             f"SLURM job {job.slurm_job_id} failed ({verdict.err_class}): {verdict.reason}; "
             f"evidence: {verdict.evidence}",
-            err_class=str(verdict.err_class),
+            str(verdict.err_class),
         )
     result = {
         "slurm_job_id": job.slurm_job_id,

@@ -47,6 +47,7 @@ from airflow_provider_tao_slurm.exceptions import (
     RemoteReadError,
     SubmissionError,
     TaoSlurmError,
+    job_failed,
 )
 from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
 from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
@@ -333,7 +334,7 @@ class JobLifecycle:
         )
         if not verdict.go_on and found is None:  # a next slice an earlier try started was decided then
             self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
-            raise JobFailedError(f"SLURM job {state.job_id}: {verdict.reason}", err_class=str(ErrClass.ERR_PROGRAM))
+            raise job_failed(f"SLURM job {state.job_id}: {verdict.reason}", str(ErrClass.ERR_PROGRAM))
         stage = None if found is not None else self._sidecar_stage(handle)
         continued = verdict.reason if verdict.go_on else f"slice {handle.slice_number} ended {state.native}"
         continued += " (warned of the limit before)" if end.warned else ""

@@ -25,7 +25,7 @@ from airflow_provider_tao_slurm.core.records import mark
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
 from airflow_provider_tao_slurm.core.status import status_verdict
 from airflow_provider_tao_slurm.core.tao import is_tao_action
-from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError
+from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError, job_failed
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus
 from airflow_provider_tao_slurm.lifecycle.jobs import chain_summary, record_dict
 
@@ -131,10 +131,10 @@ class Settlement:
             err_class=verdict.err_class,
             exit_codes=self._exit_codes(handle, state.exit_code),
         )
-        raise JobFailedError(
+        raise job_failed(
             f"SLURM job {state.job_id} failed ({verdict.err_class}): {verdict.reason}; evidence: {verdict.evidence}. "
             f"Logs: {handle.log_dir}",
-            err_class=str(verdict.err_class),
+            str(verdict.err_class),
         )
 
     def _observed(self, handle: JobHandle, record: JobRecord, event: JobEvent) -> JobRecord:
@@ -184,9 +184,7 @@ class Settlement:
                 if verdict.ok is None and self.require_status_json is None
                 else ""
             )
-            raise JobFailedError(
-                f"SLURM job {state.job_id} completed but {verdict.message}{why}", err_class="ERR_PROGRAM"
-            )
+            raise job_failed(f"SLURM job {state.job_id} completed but {verdict.message}{why}", ErrClass.ERR_PROGRAM)
         record = self.lifecycle.settle(
             handle,
             record,

@@ -17,7 +17,7 @@ they end:
   ``Resources`` (the sensor's log shows the PENDING line and its hint); the blockers are cancelled
   (always, in a ``finally``), the job starts and its log shows live ``main.out |`` and
   ``status.json |`` lines while the sensor is still deferred. Meanwhile a run whose command adds
-  ``--fail-at-epoch 2 --exit-code 3`` fails its sensor with ``JobFailedError`` and the evidence.
+  ``--fail-at-epoch 2 --exit-code 3`` fails its sensor in its first try with ``ProgramFailedError`` and the evidence.
 
 Headless Chromium, driven over the DevTools protocol on a pipe (``--remote-debugging-pipe``: it can
 click, which the connection dialog needs), takes the screenshots: the DAG run's grid, the sensor's
@@ -647,7 +647,7 @@ def scenes(stack: Stack, run: Run, browser: Browser, cluster: ClusterEnv, ssh_ru
             f"SLURM job {failed['slurm_job_id']} failed (ERR_PROGRAM): ",
             "; evidence: ",
             "main.err | ",
-            "JobFailedError",
+            "ProgramFailedError",
             "Failed",
         ],
     )
@@ -780,12 +780,15 @@ def test_a_job_pending_for_resources_then_runs_to_success(stack: Stack, scenes: 
 
 
 def test_a_failing_job_fails_the_sensor_with_its_evidence(stack: Stack, scenes: Scenes) -> None:
-    """The run whose program exits 3 at epoch 2 fails at the sensor (every try), with the job's error lines
-    and ``JobFailedError`` naming the class and the evidence."""
+    """The run whose program exits 3 at epoch 2 fails at the sensor in its first try, although the task has a
+    retry: a program error fails without using the retries (``ProgramFailedError``, an ``AirflowFailException``),
+    with the job's error lines and the error naming the class and the evidence."""
     failing = scenes.failing
     assert failing.state == "failed", failing.seen
     assert [failing.seen[task][-1] for task in TASKS] == ["success", "success", "success", "failed"], failing.seen
     handle = _handle(stack, failing.run_id)
+    wait = stack.get(f"{_run_path(failing.run_id)}/taskInstances/wait")
+    assert (wait["state"], wait["try_number"]) == ("failed", 1), wait
     _in_order(
         _log_text(stack, failing.run_id, "wait"),
         [
@@ -793,7 +796,7 @@ def test_a_failing_job_fails_the_sensor_with_its_evidence(stack: Stack, scenes: 
             "main.err | ",
             "status.json | FAILURE epoch 2",
             f"SLURM job {handle['slurm_job_id']} ({handle['job_id']}): FAILED",
-            f"JobFailedError: SLURM job {handle['slurm_job_id']} failed (ERR_PROGRAM): ",
+            f"ProgramFailedError: SLURM job {handle['slurm_job_id']} failed (ERR_PROGRAM): ",
             "; evidence: ",
         ],
     )

@@ -21,6 +21,7 @@ NOT_RETRYABLE = {
     "SlurmAuthenticationError",
     "HostKeyError",
     "AmbiguousSubmissionError",
+    "ProgramFailedError",
 }
 CLASSES = {
     name: cls
@@ -50,3 +51,12 @@ def test_the_module_docstring_names_every_error_that_fails_at_once(name: str) ->
 def test_bad_input_is_still_a_value_error() -> None:
     with pytest.raises(ValueError, match="time_hours"):
         raise exceptions.ResourceError("time_hours=5 is over the limit")
+
+
+@pytest.mark.parametrize(("err_class", "fails_at_once"), [("ERR_PROGRAM", True), ("ERR_INFRA", False), (None, False)])
+def test_a_failed_job_uses_the_retries_only_when_a_retry_can_help(err_class: str | None, fails_at_once: bool) -> None:
+    error = exceptions.job_failed("SLURM job 7 failed", err_class)
+
+    assert isinstance(error, exceptions.JobFailedError)
+    assert error.err_class == err_class
+    assert isinstance(error, AirflowFailException) is fails_at_once

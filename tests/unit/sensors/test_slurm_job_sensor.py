@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import Asset
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 from fakes import SETTINGS, FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.commands import end_markers
@@ -368,6 +368,7 @@ def test_a_tao_job_submitted_with_the_defaults_is_not_complete_without_status_js
         complete(sensor_with(hook), terminal("COMPLETED"))
 
     assert failed.value.err_class == "ERR_PROGRAM"
+    assert isinstance(failed.value, AirflowFailException), "a retry cannot fix a program error"
     assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
@@ -386,6 +387,7 @@ def test_completed_job_with_bad_status_json_fails(status: Any, require: bool, ma
         complete(sensor_with(hook, require_status_json=require), terminal("COMPLETED"))
 
     assert failed.value.err_class == "ERR_PROGRAM"
+    assert isinstance(failed.value, AirflowFailException), "a retry cannot fix a program error"
     assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_PROGRAM")
 
 
@@ -396,6 +398,7 @@ def test_program_failure_fails_without_resubmission() -> None:
         complete(sensor_with(hook), terminal("FAILED", exit_code=3))
 
     assert failed.value.err_class == "ERR_PROGRAM"
+    assert isinstance(failed.value, AirflowFailException), "a retry cannot fix a program error"
     record = read_record(hook)
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
     assert hook.submits == []
@@ -537,6 +540,7 @@ def test_a_node_failure_the_log_does_not_confirm_is_not_resubmitted() -> None:
         complete(sensor_with(hook), terminal("NODE_FAIL", node_list="n2"))
 
     assert failed.value.err_class == "ERR_INFRA"
+    assert not isinstance(failed.value, AirflowFailException), "a retry may find other nodes"
     assert hook.submits == []
     assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
 
@@ -589,6 +593,7 @@ def test_infra_retries_are_bounded() -> None:
         complete(sensor_with(hook, max_infra_retries=2), terminal("NODE_FAIL"), make_handle(infra_retries=2))
 
     assert failed.value.err_class == "ERR_INFRA"
+    assert not isinstance(failed.value, AirflowFailException), "a retry may find other nodes"
     assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
     assert hook.submits == []
 
@@ -602,6 +607,7 @@ def test_a_refused_resubmission_settles_both_records_and_fails() -> None:
         complete(sensor_with(hook), terminal("NODE_FAIL"), make_handle(exclude_nodes=["n1"]))
 
     assert failed.value.err_class == "ERR_INFRA"
+    assert not isinstance(failed.value, AirflowFailException), "a retry may find other nodes"
     assert (read_record(hook)["terminal_state"], read_record(hook)["err_class"]) == ("ERROR", "ERR_INFRA")
     retry = read_record(hook, RETRY_LAYOUT.record_path)
     assert retry["terminal_state"] == "ERROR"
@@ -979,6 +985,7 @@ def test_a_vanished_job_whose_files_show_a_failure_fails_with_its_exit_code() ->
         complete(sensor_with(hook), VANISHED)
 
     assert failed.value.err_class == "ERR_PROGRAM"
+    assert isinstance(failed.value, AirflowFailException), "a retry cannot fix a program error"
     record = read_record(hook)
     assert (record["terminal_state"], record["exit_codes"]) == ("ERROR", {"job": 3})
 
