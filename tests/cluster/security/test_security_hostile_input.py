@@ -278,7 +278,9 @@ CASES = [
     refused("import-cpus-per-task-text", f"{E}.cpus_per_task", "4", ResourceError, "cpus_per_task"),
     refused("import-mem-negative", f"{E}.mem_mb", -1, ResourceError, "mem_mb"),
     refused("import-time-hours-zero", f"{E}.time_hours", 0, ResourceError, "time_hours"),
-    refused("import-poll-interval-nan", f"{E}.poll_interval", float("nan"), ValidationError, "poll_interval"),
+    refused(
+        "import-poll-interval-nan", f"{E}.poll_interval_seconds", float("nan"), ValidationError, "poll_interval_seconds"
+    ),
     # StageDatasetCheckOperator.paths
     refused("paths-substitution", f"{D}.paths", [f"/srv/lustre/$({TOUCH})"], StoragePathError, "paths"),
     refused("paths-backticks", f"{D}.paths", [f"/srv/lustre/`{TOUCH}`"], StoragePathError, "paths"),
