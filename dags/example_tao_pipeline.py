@@ -1,4 +1,4 @@
-"""Example DAG: a TAO pipeline (train, then evaluate and export the trained model) on a SLURM cluster.
+"""Example DAG: a TAO pipeline (train, evaluate, and export the model when it is good enough) on a SLURM cluster.
 
 For MLOps pipelines: each action is its own GPU job, submitted exactly once and watched by its
 own sensor, and each job reads the previous job's results by its handle: ``evaluate`` and
@@ -10,17 +10,29 @@ own sensor, and each job reads the previous job's results by its handle: ``evalu
 2. ``train`` / ``wait_train``: the training job; the sensor settles its record (``status.json`` must
    say SUCCESS). A training longer than one allocation goes on in new slices from its checkpoints
    (``max_continuations``; see the docs' "Long trainings" page).
-3. ``evaluate`` / ``wait_evaluate``: reads ``<train results_dir>/checkpoints``, writes its KPIs.
-4. ``export`` / ``wait_export``: reads the same checkpoints, writes the exported model.
+3. ``evaluate`` / ``wait_evaluate``: reads ``<train results_dir>/checkpoints``, writes its KPIs. TAO's
+   evaluate reports them in ``status.json`` (a status line's ``kpi``); the sensor returns them as its
+   XCom's ``kpis`` (e.g. ``{"accuracy": 0.62, "loss": 1.53}``) and puts them on its Asset event
+   (``tao://example_tao_pipeline/evaluate``), so no task parses a results file.
+4. ``accuracy_gate``: a ``ShortCircuitOperator`` reading ``wait_evaluate``'s ``kpis``: export runs only
+   when ``accuracy`` reaches the ``min_accuracy`` Param; below it, export is skipped (the run still
+   succeeds). An evaluation that reports no numeric ``accuracy`` fails the gate.
+5. ``export`` / ``wait_export``: reads the same checkpoints, writes the exported model.
 
 On the local test cluster of ``make demo`` the actions are ``/srv/lustre/demo/tao_like_train.py
 --action train|evaluate|export`` (``dags/programs/tao_like_train.py``); on a real cluster use the
 TAO entry points, e.g. ``classification_pyt evaluate -e {config_path} results_dir={results_dir}
-evaluate.checkpoint=<train results_dir>/checkpoints/...``.
+evaluate.checkpoint=<train results_dir>/checkpoints/...``. The stand-in's accuracy is
+``1 - loss/4`` of the last checkpoint (about 0.62 after the default 3 epochs): the default
+``min_accuracy`` of 0.5 lets export run; ``--conf '{"min_accuracy": 0.9}'`` skips it.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import DAG, Asset, Param
 
 from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOperator
@@ -34,6 +46,33 @@ PROGRAM = "python3 /srv/lustre/demo/tao_like_train.py"
 TRAINED = "{{ ti.xcom_pull(task_ids='train')['results_dir'] }}/checkpoints"
 # Other DAGs can be scheduled on a finished training: its event's extra holds results_dir, job ids, GPU hours.
 TRAINED_MODEL = Asset("tao://example_tao_pipeline/train")
+# ... and on a finished evaluation: its event's extra holds the KPIs too (``kpis``).
+EVALUATION = Asset("tao://example_tao_pipeline/evaluate")
+
+log = logging.getLogger(__name__)
+
+
+# [START example_tao_pipeline_gate]
+def kpi_reaches(evaluation: dict[str, Any] | None, kpi: str, threshold: float) -> bool:
+    """Return whether the evaluation's ``kpi`` reaches ``threshold`` (False skips what follows the gate).
+
+    :param evaluation: the evaluate sensor's XCom: the job's final record, with the KPIs its
+        ``status.json`` reported under ``kpis``.
+    :param kpi: the KPI's name, e.g. ``accuracy``.
+    :param threshold: the least value that passes.
+    :raises ValueError: when the evaluation reported no numeric ``kpi`` (a broken evaluation is not a bad model).
+    """
+    kpis = (evaluation or {}).get("kpis") or {}
+    value = kpis.get(kpi)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"the evaluation reported no numeric {kpi!r} KPI in its status.json (its KPIs: {kpis})")
+    passed = value >= threshold
+    log.info("%s %s, threshold %s: %s", kpi, value, threshold, "passed" if passed else "missed, skipping what follows")
+    return passed
+
+
+# [END example_tao_pipeline_gate]
+
 
 # [START example_tao_pipeline]
 with DAG(
@@ -48,6 +87,9 @@ with DAG(
             description="name -> lustre:///path on shared storage",
         ),
         "spec": Param({"epochs": 3, "batch_size": 4, "learning_rate": 0.001}, type="object"),
+        "min_accuracy": Param(
+            0.5, type="number", minimum=0, maximum=1, description="export only a model evaluated at least this accurate"
+        ),
     },
     tags=["example", "tao", "slurm", "pipeline"],
     doc_md=__doc__,
@@ -87,14 +129,23 @@ with DAG(
         max_continuations=3,  # a slice that hits the time limit after a checkpoint goes on in the next one
     )
     evaluate, wait_evaluate = action(
-        "evaluate", f"{PROGRAM} --action evaluate --checkpoint {TRAINED} --results {{results_dir}}"
+        "evaluate",
+        f"{PROGRAM} --action evaluate --checkpoint {TRAINED} --results {{results_dir}}",
+        outlets=[EVALUATION],
+    )
+    # Reads the evaluate sensor's XCom (so it runs after it); a KPI below the Param skips export.
+    accuracy_gate = ShortCircuitOperator(
+        task_id="accuracy_gate",
+        python_callable=kpi_reaches,
+        op_kwargs={"evaluation": wait_evaluate.output, "kpi": "accuracy", "threshold": "{{ params.min_accuracy }}"},
     )
     export, wait_export = action(
         "export", f"{PROGRAM} --action export --checkpoint {TRAINED} --results {{results_dir}}"
     )
 
     check_datasets >> import_image >> train
-    wait_train >> [evaluate, export]
+    wait_train >> evaluate
+    accuracy_gate >> export
 # [END example_tao_pipeline]
 
 

@@ -5,8 +5,9 @@ and decides the job's outcome in one place, whoever waited (the deferred sensor 
 event, the poking sensor on its own): it writes the observed transitions to the record, shows the
 end of the job's logs, reads the job's cost, continues a chain of slices, checks ``status.json`` on
 success, classifies a failure with its evidence and has an infrastructure failure resubmitted. It
-returns the final record (as the task's result), or the handle of the job that follows (watch that
-one), or raises the failure. The sensor keeps only the Airflow glue (defer, poke, XCom, outlets).
+returns the final record (as the task's result, with the KPIs ``status.json`` reports), or the handle
+of the job that follows (watch that one), or raises the failure. The sensor keeps only the Airflow
+glue (defer, poke, XCom, outlets).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.logstream import clean_stream_line
 from airflow_provider_tao_slurm.core.records import mark
+from airflow_provider_tao_slurm.core.secrets import redact_obj
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
-from airflow_provider_tao_slurm.core.status import status_verdict
+from airflow_provider_tao_slurm.core.status import status_kpis, status_verdict
 from airflow_provider_tao_slurm.core.tao import is_tao_action
 from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError, job_failed
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus
@@ -47,13 +49,17 @@ def _utc(ts: float) -> str:
 
 
 def asset_extra(handle: JobHandle, result: Mapping[str, Any]) -> dict[str, Any]:
-    """Return what an Asset event of a finished job carries: where its results are, which job, and its cost."""
+    """Return what an Asset event of a finished job carries: where its results are, which job, its cost and KPIs.
+
+    ``kpis`` (what the job's ``status.json`` reports, e.g. an evaluation's ``{"mAP": 0.81}``) is there only
+    when the result has it, as ``gpu_hours`` and ``elapsed_seconds`` only when accounting answered.
+    """
     return {
         "results_dir": handle.results_dir,
         "job_id": handle.job_id,
         "slurm_job_id": handle.slurm_job_id,
         "cluster": handle.cluster,
-        **{key: result[key] for key in ("gpu_hours", "elapsed_seconds") if key in result},
+        **{key: result[key] for key in ("gpu_hours", "elapsed_seconds", "kpis") if key in result},
     }
 
 
@@ -114,7 +120,7 @@ class Settlement:
         if chain:  # the last slice's record carries the whole chain
             record = dataclasses.replace(record, extra={**record.extra, **chain})
         if state.tao_state is TaoState.COMPLETE:
-            result = self._completed(handle, record, state)
+            result = self._completed(handle, record, state, secrets)
             return {**result, **(usage.to_dict() if usage is not None else {}), **chain}
         if state.tao_state is TaoState.CANCELED:
             reason = f"SLURM job {state.job_id} ended {state.raw_state or state.native}"
@@ -160,8 +166,14 @@ class Settlement:
             )
         return record
 
-    def _completed(self, handle: JobHandle, record: JobRecord, state: JobState) -> dict[str, Any]:
-        """Settle a COMPLETED job: COMPLETE when its ``status.json`` agrees (or is not required), else ERROR."""
+    def _completed(
+        self, handle: JobHandle, record: JobRecord, state: JobState, secrets: list[str] | None
+    ) -> dict[str, Any]:
+        """Settle a COMPLETED job: COMPLETE when its ``status.json`` agrees (or is not required), else ERROR.
+
+        The COMPLETE result is the final record, plus ``kpis`` when ``status.json`` reports KPIs (TAO's
+        ``"kpi"`` lines, e.g. an evaluation's), redacted as the record is.
+        """
         required = self.require_status_json
         if required is None:
             required = is_tao_action(record.network_arch)  # a TAO action is COMPLETE only with status.json SUCCESS
@@ -194,7 +206,12 @@ class Settlement:
             exit_codes=exit_codes,
         )
         self.log.info("Job %s complete; results in %s", handle.job_id, handle.results_dir)
-        return record_dict(record)
+        result = record_dict(record)
+        kpis = status_kpis(status)
+        if kpis:
+            result["kpis"] = redact_obj(kpis, secrets or ())
+            self.log.info("Job %s KPIs (status.json): %s", handle.job_id, result["kpis"])
+        return result
 
     def report_usage(self, handle: JobHandle, usage: JobUsage, state: JobState) -> None:
         """Report the job's cost as the task log's summary line and as Airflow metrics (``tao_slurm.job.*``)."""

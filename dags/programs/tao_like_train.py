@@ -23,7 +23,9 @@ It behaves like a TAO ``train`` action, only tiny:
 ``--action evaluate`` and ``--action export`` stand in for TAO's next actions in a pipeline: they
 read the newest checkpoint of an earlier training (``--checkpoint``, its ``checkpoints`` directory),
 then write ``<results>/evaluation.json`` (KPIs) or ``<results>/export/model.onnx`` (a text stand-in
-naming the checkpoint), with the same status lines.
+naming the checkpoint), with the same status lines. As TAO's evaluate does, the evaluation's KPIs
+(``accuracy``, ``1 - loss/4`` of the checkpoint, and ``loss``) also go into its status lines' ``kpi``
+mapping, from the line that reports them on (TAO's status logger repeats them on every later line).
 
 Failing on purpose (for tests): ``--fail-at-epoch N`` (or ``train.fail_at_epoch``) stops at epoch
 N with exit code ``--exit-code`` (or ``train.fail_exit_code``, default 1).
@@ -144,10 +146,14 @@ def load_spec(path: Path) -> dict[str, Any]:
 
 
 class StatusWriter:
-    """Appends TAO-style status lines to ``status.json`` and echoes them to stdout."""
+    """Appends TAO-style status lines to ``status.json`` and echoes them to stdout.
+
+    Once :attr:`kpi` is set, every line carries it under ``"kpi"``, as TAO's status logger does.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.kpi: dict[str, Any] = {}
 
     def write(self, status: str, message: str, *, epoch: int | None = None, verbosity: str = "INFO") -> None:
         """Append one JSON line (flushed at once, so a watcher sees it while the job runs)."""
@@ -161,6 +167,8 @@ class StatusWriter:
         }
         if epoch is not None:
             entry["epoch"] = epoch
+        if self.kpi:
+            entry["kpi"] = self.kpi
         with self.path.open("a") as handle:
             handle.write(json.dumps(entry) + "\n")
         print(f"[status] {status}: {message}", flush=True)
@@ -263,13 +271,16 @@ def newest_checkpoint(directory: Path | None) -> tuple[Path, dict[str, Any]]:
 
 
 def evaluate(args: argparse.Namespace, status: StatusWriter) -> int:
-    """Evaluate the newest checkpoint: KPIs into ``evaluation.json``; return the exit code."""
+    """Evaluate the newest checkpoint: KPIs into ``evaluation.json`` and the status lines; return the exit code."""
     report_environment()
     path, checkpoint = newest_checkpoint(args.checkpoint)
     status.write("STARTED", f"evaluating {path}")
-    kpis = {"checkpoint": str(path), "epoch": checkpoint["epoch"], "accuracy": round(1 - checkpoint["loss"] / 4, 6)}
+    accuracy = round(1 - checkpoint["loss"] / 4, 6)
+    kpis = {"checkpoint": str(path), "epoch": checkpoint["epoch"], "accuracy": accuracy}
     (args.results / "evaluation.json").write_text(json.dumps(kpis) + "\n")
-    status.write("SUCCESS", f"evaluation finished: accuracy {kpis['accuracy']} at epoch {kpis['epoch']}")
+    status.kpi = {"accuracy": accuracy, "loss": checkpoint["loss"]}
+    status.write("RUNNING", "evaluation metrics computed", epoch=checkpoint["epoch"])
+    status.write("SUCCESS", f"evaluation finished: accuracy {accuracy} at epoch {kpis['epoch']}")
     return 0
 
 

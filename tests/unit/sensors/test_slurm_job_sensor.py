@@ -855,6 +855,89 @@ class _Events:
         return self.store.setdefault(asset, SimpleNamespace(extra={}))
 
 
+#: What TAO's evaluate writes: its status logger repeats the KPIs on every line after it set them.
+EVALUATION_STATUS = [
+    {"status": "STARTED", "message": "Starting evaluation."},
+    {"status": "RUNNING", "message": "Evaluation metrics computed.", "kpi": {"mAP": 0.79, "AP50": 0.9}},
+    {"status": "SUCCESS", "message": "Evaluation finished successfully.", "kpi": {"mAP": 0.81, "AP50": 0.9}},
+]
+
+
+def test_a_completed_evaluation_returns_its_kpis_and_announces_them_reading_status_json_once() -> None:
+    hook = LateStatusHook(appears_after=None)  # counts the reads; never rewrites the file
+    hook.files[LAYOUT.record_path] = running_record("classification_pyt")
+    set_status(hook, EVALUATION_STATUS)
+    hook.usage_stdout = (
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0\n"
+    )
+    evaluation = Asset("tao://team/classifier/evaluate")
+    events: dict[Asset, SimpleNamespace] = {}
+    sensor = sensor_with(hook, outlets=[evaluation])
+
+    result = sensor.execute_complete(
+        {**CTX, "outlet_events": _Events(events)}, event=terminal("COMPLETED"), job=make_handle()
+    )
+
+    assert result["terminal_state"] == "COMPLETE"
+    assert result["kpis"] == {"mAP": 0.81, "AP50": 0.9}
+    assert events[evaluation].extra == {
+        "results_dir": LAYOUT.results_dir,
+        "job_id": JOB_ID,
+        "slurm_job_id": SLURM_ID,
+        "cluster": "mini",
+        "gpu_hours": 0.1667,
+        "elapsed_seconds": 600,
+        "kpis": {"mAP": 0.81, "AP50": 0.9},
+    }
+    assert hook.status_reads == [STATUS_PATH], "the verdict and the KPIs come from one read"
+    assert "kpis" not in read_record(hook), "the record keeps its own keys"
+
+
+@pytest.mark.parametrize(
+    ("network_arch", "status"),
+    [
+        pytest.param("classification_pyt", [{"status": "SUCCESS", "message": "Training finished."}], id="no-kpi-line"),
+        pytest.param("classification_pyt", [{"status": "SUCCESS", "kpi": {}}], id="empty-kpi"),
+        pytest.param("custom", None, id="no-status-json"),
+    ],
+)
+def test_a_job_without_kpis_returns_and_announces_no_kpis_key(network_arch: str, status: Any) -> None:
+    hook = SensorHook()
+    hook.files[LAYOUT.record_path] = running_record(network_arch)
+    set_status(hook, status)
+    results = Asset("tao://team/classifier/train")
+    events: dict[Asset, SimpleNamespace] = {}
+
+    result = sensor_with(hook, outlets=[results]).execute_complete(
+        {**CTX, "outlet_events": _Events(events)}, event=terminal("COMPLETED"), job=make_handle()
+    )
+
+    assert result == read_record(hook)
+    assert "kpis" not in events[results].extra
+
+
+def test_the_kpis_are_redacted_as_the_record_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "tok-1f3a9c5e7b"
+    monkeypatch.setenv("SENSOR_TEST_TOKEN", secret)
+    hook = SensorHook()
+    set_status(hook, [{"status": "SUCCESS", "kpi": {"accuracy": 0.9, "note": f"run by {secret}", "hf_token": "x1"}}])
+    handle = make_handle(secret_refs={"HF_TOKEN": "env:SENSOR_TEST_TOKEN"})
+
+    result = complete(sensor_with(hook), terminal("COMPLETED"), handle)
+
+    assert result["kpis"] == {"accuracy": 0.9, "note": "run by ${REDACTED}", "hf_token": "${REDACTED}"}
+
+
+def test_a_poking_sensor_returns_the_kpis_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    hook = PokedHook()
+    set_status(hook, EVALUATION_STATUS)
+    sensor = poking(hook, [native("COMPLETED", "sacct", exit_code=0, signal=0)], monkeypatch)
+
+    (done,) = poke_at(sensor, 0)
+
+    assert done.xcom_value["kpis"] == {"mAP": 0.81, "AP50": 0.9}
+
+
 # ---------------------------------------------------------------------- live logs
 
 
