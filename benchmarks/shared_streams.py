@@ -709,14 +709,19 @@ def _quiet_manager() -> SharedStreamManager:
     return SharedStreamManager(log=quiet)
 
 
-async def measure(mode: str, n: int, interval: float, latency: float) -> dict[str, Any]:
-    """Run N triggers of ``mode`` through a restart, a window, joiners and their ends; the raw figures."""
+def _fresh(n: int, latency: float) -> tuple[FakeCluster, list[str]]:
+    """A new fake cluster, hook, probe and registry for one measurement; the ids of its N jobs."""
     global HOOK, PROBE
     PROBE = Probe()
     REGISTRIES.clear()
     cluster = FakeCluster(latency)
     HOOK = FakeHook(cluster)
-    jobs = [str(100000 + i) for i in range(n)]
+    return cluster, [str(100000 + i) for i in range(n)]
+
+
+async def measure(mode: str, n: int, interval: float, latency: float) -> dict[str, Any]:
+    """Run N triggers of ``mode`` through a restart, a window, joiners and their ends; the raw figures."""
+    cluster, jobs = _fresh(n, latency)
     joiners = [str(900000 + i) for i in range(len(JOINERS))]
     cluster.start(jobs + joiners)
     writer = asyncio.create_task(cluster.write_logs(interval))
@@ -808,12 +813,7 @@ async def measure(mode: str, n: int, interval: float, latency: float) -> dict[st
 
 async def measure_fault(mode: str, n: int, interval: float, latency: float) -> dict[str, Any]:
     """N triggers of ``mode``; ONE status query fails; how many triggers failed with it, three intervals later."""
-    global HOOK, PROBE
-    PROBE = Probe()
-    REGISTRIES.clear()
-    cluster = FakeCluster(latency)
-    HOOK = FakeHook(cluster)
-    jobs = [str(100000 + i) for i in range(n)]
+    cluster, jobs = _fresh(n, latency)
     cluster.start(jobs)
     manager = _quiet_manager()
     tasks = [asyncio.create_task(_run_trigger(manager, i, _trigger(mode, j, interval))) for i, j in enumerate(jobs)]

@@ -8,8 +8,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from fakes import SETTINGS
 
-from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.continuation import DEFAULT_CHECKPOINT_GLOBS
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json
@@ -31,17 +31,9 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.config import ClusterSettings
     from airflow_provider_tao_slurm.core.execution import Execution
 
-SETTINGS = ClusterSettings(
-    hosts=("login",),
-    user="u",
-    partitions=("polar",),
-    account="acct",
-    results_dir="/lustre/u",
-    container_mounts="/lustre:/lustre",
-    cluster_name="mini",
-)
 SQSH = "/lustre/containers/tao.sqsh"
 LAYOUT = JobLayout("/lustre/u", "tao-job-1")
 SECRET = "s3cr3t-value-9f8e7d"

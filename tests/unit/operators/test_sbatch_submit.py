@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fakes import FakeSlurmHook
+from fakes import SETTINGS, FakeSlurmHook
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
@@ -27,15 +27,6 @@ from airflow_provider_tao_slurm.exceptions import (
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, SlurmHook
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
-SETTINGS = ClusterSettings(
-    hosts=("login",),
-    user="u",
-    partitions=("polar",),
-    account="acct",
-    results_dir="/lustre/u",
-    container_mounts="/lustre:/lustre",
-    cluster_name="mini",
-)
 IMAGE = "/lustre/containers/tao.sqsh"
 SECRET = "s3cr3t-value-9f8e7d"
 JOB_ID = mint_job_id("dag", "submit", "run1")
