@@ -424,13 +424,14 @@ class NcclProbeOperator(SlurmBaseOperator):
                 "clear the task to probe again"
             )
         layouts = [JobLayout(results_dir, name) for name in job_names]
+        commands_ = [self._probe_command(layout, resources_) for layout in layouts]
         # Only now, with every input checked, ask the cluster for the partition, its limit and its GPUs.
         placed = place_on_cluster(
             self.hook, resources_, param="the probe's wall time (timeout_seconds + grace, in hours)"
         )
         attempts = tuple(
-            self._attempt(index, env, layout, placed, image_path)
-            for index, (env, layout) in enumerate(zip(envs, layouts, strict=True))
+            self._attempt(index, env, layout, command, placed, image_path)
+            for index, (env, layout, command) in enumerate(zip(envs, layouts, commands_, strict=True))
         )
         chosen = (placed.partition or "").split(",")
         key = cache_key(self.hook.settings.cluster_name, chosen, placed.num_nodes, self.backend, image_path)
@@ -459,24 +460,35 @@ class NcclProbeOperator(SlurmBaseOperator):
             )
         return image.path, self.hook.settings.results_dir
 
-    def _attempt(
-        self, index: int, env: Mapping[str, str], layout: JobLayout, resources_: Resources, image_path: str
-    ) -> ProbeAttempt:
-        """Candidate ``index``'s probe job: its batch script rendered for the placed resources.
+    def _probe_command(self, layout: JobLayout, resources_: Resources) -> str:
+        """Build the probe's command line (checks ``python`` and ``backend`` before anything asks the cluster)."""
+        from airflow_provider_tao_slurm.core.nccl import PROBE_FILE, probe_command
 
-        :raises ValidationError: naming the candidate when its environment cannot be used.
-        """
-        from airflow_provider_tao_slurm.core.nccl import PROBE_FILE, ProbeAttempt, probe_command
-        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
-        from airflow_provider_tao_slurm.exceptions import ValidationError
-
-        command = probe_command(
+        return probe_command(
             f"{layout.inputs_dir}/{PROBE_FILE}",
             nodes=resources_.num_nodes,
             gpus_per_node=resources_.gpus_per_node,
             python=self.python,
             backend=self.backend,
         )
+
+    def _attempt(
+        self,
+        index: int,
+        env: Mapping[str, str],
+        layout: JobLayout,
+        command: str,
+        resources_: Resources,
+        image_path: str,
+    ) -> ProbeAttempt:
+        """Render candidate ``index``'s probe job: its batch script for the placed resources.
+
+        :raises ValidationError: naming the candidate when its environment cannot be used.
+        """
+        from airflow_provider_tao_slurm.core.nccl import ProbeAttempt
+        from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+
         try:
             script = render_sbatch(
                 SbatchSpec(

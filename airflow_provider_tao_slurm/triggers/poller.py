@@ -71,6 +71,17 @@ END_MARKER_CONFIRM_S = 30.0
 #: SLURM requeues the job, which accounting may not show yet.
 ENDED_BY_ITS_SCRIPT = frozenset({"COMPLETED", "FAILED", "OUT_OF_MEMORY"})
 
+
+def _confirms(state: JobState, marker: EndMarker) -> bool:
+    """Whether accounting's end is the one the marker's run left: an end its script gives, with its exit code.
+
+    A requeued job's row can show a transient end of the run SLURM is restarting (seen under load: FAILED
+    with the SIGTERM'd script's code while a planted or stale marker said 0); an end with another exit
+    code is not this marker's, and the scheduler queries decide.
+    """
+    return state.native in ENDED_BY_ITS_SCRIPT and state.exit_code == marker.exit_code
+
+
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
 LogReader = Callable[[list[TailRequest]], Coroutine[Any, Any, list[TailChunk]]]
 EndsReader = Callable[[Mapping[str, float]], Coroutine[Any, Any, list[EndMarker]]]
@@ -325,7 +336,8 @@ class StatusPoller:
 
         The update carries accounting's state (so the record agrees with accounting) and the job's last
         log lines (read in one more command). A marker is dropped (that run is not asked about again)
-        when accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`), or when
+        when accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit
+        code other than the marker's, or when
         it is still unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds: a requeued job runs again
         and leaves a new marker; with accounting down the scheduler queries decide. Returns False when
         accounting could not answer.
@@ -352,10 +364,17 @@ class StatusPoller:
                 continue
             del self._unconfirmed[queue]
             self._next_run[queue] = marker.restart + 1
-            if ended and state is not None and state.native in ENDED_BY_ITS_SCRIPT:
+            if ended and state is not None and _confirms(state, marker):
                 confirmed[queue] = state
             elif ended:
-                log.debug("SLURM job %s ended %s: the scheduler queries report it", marker.slurm_job_id, state)
+                log.debug(
+                    "SLURM job %s ended %s, not as its run %d's marker says (exit code %d): the scheduler queries "
+                    "report it",
+                    marker.slurm_job_id,
+                    state,
+                    marker.restart,
+                    marker.exit_code,
+                )
             else:
                 log.info(
                     "SLURM job %s's end marker (run %d, exit code %d) is not confirmed by accounting within %.0f s "

@@ -617,6 +617,19 @@ def test_a_final_state_without_its_end_record_does_not_confirm_a_marker(monkeypa
     assert len(accounting.calls) == 3
 
 
+def test_an_end_with_another_exit_code_than_the_markers_does_not_confirm_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A requeued job's row showed a transient FAILED (exit 143: the SIGTERM'd run) beside a marker of exit
+    code 0 (seen in CI under load): not that run's end, so the marker is dropped and nothing is sent."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
+    ends = FakeEnds([[marker("1", code=0)]])
+    accounting = FakeAccounting([{"1": ended("1", "FAILED", 143)}])
+
+    updates = run(watch_one_marked_job(ends, accounting))
+    assert [(u.state.source, u.state.native) for u in updates if u.state] == [("squeue", "RUNNING")]
+    assert accounting.calls == [["1"]]
+
+
 def test_no_marker_reads_without_an_ends_directory() -> None:
     ends = FakeEnds()
 
