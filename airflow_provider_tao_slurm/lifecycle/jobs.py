@@ -51,7 +51,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
 from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
-from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
+from airflow_provider_tao_slurm.lifecycle.watch import Step, Watch, WatchRules, observe
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.failures import Classification
@@ -659,17 +659,28 @@ class JobLifecycle:
         watch = Watch.start(slurm_job_id, job_name, submitted_at=submitted_at)
         rules = rules or WatchRules()
         while True:
-            try:
-                state, error = self.hook.get_states([slurm_job_id]).get(slurm_job_id), None
-            except JobLookupError as exc:
-                state, error = None, str(exc)
-            step = observe(watch, rules, polled_at=time.time(), state=state, error=error)
+            step, _ = self.poll(watch, rules, now=time.time())
             watch = step.watch
-            for note in step.notes:
-                self.log.log(note.level, "%s", note.message)
             if step.event is not None:
                 return step.event.to_dict()
             time.sleep(poll_interval)
+
+    def poll(self, watch: Watch, rules: WatchRules, *, now: float) -> tuple[Step, JobState | None]:
+        """Ask the scheduler once about the watched job and feed the answer to the watch; log what it says.
+
+        A failed query goes to the watch as an error (never as "no job").
+
+        :param now: the poll's time (epoch seconds).
+        :returns: the watch's step and the state the scheduler gave (None when it gave none).
+        """
+        try:
+            state, error = self.hook.get_states([watch.slurm_job_id]).get(watch.slurm_job_id), None
+        except JobLookupError as exc:
+            state, error = None, str(exc)
+        step = observe(watch, rules, polled_at=now, state=state, error=error)
+        for note in step.notes:
+            self.log.log(note.level, "%s", note.message)
+        return step, state
 
     def usage(self, slurm_job_id: str) -> JobUsage | None:
         """Return what the job cost (queue and run time, GPU hours, nodes, exit code) from accounting.

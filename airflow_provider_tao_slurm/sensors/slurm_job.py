@@ -380,24 +380,16 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     def _poll(self) -> JobEvent | None:
         """Ask the scheduler once, show the new log lines, and return the watch's event when the wait is over."""
         from airflow_provider_tao_slurm.core.states import TaoState
-        from airflow_provider_tao_slurm.exceptions import JobLookupError
         from airflow_provider_tao_slurm.lifecycle.events import JobHandle
-        from airflow_provider_tao_slurm.lifecycle.watch import WatchRules, observe
+        from airflow_provider_tao_slurm.lifecycle.watch import WatchRules
 
         if self._watch is None:  # execute() starts it; a poke on its own watches the handle
             self._start_watch(JobHandle.from_dict(self.job))
         assert self._watch is not None
-        job_id = self._watch.slurm_job_id
-        try:
-            state, error = self.hook.get_states([job_id]).get(job_id), None
-        except JobLookupError as exc:
-            state, error = None, str(exc)
         rules = WatchRules(self.not_found_grace_seconds, self.unrecognised_grace_seconds)
-        step = observe(self._watch, rules, polled_at=datetime.now(UTC).timestamp(), state=state, error=error)
+        step, state = self.lifecycle.poll(self._watch, rules, now=datetime.now(UTC).timestamp())
         self._watch = step.watch
-        for note in step.notes:
-            self.log.log(note.level, "%s", note.message)
-        if state is not None and error is None and state.tao_state is not TaoState.PENDING:
+        if state is not None and state.tao_state is not TaoState.PENDING:
             self._follow()
         if step.event is None:
             return None
