@@ -26,12 +26,17 @@ def extract_tar(base: str, members: Sequence[str] = (), directories: Sequence[st
 
     The hook stages a job's files (spec, env, meta, script, the mode-600 secret sidecar, the
     record) with one archive over stdin: one round trip, no content in argv. Every directory the
-    archive writes into is first checked with :func:`secure_dirs`; tar itself replaces a file or
-    link already at a member's name (it never writes through it).
+    archive writes into is first checked with :func:`secure_dirs`. The archive is unpacked into a
+    private directory under ``base`` and each file is then renamed into place (``mv -T``, one
+    ``rename(2)``): a file or link already at a member's name is replaced, never written through,
+    and two tries staging the same files at once both succeed (tar's own replace, unlink then
+    create, fails with "File exists" when the other try creates the file in between).
 
     :param base: absolute directory the member names are relative to (the connection's results_dir).
-    :param members: the archive's member names (relative), so their directories can be checked.
-    :param directories: the archive's directory members (relative), checked themselves too.
+    :param members: the archive's file member names (relative), moved into place (their missing
+        parent directories created mode 700).
+    :param directories: the archive's directory members (relative), checked, and created with the
+        archive's mode when missing (an existing one keeps its own).
     """
     root = _absolute(base, "base dir")
     dirs = {root}
@@ -40,9 +45,20 @@ def extract_tar(base: str, members: Sequence[str] = (), directories: Sequence[st
         if not parts or any(part in (".", "..") for part in parts):
             raise ValidationError(f"staged file name {member!r} must be a relative path without '.' or '..'")
         dirs.update(posixpath.join(root, *parts[:end]) for end in range(1, len(parts) + is_dir))
+    made = [
+        f"{{ [ -d {quote(posixpath.join(root, d))} ] || {{ mkdir -p -- {quote(posixpath.join(root, d))} && "
+        f'chmod --reference="$_st"/{quote(d)} -- {quote(posixpath.join(root, d))}; }}; }}'
+        for d in sorted(directories, key=lambda d: d.count("/"))
+    ]
+    parents = sorted({posixpath.dirname(posixpath.join(root, m)) for m in members} - {root})
+    if parents:
+        made.append(join(["mkdir", "-p", "--", *parents]))
+    made += [f'mv -f -T -- "$_st"/{quote(m)} {quote(posixpath.join(root, m))}' for m in members]
+    place = "".join(f" && {step}" for step in made)
     return (
         f"umask 077; {secure_dirs(root, sorted(dirs))}; "
-        f"tar -x -p --no-same-owner --no-overwrite-dir -C {quote(root)} -f -"
+        f"_st=$(mktemp -d -- {quote(posixpath.join(root, '.staging.XXXXXXXX'))}) && "
+        f'{{ tar -x -p --no-same-owner -C "$_st" -f -{place}; _rc=$?; rm -rf -- "$_st"; [ "$_rc" -eq 0 ]; }}'
     )
 
 

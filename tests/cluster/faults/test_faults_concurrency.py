@@ -7,6 +7,8 @@ image is new (a per-run tag), so it must be converted, and the three runs race f
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -100,23 +102,43 @@ def test_three_concurrent_dag_runs_share_one_conversion(
 
 #: DAG runs in which a zombie try and its retry submit at the same moment.
 RACES = 4
+#: How long a try waits at the barrier for the other one (both normally arrive within a second or two).
+BARRIER_TIMEOUT_S = 120
 
 
 def test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job(
     conn: str, image: str, ssh_run: SshRun, dag_id: str, record_property: Any
 ) -> None:
     """In each of 4 DAG runs, try 1 (a zombie: its worker still runs it) and try 2 (its retry) of the same
-    submit task call ``execute`` at the same moment, in two threads with their own SSH connections, so their
-    record lookups, staging and held submissions interleave differently each time. Expected: both tries of a
-    run return the same SLURM job; of the jobs submitted under that name, exactly one was ever released (the
-    oldest); any other was cancelled while still held (it never ran); the job completes."""
+    submit task call ``execute`` at the same moment, in two threads with their own SSH connections. The race
+    is forced: each try waits at a barrier right before its submitting round trip (staging, ``sbatch
+    --hold``, the twin check, the release) until the other try gets there too, so both have looked for a job
+    of their name, found none, and both run sbatch. Expected: two jobs were submitted under that name in
+    every run (both tries reached sbatch before the twin was resolved); both tries return the same SLURM
+    job, the oldest, which alone was released; the other was cancelled while still held (it never ran);
+    the job completes."""
 
     outcomes: list[dict[str, Any]] = []
     for race in range(RACES):
         run_id = f"race{race}"
+        barrier = threading.Barrier(2, timeout=BARRIER_TIMEOUT_S)
+        arrived: dict[int, float] = {}
 
-        def one_try(try_number: int, run_id: str = run_id) -> dict[str, Any]:
+        def one_try(
+            try_number: int,
+            run_id: str = run_id,
+            barrier: threading.Barrier = barrier,
+            arrived: dict[int, float] = arrived,
+        ) -> dict[str, Any]:
             op: SbatchSubmitOperator = submit_op(image, "sleep 2")
+            submit = op.hook.submit
+
+            def submit_when_both_are_here(*args: Any, **kwargs: Any) -> str:
+                arrived[try_number] = time.monotonic()
+                barrier.wait()
+                return submit(*args, **kwargs)
+
+            op.hook.submit = submit_when_both_are_here  # type: ignore[method-assign]
             try:
                 return dict(op.execute(context(dag_id, "submit", run_id, try_number=try_number)))
             finally:
@@ -129,15 +151,34 @@ def test_a_zombie_try_and_its_retry_submitting_at_once_leave_one_job(
         ids = jobs_named(ssh_run, zombie["job_id"])
         _, listing, _ = ssh_run(join(["squeue", "-h", "-t", "all", f"--name={zombie['job_id']}", "-o", "%i|%T|%N|"]))
         rows = {row[0]: row[1:] for row in (line.split("|") for line in listing.split())}
-        assert zombie["slurm_job_id"] in ids
+        outcomes.append(
+            {
+                "run": run_id,
+                "job": zombie["slurm_job_id"],
+                "submitted": ids,
+                "states": {i: rows.get(i, ["gone"])[0] for i in ids},
+                "apart_s": abs(arrived[1] - arrived[2]),
+            }
+        )
+        record_property(  # before the checks: a failed run shows what happened in each race so far
+            "races",
+            "; ".join(
+                f"{o['run']}: tries at the barrier {o['apart_s']:.2f} s apart, submitted "
+                f"{', '.join(f'{i} ({state})' for i, state in o['states'].items())}, kept {o['job']}"
+                for o in outcomes
+            ),
+        )
+        assert len(ids) == 2, f"both tries reached sbatch, so two jobs carry the name: {rows}"
+        assert zombie["slurm_job_id"] == min(ids, key=int), "the oldest job is kept"
         others = [i for i in ids if i != zombie["slurm_job_id"]]
         assert all(rows[i][0] == "CANCELLED" and not rows[i][1] for i in others), rows  # never given a node
         assert rows[zombie["slurm_job_id"]][0] != "CANCELLED", rows
-        outcomes.append({"run": run_id, "job": zombie["slurm_job_id"], "submitted": ids})
 
     sensor = sensor_for(retry)  # the last race's job
     assert drive(sensor, context(dag_id, "wait", f"race{RACES - 1}"), Triggerer())["terminal_state"] == "COMPLETE"
     record_property(
-        "races",
-        "; ".join(f"{o['run']}: kept {o['job']} of submitted {','.join(o['submitted'])}" for o in outcomes),
+        "detail",
+        f"in {RACES} of {RACES} runs both tries reached sbatch (two jobs under the name; the tries came to the "
+        f"barrier at most {max(o['apart_s'] for o in outcomes):.2f} s apart): the older job kept, the newer "
+        "cancelled while held",
     )
