@@ -26,3 +26,8 @@ CONVERSION_TIME_HOURS = 2.0
 PYXIS_SRUN_OPTIONS = ("--container-image", "--container-mounts", "--no-container-mount-home")
 #: How long a cached NCCL environment is trusted (``NcclProbeOperator(cache_max_age_hours=...)``): a week.
 DEFAULT_NCCL_CACHE_MAX_AGE_HOURS = 7 * 24.0
+#: Airflow task state store key of the submit task's job handle (``SbatchSubmitOperator.external_id_key``;
+#: renaming it breaks in-flight retries).
+SUBMITTED_JOB_KEY = "slurm_job"
+#: Airflow task state store key of the job a sensor watches: ``{"root": <submitted slurm_job_id>, "handle": ...}``.
+WATCHED_JOB_STORE_KEY = "watched_job"

@@ -46,8 +46,8 @@ from airflow_provider_tao_slurm.exceptions import ValidationError
 
 #: Log lines considered by default (the tail's last lines).
 DEFAULT_MAX_LINES = 500
-#: Longest evidence text kept.
-EVIDENCE_MAX_CHARS = 300
+#: Longest evidence text kept: with its "SLURM job N failed; evidence: " prefix a task-log line stays under 300.
+EVIDENCE_MAX_CHARS = 240
 # Characters of one log line searched (bounds the regex work on a huge line).
 _SCAN_CHARS = 4096
 

@@ -9,6 +9,8 @@ Under the shared base directory (the connection's ``results_dir``)::
     <base>/jobs/<job_id>/.secrets.env       mode-600 sidecar (secret_env), removed once terminal
     <base>/jobs/<job_id>/exit_codes         exit codes written by the batch script
     <base>/jobs/<job_id>/inputs/action-helpers/  a bundle's supporting files and their manifest.json
+    <base>/jobs/<job_id>/events/<slurm_id>-<hex>.json  a trigger's full event, one per deferral (mode 600)
+    <base>/events/<slurm_id>-<hex>.json     the same for a job submitted outside the provider
     <base>/results/<job_id>/                the job's results (status.json, checkpoints)
     <base>/logs/<job_name>-<slurm_id>/main.out|main.err
     <base>/records/<job_id>.json            the job record, outside the results tree

@@ -7,6 +7,7 @@ read ``job_id``, ``slurm_job_id``, ``results_dir`` ... from the XCom): keep them
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from enum import StrEnum
@@ -200,6 +201,10 @@ def state_from_payload(job_id: str, payload: Mapping[str, Any]) -> JobState:
 class JobEvent:
     """The one event a :class:`~airflow_provider_tao_slurm.triggers.slurm_job.SlurmJobTrigger` yields.
 
+    Given an ``event_path``, the trigger writes :meth:`to_dict` to that file and yields only
+    :meth:`compact` (the triggerer logs each event whole, on one line of the task log); otherwise, or
+    when the write fails, it yields :meth:`to_dict` itself, as an older provider did.
+
     :param status: why it fired.
     :param slurm_job_id: the watched SLURM job.
     :param job_name: its exact SLURM name (empty for a job submitted outside the provider).
@@ -218,7 +223,7 @@ class JobEvent:
     log_offsets: Mapping[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """Return the JSON-safe dict the triggerer stores and hands to ``execute_complete``."""
+        """Return the full JSON-safe dict: inline in the trigger event, or the file a :meth:`compact` event names."""
         return {
             "status": str(self.status),
             "slurm_job_id": self.slurm_job_id,
@@ -228,6 +233,60 @@ class JobEvent:
             "message": self.message,
             "log_offsets": dict(self.log_offsets),
         }
+
+    def compact(self, ref: str) -> dict[str, Any]:
+        """Return the small event a trigger yields once :meth:`to_dict` is in the file named ``ref``.
+
+        The triggerer logs every event whole on one line of the task log; this one says only how the
+        wait ended (``status``, ``slurm_job_id``, the terminal ``native`` state when there is one) and
+        where the rest is. :meth:`reference` tells it apart; :meth:`from_file` reads the file back.
+
+        :param ref: the file's name (not its path: the task that deferred knows the directory).
+        """
+        native = {"native": self.state.native} if self.state is not None else {}
+        return {"status": str(self.status), "slurm_job_id": self.slurm_job_id, **native, "ref": ref}
+
+    @staticmethod
+    def reference(value: object, *, what: str = "trigger event") -> str | None:
+        """Return the file name a :meth:`compact` event refers to; None for a full event (:meth:`from_dict` reads it).
+
+        :raises ValidationError: for a compact event whose ``ref``, ``status`` or ``slurm_job_id`` is malformed.
+        """
+        if not isinstance(value, Mapping) or "ref" not in value:
+            return None
+        ref = value["ref"]
+        try:
+            EventStatus(str(value.get("status")))
+            check_slurm_job_id(str(value.get("slurm_job_id")))
+        except ValueError as exc:
+            raise ValidationError(
+                f"unexpected {what} {value!r} ({exc}); check the triggerer's log and clear the task"
+            ) from None
+        if not isinstance(ref, str) or not ref or "/" in ref or ref in (".", ".."):
+            raise ValidationError(
+                f"{what} {value!r} refers to no file name; check the triggerer's log and clear the task"
+            )
+        return ref
+
+    @classmethod
+    def from_file(cls, text: str, compact: Mapping[str, Any], path: str, *, what: str = "trigger event") -> JobEvent:
+        """Read the full event in ``path`` (its ``text``) that the :meth:`compact` event ``compact`` refers to.
+
+        :raises ValidationError: for a file that is no event, or about another job or outcome than ``compact``.
+        """
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ValidationError(
+                f"{what} file {path} is not JSON ({exc}); clear the task to watch the job again"
+            ) from None
+        event = cls.from_dict(value, what=f"{what} in {path}")
+        if (event.slurm_job_id, str(event.status)) != (str(compact["slurm_job_id"]), compact["status"]):
+            raise ValidationError(
+                f"{what} file {path} is about job {event.slurm_job_id} ({event.status}), but the event names job "
+                f"{compact['slurm_job_id']} ({compact['status']}); clear the task to watch the job again"
+            )
+        return event
 
     @classmethod
     def from_dict(cls, value: object, *, what: str = "trigger event") -> JobEvent:

@@ -23,6 +23,7 @@ from airflow_provider_tao_slurm.exceptions import (
     job_failed,
 )
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus
+from airflow_provider_tao_slurm.lifecycle.settle import failure_message
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.lifecycle.events import JobEvent
@@ -115,11 +116,7 @@ def settle_foreign(settlement: Settlement, job: ForeignJob, event: JobEvent) -> 
         raise JobFailedError(f"SLURM job {job.slurm_job_id} ended {state.raw_state or state.native}")
     if state.tao_state is not TaoState.COMPLETE:
         verdict = classify(state, "\n".join(tails))
-        raise job_failed(
-            f"SLURM job {job.slurm_job_id} failed ({verdict.err_class}): {verdict.reason}; "
-            f"evidence: {verdict.evidence}",
-            str(verdict.err_class),
-        )
+        raise job_failed(failure_message(job.slurm_job_id, verdict, None), str(verdict.err_class))
     result = {
         "slurm_job_id": job.slurm_job_id,
         "job_name": job.job_name,

@@ -27,15 +27,23 @@ from airflow_provider_tao_slurm.core.secrets import redact_obj
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
 from airflow_provider_tao_slurm.core.status import status_kpis, status_verdict
 from airflow_provider_tao_slurm.core.tao import is_tao_action
-from airflow_provider_tao_slurm.exceptions import JobFailedError, JobNotFoundError, UnknownStateError, job_failed
-from airflow_provider_tao_slurm.lifecycle.events import EventStatus
+from airflow_provider_tao_slurm.exceptions import (
+    JobFailedError,
+    JobNotFoundError,
+    MissingPathsError,
+    UnknownStateError,
+    ValidationError,
+    job_failed,
+)
+from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import chain_summary, record_dict
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.failures import Classification
     from airflow_provider_tao_slurm.core.records import JobRecord
     from airflow_provider_tao_slurm.core.states import JobState
     from airflow_provider_tao_slurm.core.usage import JobUsage
-    from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle
+    from airflow_provider_tao_slurm.lifecycle.events import JobHandle
     from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
 #: Bytes of each log shown when the job ends (what the live lines did not show yet, at most this).
@@ -63,6 +71,19 @@ def asset_extra(handle: JobHandle, result: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def failure_message(slurm_job_id: str, verdict: Classification, log_dir: str | None) -> str:
+    """Return the error of a failed job: the verdict and where its logs are, then (a line of its own) the evidence.
+
+    The evidence (up to :data:`~airflow_provider_tao_slurm.core.failures.EVIDENCE_MAX_CHARS`, often one of the
+    job's log lines) gets its own line, so that no line of the task log runs on.
+    """
+    logs = f". Logs: {log_dir}" if log_dir else ""
+    return (
+        f"SLURM job {slurm_job_id} failed ({verdict.err_class}): {verdict.reason}{logs}\n"
+        f"SLURM job {slurm_job_id} failed; evidence: {verdict.evidence}"
+    )
+
+
 class Settlement:
     """Settles jobs over ``lifecycle`` by the sensor's rules.
 
@@ -79,6 +100,40 @@ class Settlement:
         self.log: logging.Logger | Any = lifecycle.log
         self.max_infra_retries = max_infra_retries
         self.require_status_json = require_status_json
+
+    def trigger_event(self, value: object, events_dir: str | None) -> JobEvent:
+        """Return the event a trigger fired: ``value`` itself, or the full event in the file it names in ``events_dir``.
+
+        A trigger given an ``event_path`` writes the full event there and fires a compact one naming the
+        file (:meth:`JobEvent.compact <airflow_provider_tao_slurm.lifecycle.events.JobEvent.compact>`); the
+        file stays after the settle. Only its name comes from the event: the directory is the caller's.
+
+        :param value: the trigger event's payload.
+        :param events_dir: where the deferral had the trigger write (``<job_dir>/events``, or
+            ``<results_dir>/events`` for a job submitted elsewhere); None: nowhere.
+        :raises ValidationError: for a malformed event, a compact one without a directory to read it from, or
+            a file that is no event or is about another job or outcome.
+        :raises MissingPathsError: when the file is missing (the fix: clear the task, which watches the job again).
+        :raises RemoteReadError: when it could not be read (never taken for a missing file).
+        """
+        ref = JobEvent.reference(value)
+        if ref is None:
+            return JobEvent.from_dict(value)
+        assert isinstance(value, Mapping)  # JobEvent.reference returns a ref only for a mapping
+        if events_dir is None:
+            raise ValidationError(
+                f"trigger event refers to the file {ref!r}, but this task knows no directory it could be in "
+                "(the connection has no results_dir); clear the task"
+            )
+        path = f"{events_dir}/{ref}"
+        text = self.hook.read_file(path)
+        if text is None:
+            raise MissingPathsError(
+                f"the trigger's event file {path} of SLURM job {value['slurm_job_id']} is missing on the "
+                "cluster (removed since the trigger wrote it); clear the task to watch the job again",
+                [path],
+            )
+        return JobEvent.from_file(text, value, path)
 
     def settle(
         self, ti: Any, handle: JobHandle, event: JobEvent, secrets: list[str] | None
@@ -103,10 +158,11 @@ class Settlement:
             lifecycle.mark_unknown(handle, record, event.message, remove_sidecar=True)
             raise JobNotFoundError(event.message)
         if event.status is EventStatus.VANISHED:
+            self.log.warning("%s", event.message)
             self.log.warning(
-                "%s; its batch script's end marker and exit-code file show that it ended %s with exit code %s "
+                "Its batch script's end marker and exit-code file show that SLURM job %s ended %s with exit code %s "
                 "(accounting lags): settled on that evidence",
-                event.message,
+                handle.slurm_job_id,
                 state.native,
                 state.exit_code,
             )
@@ -137,11 +193,7 @@ class Settlement:
             err_class=verdict.err_class,
             exit_codes=self._exit_codes(handle, state.exit_code),
         )
-        raise job_failed(
-            f"SLURM job {state.job_id} failed ({verdict.err_class}): {verdict.reason}; evidence: {verdict.evidence}. "
-            f"Logs: {handle.log_dir}",
-            str(verdict.err_class),
-        )
+        raise job_failed(failure_message(state.job_id, verdict, handle.log_dir), str(verdict.err_class))
 
     def _observed(self, handle: JobHandle, record: JobRecord, event: JobEvent) -> JobRecord:
         """Return the record with the wait's observations (a terminal record takes none)."""
@@ -191,7 +243,7 @@ class Settlement:
             )
             why = (
                 f": a TAO action (network_arch {record.network_arch!r} in its record) is COMPLETE only when its "
-                "status.json says SUCCESS. If it is a plain container job, pass network_arch='custom' to "
+                "status.json says SUCCESS.\nIf it is a plain container job, pass network_arch='custom' to "
                 "SbatchSubmitOperator (or require_status_json=False to this sensor)"
                 if verdict.ok is None and self.require_status_json is None
                 else ""

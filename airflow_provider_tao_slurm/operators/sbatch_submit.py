@@ -7,7 +7,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
+from airflow.sdk import ResumableJobMixin
+
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS, SUBMITTED_JOB_KEY
 from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
     SECRET_SOURCES,
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
 
-class SbatchSubmitOperator(SlurmBaseOperator):
+class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
     """Submit a containerised training job to SLURM and return its job handle.
 
     The image must already be a ``.sqsh`` on shared storage (put :class:`EnrootImportOperator`
@@ -37,7 +39,11 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :class:`NcclProbeOperator` upstream). In ``command``, ``env`` values and ``spec`` strings the
     literal tokens ``{results_dir}``, ``{job_id}`` and ``{config_path}`` are bound after the job
     record is opened. Exactly once: the job id (also the SLURM job name) comes from the DAG, task,
-    run and map index; a retry of this task adopts the job its earlier try submitted.
+    run and map index; a retry of this task adopts the job its earlier try submitted: first through
+    Airflow's task state store (:class:`airflow.sdk.ResumableJobMixin`: the handle is stored under
+    ``slurm_job`` right after the submission, and Airflow's ``resumable_job.*`` metrics count each
+    retry's decision), else by the job's exact name (a try that died between ``sbatch`` and the
+    store write).
 
     ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
     arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
@@ -99,7 +105,13 @@ class SbatchSubmitOperator(SlurmBaseOperator):
     :param execution: the spec bundle's ``execution`` block (pre/post commands, declared environment,
         torchrun launcher, child exit-code file, supporting files); see the docs' "Spec bundles" page.
     :param bundle_root: directory (on the worker) the bundle's ``supporting_files`` are relative to.
+    :param durable: store the job handle in the task state store so that a retry reattaches through it
+        (default ``True``; ``ResumableJobMixin``'s parameter). With ``False`` a retry still adopts its
+        earlier try's job by name.
     """
+
+    #: The task state store key of the submitted job's handle (renaming it breaks in-flight retries).
+    external_id_key = SUBMITTED_JOB_KEY
 
     template_fields: Sequence[str] = (
         "image",
@@ -174,6 +186,9 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         self.env, self.secret_env, self.nccl_env = env, secret_env, nccl_env
         self.max_continuations, self.checkpoint_glob = max_continuations, checkpoint_glob
         self.checkpoint_signal, self.signal_grace_seconds = checkpoint_signal, signal_grace_seconds
+        self._request: SubmitRequest | None = None
+        self._handle: dict[str, Any] | None = None  # the job this try submitted
+        self._reattached: dict[str, Any] = {}  # the job this try reattached to
 
     # ------------------------------------------------------------------ validation (no SSH)
 
@@ -280,15 +295,58 @@ class SbatchSubmitOperator(SlurmBaseOperator):
         return super().render_template(content, context, jinja_env, seen_oids)
 
     def execute(self, context: Any) -> dict[str, Any]:
-        """Validate, render, lint, stage, open the record, submit (or adopt), mark RUNNING.
+        """Validate; reattach to the job an earlier try stored, or submit (or adopt) one.
 
         :returns: the job handle (:class:`~airflow_provider_tao_slurm.lifecycle.events.JobHandle` as a
             dict), pushed as the task's XCom ``return_value`` for the sensor and the extra links.
         """
+        self._request = self._validated()
+        result = self.execute_resumable(context)  # None when it reattached (ResumableJobMixin's contract)
+        return dict(result if result is not None else self._reattached)
+
+    # ------------------------------------------------------------------ ResumableJobMixin
+
+    def get_job_status(self, external_id: Any, context: Any) -> str:
+        """Describe what became of the job an earlier try stored (see :mod:`.lifecycle.resume`)."""
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.lifecycle.resume import stored_job_status
+
+        return stored_job_status(JobLifecycle(self.hook, self.log), JobHandle.from_dict(external_id))
+
+    def is_job_active(self, status: str) -> bool:
+        """Reattach to a job SLURM still runs, or that ended before any sensor settled it."""
+        from airflow_provider_tao_slurm.lifecycle.resume import reattachable
+
+        return reattachable(status)
+
+    def is_job_succeeded(self, status: str) -> bool:
+        """Take a job that ended COMPLETED before any sensor settled it as done: its handle is the result."""
+        from airflow_provider_tao_slurm.lifecycle.resume import ended_well
+
+        return ended_well(status)
+
+    def poll_until_complete(self, external_id: Any, context: Any) -> None:
+        """Nothing to wait for: the submit task is done once its job is submitted (the sensor waits for it)."""
+        self._reattached = self.get_job_result(external_id, context)
+
+    def get_job_result(self, external_id: Any, context: Any) -> dict[str, Any]:
+        """Return the job handle (a reattached one is said in the task log)."""
+        if self._handle is None:  # not submitted by this try
+            self.log.info(
+                "Reattached to SLURM job %s (%s), submitted by an earlier try (task state store key %r)",
+                external_id["slurm_job_id"],
+                external_id["job_id"],
+                self.external_id_key,
+            )
+        return dict(external_id)
+
+    def submit_job(self, context: Any) -> dict[str, Any]:
+        """Render, lint, stage, open the record, submit (or adopt by name), mark RUNNING; return the handle."""
         from airflow_provider_tao_slurm.core.request import bind_request
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
-        request = self._validated()
+        request = self._request if self._request is not None else self._validated()
         ti = context["ti"]
         secrets = {name: resolve_secret(name, source) for name, source in request.secret_env.items()}
         secret_values = list(secrets.values())
@@ -304,7 +362,8 @@ class SbatchSubmitOperator(SlurmBaseOperator):
             attempt, results_base=request.results_base, files=staged, record=record, secrets=secret_values
         )
         self._log_submitted(job, slurm_job_id)
-        return _job_handle(job, slurm_job_id, record, resources).to_dict()
+        self._handle = _job_handle(job, slurm_job_id, record, resources).to_dict()
+        return self._handle
 
     def _script(self, job: BoundRequest, secrets: Sequence[str]) -> tuple[str, Resources]:
         """Return the batch script and the resources placed on the cluster.

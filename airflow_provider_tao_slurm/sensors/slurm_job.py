@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import posixpath
+import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -54,6 +55,24 @@ def _watch_tag(context: Any) -> str:
     ti = context["ti"]
     ident = f"{ti.dag_id}|{ti.task_id}|{ti.run_id}|{getattr(ti, 'map_index', -1)}|{getattr(ti, 'try_number', 0)}"
     return hashlib.sha256(ident.encode()).hexdigest()[:12]
+
+
+def _events_dir(directory: str) -> str:
+    """Return where the triggers leave their full events under ``directory``.
+
+    ``directory`` is the job's directory, or the connection's results dir for a job submitted elsewhere.
+    The compact event names its file there; ``execute_complete`` reads it from the directory it knows
+    (never from a path the event gives, nor from a deferral kwarg, which ``airflow dags test`` drops).
+    """
+    return f"{directory}/events"
+
+
+def _event_path(events_dir: str, slurm_job_id: str) -> str:
+    """Return a new file in ``events_dir`` for the full event of one deferral's trigger.
+
+    A new name per deferral: no two watches of a job (tries, sensors) share one.
+    """
+    return f"{events_dir}/{slurm_job_id}-{uuid.uuid4().hex[:12]}.json"
 
 
 def _epoch(text: str | None) -> float | None:
@@ -179,7 +198,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             )
         if self.slurm_job_id is not None:
             return self._watch_foreign(context)
-        handle = JobHandle.from_dict(self.job)
+        handle = self._resumed(context, JobHandle.from_dict(self.job))
         self._publish(context, handle)
         streams = self._live_streams(context, handle)
         if not self.deferrable:
@@ -189,15 +208,38 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         self._defer(handle, streams)
         return None
 
-    @staticmethod
-    def _publish(context: Any, handle: JobHandle) -> None:
-        """Tell the extra links (and anyone reading XCom) which job this sensor is watching now."""
+    def _resumed(self, context: Any, root: JobHandle) -> JobHandle:
+        """Return the job to watch: the newest one an earlier try of this sensor watched, else ``root``.
+
+        An earlier try that had the job resubmitted (or its next slice started) stored that job in
+        Airflow's task state store; this try goes on with it instead of settling the chain again.
+        """
+        from airflow_provider_tao_slurm.lifecycle.resume import watched_since
+
+        newer = watched_since(context, root)
+        if newer is None:
+            return root
+        self.log.info(
+            "Going on with SLURM job %s (%s), which an earlier try of this sensor watched (task state store)",
+            newer.slurm_job_id,
+            newer.job_id,
+        )
+        return newer
+
+    def _publish(self, context: Any, handle: JobHandle) -> None:
+        """Tell the extra links, XCom readers and this task's later tries which job this sensor is watching now."""
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+        from airflow_provider_tao_slurm.lifecycle.resume import remember_watched
+
         context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=handle.to_dict())
+        remember_watched(context, JobHandle.from_dict(self.job), handle)
 
     def _defer(self, handle: JobHandle, streams: list[dict[str, str | None]]) -> None:
+        """Defer to the trigger; it leaves the full event in the job's ``events`` directory, a new file per deferral."""
         from airflow_provider_tao_slurm.core.layout import ends_dir
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
+        event_path = _event_path(_events_dir(handle.job_dir), handle.slurm_job_id)
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -213,6 +255,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
                 log_bytes_per_poll=self.log_bytes_per_poll,
                 secret_refs=dict(handle.secret_refs),
                 end_marker_dir=ends_dir(handle.results_base),
+                event_path=event_path,
             ),
             method_name="execute_complete",
             kwargs={"job": handle.to_dict()},
@@ -226,15 +269,20 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         job: Any = None,
         foreign: Mapping[str, Any] | None = None,
     ) -> Any:
-        """Resume after the trigger fired: settle the record, maybe have the job resubmitted (and defer again)."""
+        """Resume after the trigger fired: settle the record, maybe have the job resubmitted (and defer again).
+
+        A compact event is read whole from the file it names in the job's ``events`` directory (the
+        connection's results dir's for a job submitted elsewhere), where the trigger wrote it and where it stays.
+        """
         from airflow_provider_tao_slurm.exceptions import ValidationError
-        from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
         from airflow_provider_tao_slurm.lifecycle.foreign import ForeignJob, settle_foreign
 
-        parsed = JobEvent.from_dict(event)
         if foreign is not None:
+            parsed = self.settlement.trigger_event(event, self._foreign_events_dir())
             return settle_foreign(self.settlement, ForeignJob.from_dict(dict(foreign)), parsed)
         handle = JobHandle.from_dict(self.job if job is None else job)
+        parsed = self.settlement.trigger_event(event, _events_dir(handle.job_dir))
         if parsed.slurm_job_id != handle.slurm_job_id:
             raise ValidationError(
                 f"trigger event is for job {parsed.slurm_job_id}, not {handle.slurm_job_id}; clear the task"
@@ -317,10 +365,14 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         ]
         self.log.info(
             "Watching SLURM job %s (%s, owner %s), submitted outside this provider: no record, no resubmission, "
-            "a user kill leaves it running; logs: %s",
+            "a user kill leaves it running",
             job.slurm_job_id,
             job.job_name or "name unknown",
             job.owner or "unknown",
+        )
+        self.log.info(
+            "Logs of SLURM job %s: %s",
+            job.slurm_job_id,
             ", ".join(job.logs.values()) or "unknown (slurmctld no longer knows the job)",
         )
         context["ti"].xcom_push(key=WATCHED_JOB_KEY, value=job.watched(self.hook.settings.cluster_name))
@@ -329,6 +381,8 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             self._watch = Watch.start(job.slurm_job_id, "", submitted_at=datetime.now(UTC).timestamp())
             self._streams = self._line_streams(streams, ())
             return super().execute(context)
+        events_dir = self._foreign_events_dir()
+        event_path = _event_path(events_dir, job.slurm_job_id) if events_dir else None
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -340,12 +394,18 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
                 log_streams=streams,
                 log_bytes_per_poll=self.log_bytes_per_poll,
                 cancel_on_kill=False,
+                event_path=event_path,
             ),
             method_name="execute_complete",
             kwargs={"foreign": job.to_dict()},
             timeout=None,
         )
         return None
+
+    def _foreign_events_dir(self) -> str | None:
+        """Where a job submitted elsewhere has its full events: it has no job dir, so the results dir's (or none)."""
+        results_dir = self.hook.settings.results_dir
+        return _events_dir(results_dir) if results_dir else None
 
     # ------------------------------------------------------------------ poke path
 
@@ -433,10 +493,12 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             self._withheld.add(handle.slurm_job_id)
             self.log.warning(
                 "Cannot resolve %s on this worker (%s): the log lines of SLURM job %s are not shown in the task "
-                "log, so that a secret it prints cannot show; they stay in %s",
+                "log, so that a secret it prints cannot show",
                 ", ".join(f"secret_env[{name}]" for name in failed),
                 ", ".join(sorted(set(failed.values()))),
                 handle.slurm_job_id,
-                handle.log_dir or "the job's log directory",
+            )
+            self.log.warning(
+                "The job's lines are not lost: they stay in %s", handle.log_dir or "the job's log directory"
             )
         return None if failed else values

@@ -5,12 +5,15 @@ It polls nothing itself: it subscribes its job to the cluster's shared
 of one cluster cost one batched query per interval over one SSH connection. While the job runs,
 the new lines of its logs and its ``status.json`` progress appear in the task log at every poll
 (read for all jobs of the cluster by one more batched command, resumed after a triggerer restart
-from cursor files beside the logs). It yields exactly one event and returns. A user kill
+from cursor files beside the logs). It yields exactly one event and returns: given an ``event_path``,
+a compact one (the triggerer logs it whole in the task log) whose full form is in that file. A user kill
 (Airflow 3.3 ``on_kill``) cancels the SLURM job; a triggerer restart (``cleanup`` only) does not.
 """
 
 from __future__ import annotations
 
+import json
+import posixpath
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -19,7 +22,12 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream
-from airflow_provider_tao_slurm.lifecycle.events import DEFAULT_NOT_FOUND_GRACE_S, DEFAULT_UNRECOGNISED_GRACE_S
+from airflow_provider_tao_slurm.exceptions import TaoSlurmError
+from airflow_provider_tao_slurm.lifecycle.events import (
+    DEFAULT_NOT_FOUND_GRACE_S,
+    DEFAULT_UNRECOGNISED_GRACE_S,
+    JobEvent,
+)
 from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 
@@ -51,6 +59,10 @@ class SlurmJobTrigger(BaseTrigger):
         (``<results_dir>/ends``); the shared poller reads it every couple of seconds and asks
         accounting about a job whose marker appeared, so the end is seen long before the next
         scheduler query. None: the scheduler queries alone decide.
+    :param event_path: where the full event (:meth:`JobEvent.to_dict
+        <airflow_provider_tao_slurm.lifecycle.events.JobEvent.to_dict>`, mode 600) is written before the
+        trigger yields :meth:`~airflow_provider_tao_slurm.lifecycle.events.JobEvent.compact`, which names the
+        file. None (a trigger an older provider serialized), or a failed write: the full event is yielded.
     """
 
     def __init__(
@@ -71,6 +83,7 @@ class SlurmJobTrigger(BaseTrigger):
         secret_refs: dict[str, str] | None = None,
         cancel_on_kill: bool = True,
         end_marker_dir: str | None = None,
+        event_path: str | None = None,
     ) -> None:
         super().__init__()
         self.slurm_conn_id = slurm_conn_id
@@ -89,6 +102,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.secret_refs = dict(secret_refs or {})
         self.cancel_on_kill = cancel_on_kill
         self.end_marker_dir = end_marker_dir
+        self.event_path = event_path
         self._streams: list[LineStream] = []
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -112,6 +126,7 @@ class SlurmJobTrigger(BaseTrigger):
                 "secret_refs": self.secret_refs,
                 "cancel_on_kill": self.cancel_on_kill,
                 "end_marker_dir": self.end_marker_dir,
+                "event_path": self.event_path,
             },
         )
 
@@ -161,10 +176,33 @@ class SlurmJobTrigger(BaseTrigger):
                 for note in step.notes:
                     self.log.log(note.level, "%s", note.message)
                 if step.event is not None:
-                    yield TriggerEvent(replace(step.event, log_offsets=self._shown_offsets()).to_dict())
+                    yield TriggerEvent(
+                        await self._payload(hook, replace(step.event, log_offsets=self._shown_offsets()))
+                    )
                     return
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
+
+    async def _payload(self, hook: Any, event: JobEvent) -> dict[str, Any]:
+        """Return what the event carries: :meth:`JobEvent.compact` once the full event is in ``event_path``.
+
+        The full event itself without an ``event_path``, or when writing it failed (one round trip, which
+        creates the file's directory; the failure is said, nothing is lost).
+        """
+        full = event.to_dict()
+        if self.event_path is None:
+            return full
+        try:
+            await hook.a_write_file(self.event_path, json.dumps(full).encode(), "600")
+        except TaoSlurmError as exc:
+            self.log.warning(
+                "Could not write the end of SLURM job %s to %s: the trigger event carries all of it",
+                self._job,
+                self.event_path,
+            )
+            self.log.warning("Why the write failed: %s", exc)
+            return full
+        return event.compact(posixpath.basename(self.event_path))
 
     @property
     def _job(self) -> str:
@@ -187,11 +225,14 @@ class SlurmJobTrigger(BaseTrigger):
         if failed:
             self.log.warning(
                 "Cannot resolve %s in the triggerer (%s): the live lines of SLURM job %s are withheld from the "
-                "task log, so that a secret it prints cannot show; they stay in %s (the sensor shows the end of "
-                "each log, redacted, when the task resumes on a worker that resolves them)",
+                "task log, so that a secret it prints cannot show",
                 ", ".join(f"secret_env[{name}]" for name in failed),
                 ", ".join(sorted(set(failed.values()))),
                 self._job,
+            )
+            self.log.warning(
+                "The job's lines are not lost: they stay in %s (the sensor shows each log's end, redacted, on a worker "
+                "that resolves them)",
                 ", ".join(str(item["path"]) for item in self.log_streams),
             )
             return []

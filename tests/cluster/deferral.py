@@ -7,6 +7,7 @@ first event; the event goes to ``execute_complete()`` with the deferral's kwargs
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Coroutine
 from types import SimpleNamespace
@@ -15,7 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
 
-from airflow_provider_tao_slurm.hooks.slurm import async_pool
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
+from airflow_provider_tao_slurm.lifecycle.events import JobEvent
 
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator
@@ -60,6 +62,17 @@ async def first_event(trigger: SlurmJobTrigger, timeout: float = 120) -> Trigger
         await events.aclose()
 
 
+def full_event(trigger: SlurmJobTrigger, event: TriggerEvent) -> dict[str, Any]:
+    """The whole of ``trigger``'s event: the file its compact event names, read over SSH (an inline one as it is)."""
+    payload = dict(event.payload)
+    if JobEvent.reference(payload) is None:
+        return payload
+    assert trigger.event_path is not None, f"a compact event {payload} from a trigger without an event_path"
+    text = SlurmHook(trigger.slurm_conn_id).read_file(trigger.event_path)
+    assert text is not None, f"the event file {trigger.event_path} is missing"
+    return dict(json.loads(text))
+
+
 def context(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> dict[str, Any]:
     """The slice of an Airflow context the operators read (``ti.xcom`` keeps what they push)."""
     xcom: dict[str, Any] = {}
@@ -69,6 +82,7 @@ def context(dag_id: str, task_id: str, run_id: str, try_number: int = 1) -> dict
         run_id=run_id,
         map_index=-1,
         try_number=try_number,
+        stats_tags={},
         xcom=xcom,
         xcom_push=lambda key, value: xcom.__setitem__(key, value),
     )

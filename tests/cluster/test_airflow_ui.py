@@ -48,7 +48,6 @@ import shutil
 import signal
 import struct
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -58,7 +57,8 @@ from urllib.parse import quote as url_quote
 
 import httpx
 import pytest
-from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json, free_port, prepare_airflow, stage_assets
+from airflow_stack import STOP_TIMEOUT_S, Stack, session_pids, standalone
+from demo import DAG_ID, REPO, TASKS, airflow_bin, connection_uri_json
 
 from airflow_provider_tao_slurm.core.states import pending_hint
 
@@ -67,14 +67,11 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.cluster
 
-#: Seconds allowed for: the services to become healthy, the DAG to be parsed, a run to end, a line to
+#: Seconds allowed for: a run to end, a line to
 #: reach a task log, a page to show what it should.
-START_TIMEOUT_S = 90.0
-PARSE_TIMEOUT_S = 60.0
 RUN_TIMEOUT_S = 150.0
 LOG_TIMEOUT_S = 90.0
 PAGE_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 30.0
 #: How long a try's log may answer 404 while the try moves to the task-instance history.
 TRY_LOG_GRACE_S = 15.0
 SCREEN_SIZE = (1600, 1000)
@@ -120,123 +117,13 @@ CONNECTION_FIELDS = {
 }
 
 
-def _session_pids(sid: int) -> list[int]:
-    """PIDs of the processes in session ``sid`` (field 6 of ``/proc/PID/stat``)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid:
-            pids.append(int(stat.parent.name))
-    return pids
-
-
-@dataclass(frozen=True)
-class Stack:
-    """A running ``airflow standalone``."""
-
-    url: str
-    home: Path
-    log: Path
-    client: httpx.Client
-    env: dict[str, str]
-    session: int
-
-    def get(self, path: str, **params: Any) -> Any:
-        """GET a JSON answer; fail on any HTTP error."""
-        response = self.client.get(path, params=params)
-        response.raise_for_status()
-        return response.json()
-
-    def post(self, path: str, body: Any) -> Any:
-        """POST JSON, return the JSON answer; fail on any HTTP error."""
-        response = self.client.post(path, json=body)
-        response.raise_for_status()
-        return response.json()
-
-
 @pytest.fixture(scope="module")
 def stack(cluster: ClusterEnv) -> Iterator[Stack]:
-    """Start ``airflow standalone`` against the test cluster; stop it (and every child) afterwards."""
-    info = dataclasses.asdict(cluster)
-    stage_assets(info)
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    connection = json.loads(connection_uri_json(info))
-    connection["extra"]["log_url_template"] = LOG_URL_TEMPLATE
-    with tempfile.TemporaryDirectory(prefix="tao-airflow-ui-") as tmp:
-        home = Path(tmp)
-        env = prepare_airflow(
-            info,
-            home,
-            {
-                "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(connection),
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-                "AIRFLOW__CORE__PARALLELISM": "4",
-                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "True",
-                "AIRFLOW__CORE__DEFAULT_TASK_RETRIES": "1",
-                "AIRFLOW__CORE__DEFAULT_TASK_RETRY_DELAY": "2",
-                "AIRFLOW__CORE__TEST_CONNECTION": "Enabled",
-                "AIRFLOW__API__HOST": "127.0.0.1",
-                "AIRFLOW__API__PORT": str(port),
-                "AIRFLOW__API__BASE_URL": url,
-                "AIRFLOW__API__DEFAULT_WRAP": "True",
-                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{url}/execution/",
-                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
-                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
-            },
-        )
-        # standalone starts its components as `airflow` from PATH: it must be this environment's.
-        env["PATH"] = f"{Path(airflow_bin()).parent}{os.pathsep}{env.get('PATH', '')}"
-        log = home / "standalone.log"
-        with log.open("wb") as out:
-            # A new session, with SIGINT not ignored: standalone stops its components only on SIGINT.
-            proc = subprocess.Popen(
-                ["setsid", "env", "--default-signal=INT", airflow_bin(), "standalone"],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        client = httpx.Client(base_url=url, timeout=30)
-        try:
-            _wait_healthy(client, proc, log)
-            yield Stack(url=url, home=home, log=log, client=client, env=env, session=proc.pid)
-        finally:
-            client.close()
-            _stop(proc)
-
-
-def _wait_healthy(client: httpx.Client, proc: subprocess.Popen[bytes], log: Path) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    health: Any = None
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            health = client.get("/api/v2/monitor/health").json()
-        except (httpx.HTTPError, ValueError):
-            health = None
-        if isinstance(health, dict) and all(
-            (health.get(part) or {}).get("status") == "healthy"
-            for part in ("metadatabase", "scheduler", "triggerer", "dag_processor")
-        ):
-            return
-        time.sleep(0.5)
-    pytest.fail(f"airflow standalone did not become healthy ({health}); its log:\n{log.read_text()[-4000:]}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGINT to standalone, wait; then SIGKILL whatever is left of its session, by PID."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline and (proc.poll() is None or _session_pids(proc.pid)):
-        time.sleep(0.5)
-    for pid in _session_pids(proc.pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait(timeout=10)
+    """``airflow standalone`` with the example DAGs and the extra links' URL template."""
+    with standalone(
+        cluster, connection_extra={"log_url_template": LOG_URL_TEMPLATE}, prefix="tao-airflow-ui-"
+    ) as running:
+        yield running
 
 
 def _run_path(run_id: str) -> str:
@@ -259,14 +146,8 @@ class Run:
 
 
 def _trigger(stack: Stack, conf: dict[str, Any]) -> str:
-    """Wait for the DAG to be parsed, unpause it, trigger a run with ``conf``; return its run id."""
-    deadline = time.monotonic() + PARSE_TIMEOUT_S
-    while stack.client.get(f"/api/v2/dags/{DAG_ID}").status_code != 200:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{DAG_ID} was not parsed within {PARSE_TIMEOUT_S:.0f} s:\n{stack.log.read_text()[-4000:]}")
-        time.sleep(0.5)
-    stack.client.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
-    return str(stack.post(f"/api/v2/dags/{DAG_ID}/dagRuns", {"logical_date": None, "conf": conf})["dag_run_id"])
+    """Trigger a run of the example with ``conf``; return its run id."""
+    return stack.trigger(DAG_ID, conf)
 
 
 def _follow(stack: Stack, run_id: str) -> Run:
@@ -339,8 +220,57 @@ def _log_text(stack: Stack, run_id: str, task_id: str) -> str:
             details = item.get("error_detail")
             for detail in details if isinstance(details, list) else ():
                 if isinstance(detail, dict):
-                    lines.append(f"{detail.get('exc_type', '')}: {detail.get('exc_value', '')}")
+                    lines += f"{detail.get('exc_type', '')}: {detail.get('exc_value', '')}".splitlines()
     return "\n".join(lines)
+
+
+#: The longest line the provider or a trigger event may put in a task log (issue 34, item 4).
+MAX_LINE = 300
+#: Prefixes of the job's own lines (its output, bounded but the job's): not the provider's.
+JOB_LINES = ("main.out | ", "main.err | ", "status.json | ")
+
+
+def _long_lines(stack: Stack, run_id: str, task_id: str) -> list[str]:
+    """The lines over :data:`MAX_LINE` characters the provider or a trigger event wrote in every try's log.
+
+    Each log event is rendered as the UI shows it (``event key=value ...``, an exception as
+    ``type: message``); the provider's are those of its loggers, the triggerer's ``Trigger fired event``
+    and the task's exception (the sensor raises only the provider's).
+    """
+    path = f"{_run_path(run_id)}/taskInstances/{task_id}"
+    long = []
+    for attempt in range(1, int(stack.get(path)["try_number"]) + 1):
+        for item in _try_log(stack, f"{path}/logs/{attempt}")["content"]:
+            event = str(item.get("event", ""))
+            ours = "airflow_provider_tao_slurm" in str(item.get("logger", "")) or event == "Trigger fired event"
+            shown = [event, *(f"{key}={value}" for key, value in item.items() if key not in UI_FIELDS)]
+            lines = [" ".join(shown)] if ours and not event.startswith(JOB_LINES) else []
+            details = item.get("error_detail")
+            for detail in details if isinstance(details, list) else ():
+                if isinstance(detail, dict):
+                    lines += f"{detail.get('exc_type', '')}: {detail.get('exc_value', '')}".splitlines()
+            long += [line for line in lines if len(line) > MAX_LINE]
+    return long
+
+
+#: Fields of a log event the UI does not show as ``key=value`` after its text (the triggerer's context
+#: bindings included: the UI shows ``name=`` and ``result=`` of ``Trigger fired event``, not these).
+UI_FIELDS = {
+    "event",
+    "timestamp",
+    "level",
+    "logger",
+    "error_detail",
+    "chan",
+    "filename",
+    "lineno",
+    "dag_id",
+    "run_id",
+    "task_id",
+    "map_index",
+    "try_number",
+    "ti_id",
+}
 
 
 def _wait_log(stack: Stack, run_id: str, task_id: str, texts: Sequence[str], *, not_before: str = "") -> str:
@@ -696,6 +626,8 @@ def test_sensor_log_shows_job_id_transitions_and_live_lines(stack: Stack, run: R
         ["Pausing task as DEFERRED.", "status.json | RUNNING epoch 1", "status.json | SUCCESS", done],
     )
     assert [chatter for chatter in CHATTER if chatter in text] == []
+    assert "Trigger fired event" in text
+    assert _long_lines(stack, run.run_id, "wait") == []
 
 
 def test_submit_log_names_the_paths(stack: Stack, run: Run) -> None:
@@ -800,6 +732,7 @@ def test_a_failing_job_fails_the_sensor_with_its_evidence(stack: Stack, scenes: 
             "; evidence: ",
         ],
     )
+    assert _long_lines(stack, failing.run_id, "wait") == []
 
 
 def _png_size(data: bytes) -> tuple[int, int]:
@@ -888,7 +821,7 @@ def _triggerer_pids(session: int) -> list[int]:
         with contextlib.suppress(OSError, ValueError, IndexError):
             parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
     roots = []
-    for pid in _session_pids(session):
+    for pid in session_pids(session):
         with contextlib.suppress(OSError):
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             if b"triggerer" in argv and parents.get(pid) not in roots:

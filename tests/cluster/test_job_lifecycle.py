@@ -276,7 +276,7 @@ def test_node_failure_of_a_job_the_partition_could_not_fit_again_is_not_resubmit
         event = run_async(watch_and_fail())
     finally:
         wait_until(lambda: "down" not in squeue_node_state(ssh_run, "n2"), "n2 back", timeout=90)
-    assert event.payload["state"]["native"] == "NODE_FAIL"
+    assert event.payload["native"] == "NODE_FAIL"
     with pytest.raises(JobFailedError, match="could never start") as failed:
         resume(sensor, ctx, deferred, event)
 

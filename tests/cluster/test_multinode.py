@@ -67,7 +67,11 @@ RENDEZVOUS = re.compile(
 
 def context(dag_id: str, run_id: str) -> dict[str, Any]:
     """The slice of an Airflow context the operator reads."""
-    return {"ti": SimpleNamespace(dag_id=dag_id, task_id="nccl_probe", run_id=run_id, map_index=-1, try_number=1)}
+    return {
+        "ti": SimpleNamespace(
+            dag_id=dag_id, task_id="nccl_probe", run_id=run_id, map_index=-1, try_number=1, stats_tags={}
+        )
+    }
 
 
 def drive(op: NcclProbeOperator, ctx: dict[str, Any]) -> tuple[dict[str, str], list[TaskDeferred]]:

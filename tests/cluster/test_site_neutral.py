@@ -205,7 +205,7 @@ def test_a_tao_job_is_complete_only_when_status_json_says_success(
     ssh_run(join(["ln", "-sfn", "--", posixpath.basename(image), tao_image]))
     default_ctx = context(dag_id, "submit", "r3")
     default = submit(submit_op(tao_image, "echo trained"), default_ctx)
-    with pytest.raises(JobFailedError, match=r"status\.json is missing.*network_arch='custom'"):
+    with pytest.raises(JobFailedError, match=r"(?s)status\.json is missing.*network_arch='custom'"):
         run_to_end(default, default_ctx)
     record = record_of(ssh_run, default["record_path"])
     assert (record["network_arch"], record["terminal_state"], record["err_class"]) == ("tao", "ERROR", "ERR_PROGRAM")

@@ -43,7 +43,7 @@ from clusterkit import (
     submit,
     submit_op,
 )
-from deferral import context, defer, first_event, resume, run_async, wait_until
+from deferral import context, defer, first_event, full_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import JobFailedError
@@ -141,7 +141,7 @@ def test_success_sidecar_and_retried_submit_adopts_its_job(
     sensor = sensor_for(retried)
     deferred = defer(sensor, ctx)
     event = run_async(first_event(deferred.trigger))
-    assert event.payload["state"]["native"] == "COMPLETED"
+    assert event.payload["native"] == "COMPLETED"
     result = resume(sensor, ctx, deferred, event)
 
     assert result["terminal_state"] == "COMPLETE"
@@ -194,7 +194,7 @@ def test_job_cancelled_outside_airflow_is_canceled(conn: str, image: str, dag_id
         return await watch
 
     event = run_async(scenario())
-    assert event.payload["state"]["tao_state"] == "CANCELED"
+    assert full_event(deferred.trigger, event)["state"]["tao_state"] == "CANCELED"
     with pytest.raises(JobFailedError, match="cancelled outside this task"):
         resume(sensor, ctx, deferred, event)
 
@@ -317,7 +317,7 @@ def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
     ctx = context(dag_id, "submit", "r1")
     failure = through_node_failure(ssh_run, submit_op(image, "sleep 8", requeue=False), ctx)
     handle, first_id = failure.handle, failure.handle["slurm_job_id"]
-    assert failure.event.payload["state"]["native"] == "NODE_FAIL"
+    assert failure.event.payload["native"] == "NODE_FAIL"
 
     deferred, result = resubmission(ssh_run, failure, ctx)
 
@@ -372,7 +372,7 @@ def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str,
 
     failure = through_node_failure(ssh_run, submit_op(image, rerun_fast, requeue=True), ctx, then=release_requeued)
     handle, slurm_id = failure.handle, failure.handle["slurm_job_id"]
-    assert failure.event.payload["state"]["native"] == "COMPLETED"
+    assert failure.event.payload["native"] == "COMPLETED"
 
     result = resume(failure.sensor, ctx, failure.deferred, failure.event)
 
@@ -429,7 +429,8 @@ def test_the_end_marker_ends_the_watch_within_seconds_at_a_30_s_scheduler_interv
     assert list(marker) == [f"{slurm_id}-0-3.end"]
     latency = seen - marker[f"{slurm_id}-0-3.end"]
     # The marker made the poller ask accounting at once: the event carries accounting's word.
-    assert (event.payload["state"]["source"], event.payload["state"]["exit_code"]) == ("sacct", 3)
+    state = full_event(deferred.trigger, event)["state"]
+    assert (state["source"], state["exit_code"]) == ("sacct", 3)
     assert 0 <= latency < 4, f"the end reached the trigger {latency:.1f} s after the marker"
     assert polls == 1, "one scheduler query (the first answer); the marker did the rest"
 
@@ -467,7 +468,7 @@ def test_a_marker_accounting_does_not_confirm_does_not_end_the_watch(
         return await watch
 
     event = run_async(scenario())
-    assert (event.payload["state"]["native"], event.payload["state"]["source"]) == ("COMPLETED", "sacct")
+    assert (event.payload["native"], full_event(deferred.trigger, event)["state"]["source"]) == ("COMPLETED", "sacct")
     result = resume(sensor, ctx, deferred, event)
     assert result["terminal_state"] == "COMPLETE"
     assert scontrol_fields(ssh_run, slurm_id)["Restarts"] == "1"
@@ -497,6 +498,6 @@ def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
 
     event, left = run_async(scenario())
     assert left == {}, "the run SLURM signalled left no marker"
-    assert (event.payload["state"]["native"], event.payload["state"]["source"]) == ("COMPLETED", "sacct")
+    assert (event.payload["native"], full_event(deferred.trigger, event)["state"]["source"]) == ("COMPLETED", "sacct")
     assert resume(sensor, ctx, deferred, event)["terminal_state"] == "COMPLETE"
     assert final_state(ssh_run, slurm_id) == "COMPLETED"

@@ -232,7 +232,7 @@ def test_a_job_submitted_outside_the_provider_is_watched_by_its_id(
     texts = [text for _, text in live_lines("".join(capfd.readouterr()))]
     assert [t for t in texts if t.startswith("stdout | hello")] == [f"stdout | hello {i}" for i in (1, 2, 3)]
 
-    with pytest.raises(JobFailedError, match=rf"SLURM job {bad} failed .*ExitCode=3"):
+    with pytest.raises(JobFailedError, match=rf"(?s)SLURM job {bad} failed .*ExitCode=3"):
         watch(bad)
 
     sensor = SlurmJobSensor(task_id="wait", slurm_job_id=running, poke_interval=POLL_S)
@@ -243,3 +243,50 @@ def test_a_job_submitted_outside_the_provider_is_watched_by_its_id(
         assert state.strip() in {"PENDING", "RUNNING"}
     finally:
         ssh_run(join(["scancel", running]))
+
+
+# ---------------------------------------------------------------------- a readable task log (issue 34, item 4)
+
+#: ``<structlog timestamp> [<level>] <message>  [airflow_provider_tao_slurm...]``: a line the provider logged.
+PROVIDER_LINE = re.compile(r"^\S+Z \[\w+\s*\] (.*?)\s+\[airflow_provider_tao_slurm", re.M)
+#: The prefix of a line of the job's own output (its length is the job's).
+JOB_OUTPUT = re.compile(r"^(?:main\.out|main\.err|status\.json|stdout|stderr) \| ")
+
+
+def test_a_finished_sensors_task_log_has_no_long_line_from_the_provider(
+    conn: str, image: str, dag_id: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A job prints a Python traceback and exits 3; its sensor waits deferred. Expected: the trigger's event,
+    which the triggerer logs whole on one line, is short (its repr at most 150 characters: status, SLURM id,
+    the end's native state and the name of the file beside the job that holds the full event), the sensor
+    settles from that file as from a full event (ERR_PROGRAM, the evidence on a line of its own), and no
+    line the provider logged (the job's own lines aside) nor any line of the task's error is over 300
+    characters."""
+    ctx = context(dag_id, "submit", "r1")
+    command = "echo 'Traceback (most recent call last):' >&2; echo 'RuntimeError: boom' >&2; exit 3"
+    handle = submit(submit_op(image, command), ctx)
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+    event = run_async(first_event(deferred.trigger, 180))
+    with pytest.raises(JobFailedError) as failed:
+        resume(sensor, ctx, deferred, event)
+    output = "".join(capfd.readouterr())
+
+    path = deferred.trigger.event_path
+    assert path is not None
+    assert path.startswith(f"{handle['job_dir']}/events/{handle['slurm_job_id']}-")
+    assert event.payload == {
+        "status": "terminal",
+        "slurm_job_id": handle["slurm_job_id"],
+        "native": "FAILED",
+        "ref": path.rsplit("/", 1)[1],
+    }
+    assert len(repr(event)) <= 150, repr(event)
+    assert failed.value.err_class == "ERR_PROGRAM"
+    head, evidence = str(failed.value).splitlines()
+    assert head.startswith(f"SLURM job {handle['slurm_job_id']} failed (ERR_PROGRAM): ")
+    assert evidence.startswith(f"SLURM job {handle['slurm_job_id']} failed; evidence: line ")
+    messages = [message for message in PROVIDER_LINE.findall(output) if not JOB_OUTPUT.match(message)]
+    assert messages, output[-2000:]
+    assert [message for message in messages if len(message) > 300] == []
+    assert [line for line in str(failed.value).splitlines() if len(line) > 300] == []

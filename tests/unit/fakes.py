@@ -11,6 +11,7 @@ Replies go through the hook's own reply readers (``_result``, ``_file_text``): a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -39,6 +40,8 @@ SETTINGS = ClusterSettings(
 PARTITIONS = (Partition("polar", 4.0, True, 4), Partition("polar_long", 48.0, False, 4))
 #: stderr of a read of a path in :attr:`FakeSlurmHook.unreadable`.
 READ_ERROR = "Input/output error"
+#: stderr of a write to a path in :attr:`FakeSlurmHook.unwritable`.
+WRITE_ERROR = "No space left on device"
 
 #: One way to answer commands: a reply for the commands it knows, None for the others.
 Handler = Callable[[str], CommandResult | None]
@@ -63,7 +66,8 @@ class FakeSlurmHook:
     - ``settings``: the connection's :class:`ClusterSettings` (:data:`SETTINGS` unless given);
     - ``files``: remote text files by absolute path; a path in ``unreadable`` fails to read
       (:class:`~airflow_provider_tao_slurm.exceptions.RemoteReadError`), as a stale NFS handle does;
-      what was staged reads back too;
+      one in ``unwritable`` fails to write (:class:`~airflow_provider_tao_slurm.exceptions.RemoteCommandError`,
+      nothing written); what was staged reads back too;
     - ``handlers``: answer :meth:`run`/:meth:`a_run`, first reply wins; any other command exits 0, silent;
     - ``states``: what :meth:`get_states` reports per SLURM job id (absent: unknown to SLURM);
     - ``found``: our job ids per job name for :meth:`find_jobs_by_name`; ``lookup_error`` makes it fail;
@@ -79,6 +83,7 @@ class FakeSlurmHook:
         self.settings = settings
         self.files: dict[str, str] = dict(files or {})
         self.unreadable: set[str] = set()
+        self.unwritable: set[str] = set()
         self.reads: list[str] = []
         self.modes: dict[str, str] = {}
         self.handlers: list[Handler] = []
@@ -94,6 +99,7 @@ class FakeSlurmHook:
         self.lookups: list[str] = []
         self.states: dict[str, JobState] = {}
         self.polls: list[list[str]] = []
+        self.poll_error: Exception | None = None
         self.cancels: list[tuple[list[str], str | None]] = []
         self.job_info: dict[str, dict[str, str]] = {}
         self.partitions: list[Partition] = list(PARTITIONS)
@@ -117,7 +123,9 @@ class FakeSlurmHook:
         return _result(reply.rc, reply.stdout.encode(), reply.stderr.encode(), host, check=check, what=what)
 
     def write_file(self, path: str, data: bytes, mode: str = "600") -> None:
-        """Keep ``data`` as the text of ``path`` and its mode in ``modes``."""
+        """Keep ``data`` as the text of ``path`` and its mode in ``modes`` (a path in ``unwritable`` fails)."""
+        if path in self.unwritable:
+            _result(1, b"", WRITE_ERROR.encode(), self.settings.hosts[0], check=True, what=f"writing {path}")
         self.files[path] = data.decode()
         self.modes[path] = mode
 
@@ -195,9 +203,11 @@ class FakeSlurmHook:
         return list(self.found.get(job_name, []))
 
     def get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
-        """The states ``states`` has of these jobs (the others are unknown to SLURM)."""
+        """The states ``states`` has of these jobs (the others are unknown to SLURM); raise ``poll_error`` if set."""
         ids = list(job_ids)
         self.polls.append(ids)
+        if self.poll_error is not None:
+            raise self.poll_error
         return {job_id: self.states[job_id] for job_id in ids if job_id in self.states}
 
     def describe_job(self, slurm_job_id: str) -> dict[str, str]:
@@ -280,3 +290,18 @@ class FakeSlurmHook:
         if request.cursor_path and chunk.end != request.offset:
             self.files[request.cursor_path] = f"{chunk.end}\n"
         return chunk
+
+
+class FakeTaskStateStore:
+    """Airflow's ``task_state_store`` accessor as a dict, with its ``get``/``set`` signatures (values JSON-copied)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+        self.retention: dict[str, Any] = {}
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.values.get(key, default)
+
+    def set(self, key: str, value: Any, *, retention: Any = None) -> None:
+        self.values[key] = json.loads(json.dumps(value))
+        self.retention[key] = retention

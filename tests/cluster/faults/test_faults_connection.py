@@ -80,9 +80,9 @@ def test_sshd_restart_while_three_triggers_are_deferred(
     events, reconnects = run_async(scenario())
     results = [resume(s, c, d, e) for s, c, d, e in zip(sensors, ctxs, deferrals, events, strict=True)]
 
-    record_property("detail", f"reconnects={reconnects}; states={[e.payload['state']['native'] for e in events]}")
+    record_property("detail", f"reconnects={reconnects}; states={[e.payload['native'] for e in events]}")
     assert reconnects == 1
-    assert [e.payload["state"]["native"] for e in events] == ["COMPLETED"] * 3
+    assert [e.payload["native"] for e in events] == ["COMPLETED"] * 3
     assert [r["terminal_state"] for r in results] == ["COMPLETE"] * 3
     for handle in handles:
         assert jobs_named(ssh_run, handle["job_id"]) == [handle["slurm_job_id"]]
@@ -140,7 +140,7 @@ def test_poller_connection_dropped_mid_query(
     record_property("detail", f"failed polls={failed_polls}; reconnects={reconnects}")
     assert failed_polls == 1
     assert reconnects == 1
-    assert event.payload["state"]["native"] == "COMPLETED"
+    assert event.payload["native"] == "COMPLETED"
     assert result["terminal_state"] == "COMPLETE"
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
     assert final_state(ssh_run, slurm_id) == "COMPLETED"

@@ -28,6 +28,7 @@ from urllib.parse import quote as url_quote
 
 import httpx
 import pytest
+from airflow_stack import unpause
 from demo import DAG_ID, airflow_bin, connection_uri_json, free_port, prepare_airflow, stage_assets
 
 from airflow_provider_tao_slurm.core.shell import quote
@@ -219,12 +220,7 @@ def _run_path(run_id: str) -> str:
 
 
 def _trigger_runs(ha: HA) -> list[str]:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while ha.client.get(f"/api/v2/dags/{DAG_ID}").status_code != 200:
-        if time.monotonic() > deadline:
-            pytest.fail(f"{DAG_ID} was not parsed within {START_TIMEOUT_S:.0f} s")
-        time.sleep(0.5)
-    ha.client.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
+    unpause(ha.client, DAG_ID, START_TIMEOUT_S)
     run_ids = []
     for _ in range(RUNS):
         response = ha.client.post(f"/api/v2/dags/{DAG_ID}/dagRuns", json={"logical_date": None, "conf": CONF})

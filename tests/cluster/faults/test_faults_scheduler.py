@@ -32,7 +32,7 @@ from clusterkit import (
     submit,
     submit_op,
 )
-from deferral import context, defer, first_event, resume, run_async, wait_until
+from deferral import context, defer, first_event, full_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import JobFailedError
@@ -83,8 +83,9 @@ def test_slurmctld_restarted_mid_job(conn: str, image: str, dag_id: str, ssh_run
     event = watch_through(deferred, ssh_run, slurm_id, lambda: harness("restart-slurmctld"))
     result = resume(sensor, ctx, deferred, event)
 
-    record_property("detail", f"event {event.payload['state']['native']} from {event.payload['state']['source']}")
-    assert (event.payload["state"]["native"], event.payload["state"]["exit_code"]) == ("COMPLETED", 0)
+    state = full_event(deferred.trigger, event)["state"]
+    record_property("detail", f"event {event.payload['native']} from {state['source']}")
+    assert (event.payload["native"], state["exit_code"]) == ("COMPLETED", 0)
     assert result["terminal_state"] == "COMPLETE"
     assert no_requeue_pending(result)
     assert squeue_field(ssh_run, slurm_id, "%T") in ("COMPLETED", "")
@@ -127,7 +128,7 @@ def test_slurmdbd_down_then_back(
     result = resume(sensor, ctx, deferred, event)
 
     record_property("detail", f"sacct with slurmdbd down: {err.strip()[:120]}")
-    state = event.payload["state"]
+    state = full_event(deferred.trigger, event)["state"]
     assert (state["native"], state["source"], state["exit_code"]) == ("COMPLETED", "sacct", 0)
     assert result["terminal_state"] == "COMPLETE"
     assert result["exit_codes"] == {"job": 0}
@@ -166,7 +167,8 @@ def test_sacct_lag_right_after_submit(
 
     ranks = [RANK[state] for state, _ in seen]
     assert ranks == sorted(ranks), seen
-    assert (event.payload["state"]["source"], event.payload["state"]["exit_code"]) == ("sacct", 0)
+    state = full_event(deferred.trigger, event)["state"]
+    assert (state["source"], state["exit_code"]) == ("sacct", 0)
     assert result["terminal_state"] == "COMPLETE"
     assert no_requeue_pending(result)
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
@@ -240,7 +242,7 @@ def test_failure_state_ends_the_task_once(
 
     record = record_of(ssh_run, handle["record_path"])
     record_property("detail", f"task failed ({failed.value.err_class}); record {record['terminal_state']}")
-    assert event.payload["state"]["native"] == native
+    assert event.payload["native"] == native
     assert native in str(failed.value)
     assert (record["terminal_state"], record.get("err_class")) == (terminal, err_class)
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
@@ -266,7 +268,7 @@ def test_timeout_at_the_wall_limit(
 
     record = record_of(ssh_run, handle["record_path"])
     record_property("detail", f"task failed ({failed.value.err_class}); record {record['terminal_state']}")
-    assert event.payload["state"]["native"] == "TIMEOUT"
+    assert event.payload["native"] == "TIMEOUT"
     assert failed.value.err_class == "ERR_PROGRAM"
     assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_PROGRAM")
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"

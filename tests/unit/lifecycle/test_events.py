@@ -245,3 +245,77 @@ def test_state_payload_round_trip(value: JobState) -> None:
 def test_observation_round_trip() -> None:
     for item in TRANSITIONS:
         assert Observation.from_dict(json.loads(json.dumps(item.to_dict()))) == item
+
+
+# ---------------------------------------------------------------------- the compact event and its file
+
+FAILED = JobEvent(
+    EventStatus.TERMINAL, "500", JOB_ID, state("FAILED", exit_code=3, signal=0, node_list="n[1-2]"), TRANSITIONS
+)
+VANISHED = JobEvent(EventStatus.VANISHED, "500", JOB_ID, None, TRANSITIONS, "SLURM job 500 is unknown")
+EVENT_FILE = f"{BASE}/jobs/{JOB_ID}/events/500-0123456789ab.json"
+
+
+@pytest.mark.parametrize(
+    ("event", "compact"),
+    [
+        pytest.param(
+            FAILED,
+            {"status": "terminal", "slurm_job_id": "500", "native": "FAILED", "ref": "500-0123456789ab.json"},
+            id="terminal",
+        ),
+        pytest.param(
+            VANISHED, {"status": "vanished", "slurm_job_id": "500", "ref": "500-0123456789ab.json"}, id="vanished"
+        ),
+    ],
+)
+def test_compact_event_round_trip_through_its_file(event: JobEvent, compact: dict[str, Any]) -> None:
+    payload = event.compact("500-0123456789ab.json")
+
+    assert payload == compact
+    assert JobEvent.reference(json.loads(json.dumps(payload))) == "500-0123456789ab.json"
+    assert JobEvent.from_file(json.dumps(event.to_dict()), payload, EVENT_FILE) == event
+
+
+@pytest.mark.parametrize("event", [FAILED, VANISHED, TERMINAL], ids=["terminal", "vanished", "old-full-dict"])
+def test_a_full_event_has_no_reference(event: JobEvent | dict[str, Any]) -> None:
+    """A full event (an older provider's trigger, or a trigger whose write failed) is read as before."""
+    payload = event.to_dict() if isinstance(event, JobEvent) else event
+    assert JobEvent.reference(payload) is None
+    assert JobEvent.from_dict(payload).to_dict() == payload
+
+
+COMPACT = FAILED.compact("500-0123456789ab.json")
+
+
+@pytest.mark.parametrize(
+    ("value", "match"),
+    [
+        pytest.param({**COMPACT, "ref": ""}, "refers to no file name", id="empty-ref"),
+        pytest.param({**COMPACT, "ref": None}, "refers to no file name", id="no-ref"),
+        pytest.param({**COMPACT, "ref": "../records/x.json"}, "refers to no file name", id="ref-with-a-dir"),
+        pytest.param({**COMPACT, "ref": ".."}, "refers to no file name", id="ref-dot-dot"),
+        pytest.param({**COMPACT, "status": "done"}, "unexpected trigger event", id="bad-status"),
+        pytest.param({**COMPACT, "slurm_job_id": "5;x"}, "unexpected trigger event", id="bad-slurm-id"),
+        pytest.param({"ref": "500-0123456789ab.json"}, "unexpected trigger event", id="ref-alone"),
+    ],
+)
+def test_bad_compact_events_are_refused(value: Any, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        JobEvent.reference(value)
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        pytest.param("{not json", "is not JSON", id="not-json"),
+        pytest.param(json.dumps({"status": "terminal"}), "unexpected trigger event in", id="not-an-event"),
+        pytest.param(
+            json.dumps({**FAILED.to_dict(), "slurm_job_id": "501"}), "about job 501 .*names job 500", id="other-job"
+        ),
+        pytest.param(json.dumps(VANISHED.to_dict()), r"\(vanished\).*\(terminal\)", id="other-outcome"),
+    ],
+)
+def test_an_event_file_that_does_not_match_its_compact_event_is_refused(text: str, match: str) -> None:
+    with pytest.raises(ValidationError, match=match):
+        JobEvent.from_file(text, COMPACT, EVENT_FILE)

@@ -72,7 +72,11 @@ def staged_script(hook: FakeSlurmHook, index: int) -> str:
 
 
 def context(try_number: int = 1) -> dict[str, Any]:
-    return {"ti": SimpleNamespace(dag_id="dag", task_id="probe", run_id="run1", map_index=-1, try_number=try_number)}
+    return {
+        "ti": SimpleNamespace(
+            dag_id="dag", task_id="probe", run_id="run1", map_index=-1, try_number=try_number, stats_tags={}
+        )
+    }
 
 
 def operator(hook: FakeSlurmHook, **kwargs: Any) -> NcclProbeOperator:

@@ -10,18 +10,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from fakes import SETTINGS, FakeSlurmHook
+from fakes import SETTINGS, FakeSlurmHook, FakeTaskStateStore
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import from_json, mark, mint_job_id, to_json
-from airflow_provider_tao_slurm.core.states import TaoState
+from airflow_provider_tao_slurm.core.states import TaoState, state_from_native
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     ConnectionConfigError,
     ImageReferenceError,
     ResourceError,
     SecretLeakError,
+    StatusQueryError,
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, SlurmHook
@@ -34,7 +35,11 @@ LAYOUT = JobLayout("/lustre/u", JOB_ID)
 
 
 def ctx(try_number: int = 1) -> dict[str, Any]:
-    return {"ti": SimpleNamespace(dag_id="dag", task_id="submit", run_id="run1", map_index=-1, try_number=try_number)}
+    return {
+        "ti": SimpleNamespace(
+            dag_id="dag", task_id="submit", run_id="run1", map_index=-1, try_number=try_number, stats_tags={}
+        )
+    }
 
 
 def operator(hook: Any, **kwargs: Any) -> SbatchSubmitOperator:
@@ -338,6 +343,84 @@ def test_retried_try_with_two_jobs_of_its_name_stops() -> None:
     with pytest.raises(AmbiguousSubmissionError, match="cancel the extra ones"):
         operator(hook).execute(ctx(try_number=2))
 
+    assert len(hook.submits) == 1
+
+
+# ---------------------------------------------------------------------- the task state store (issue 34, item 1)
+
+
+def stored_ctx(store: FakeTaskStateStore, try_number: int = 1) -> dict[str, Any]:
+    return {**ctx(try_number), "task_state_store": store}
+
+
+def settled(hook: FakeSlurmHook, path: str) -> None:
+    record = mark(from_json(hook.files[path]), TaoState.ERROR, now=NOW_TS, message="FAILED", source="sensor")
+    hook.files[path] = to_json(record)
+
+
+NOW_TS = "2026-01-01T00:00:00Z"
+
+
+@pytest.mark.parametrize(
+    ("native", "lookups_by_name"),
+    [
+        pytest.param("RUNNING", 0, id="running-reattached-through-the-store"),
+        pytest.param("PENDING", 0, id="pending-reattached-through-the-store"),
+        pytest.param("COMPLETED", 0, id="ended-unsettled-is-already-succeeded"),
+        pytest.param("FAILED", 0, id="failed-unsettled-is-reattached-for-the-sensor-to-settle"),
+        pytest.param(None, 1, id="unknown-to-slurm-falls-back-to-the-name"),
+    ],
+)
+def test_a_retry_reattaches_to_the_job_its_earlier_try_stored(native: str | None, lookups_by_name: int) -> None:
+    hook, store = SubmitHook(), FakeTaskStateStore()
+    first = operator(hook).execute(stored_ctx(store))
+    assert store.values["slurm_job"] == first
+    if native is not None:
+        hook.states[first["slurm_job_id"]] = state_from_native(first["slurm_job_id"], native, source="squeue")
+    hook.found[JOB_ID] = [first["slurm_job_id"]]
+    hook.lookups.clear()
+
+    second = operator(hook).execute(stored_ctx(store, try_number=2))
+
+    assert second == first
+    assert len(hook.submits) == 1
+    assert len(hook.lookups) == lookups_by_name
+    assert hook.polls[-1] == [first["slurm_job_id"]]
+
+
+def test_a_retry_after_the_sensor_settled_the_stored_job_submits_a_fresh_one() -> None:
+    hook, store = SubmitHook(), FakeTaskStateStore()
+    first = operator(hook).execute(stored_ctx(store))
+    settled(hook, LAYOUT.record_path)
+
+    second = operator(hook).execute(stored_ctx(store, try_number=2))
+
+    assert second["job_id"] == mint_job_id("dag", "submit", "run1", try_number=2)
+    assert second["retry_of"] == first["job_id"]
+    assert store.values["slurm_job"] == second
+    assert len(hook.submits) == 2
+
+
+def test_a_failed_status_query_of_the_stored_job_is_no_answer() -> None:
+    hook, store = SubmitHook(), FakeTaskStateStore()
+    first = operator(hook).execute(stored_ctx(store))
+    hook.poll_error = StatusQueryError("squeue exited 1", {}, [first["slurm_job_id"]])
+
+    with pytest.raises(StatusQueryError):
+        operator(hook).execute(stored_ctx(store, try_number=2))
+
+    assert len(hook.submits) == 1
+
+
+def test_without_durable_nothing_is_stored_and_a_retry_adopts_by_name() -> None:
+    hook, store = SubmitHook(), FakeTaskStateStore()
+    first = operator(hook, durable=False).execute(stored_ctx(store))
+    hook.found[JOB_ID] = [first["slurm_job_id"]]
+
+    second = operator(hook, durable=False).execute(stored_ctx(store, try_number=2))
+
+    assert store.values == {}
+    assert second["slurm_job_id"] == first["slurm_job_id"]
     assert len(hook.submits) == 1
 
 

@@ -33,7 +33,7 @@ SETTINGS = ClusterSettings(
     cluster_name="mini",
 )
 SQSH = "/lustre/containers/tao.sqsh"
-CONTEXT = {"ti": SimpleNamespace(dag_id="dag", task_id="t", run_id="run1", map_index=-1, try_number=1)}
+CONTEXT = {"ti": SimpleNamespace(dag_id="dag", task_id="t", run_id="run1", map_index=-1, try_number=1, stats_tags={})}
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import posixpath
+import re
 from collections.abc import Iterable
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -13,7 +15,7 @@ import pytest
 from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import Asset
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
-from fakes import SETTINGS, FakeSlurmHook
+from fakes import SETTINGS, FakeSlurmHook, FakeTaskStateStore
 
 from airflow_provider_tao_slurm.core.commands import end_markers
 from airflow_provider_tao_slurm.core.images import parse_image
@@ -27,14 +29,16 @@ from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
+    MissingPathsError,
     RemoteCommandError,
+    RemoteReadError,
     SubmissionError,
     UnknownStateError,
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, CommandResult, SlurmHook
 from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
-from airflow_provider_tao_slurm.lifecycle.events import JobHandle, state_to_payload
+from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle, state_to_payload
 from airflow_provider_tao_slurm.lifecycle.links import WATCHED_JOB_KEY, SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.sensors import slurm_job as sensor_module
 from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
@@ -394,7 +398,7 @@ def test_completed_job_with_bad_status_json_fails(status: Any, require: bool, ma
 def test_program_failure_fails_without_resubmission() -> None:
     hook = SensorHook()
 
-    with pytest.raises(JobFailedError, match=r"ERR_PROGRAM.*ExitCode=3:0") as failed:
+    with pytest.raises(JobFailedError, match=r"(?s)ERR_PROGRAM.*ExitCode=3:0") as failed:
         complete(sensor_with(hook), terminal("FAILED", exit_code=3))
 
     assert failed.value.err_class == "ERR_PROGRAM"
@@ -938,6 +942,34 @@ def test_a_poking_sensor_returns_the_kpis_too(monkeypatch: pytest.MonkeyPatch) -
     assert done.xcom_value["kpis"] == {"mAP": 0.81, "AP50": 0.9}
 
 
+# ---------------------------------------------------------------------- the task state store (issue 34, item 1)
+
+
+@pytest.mark.parametrize(
+    ("stored_root", "watched"),
+    [
+        pytest.param(SLURM_ID, "777", id="a-retry-goes-on-with-the-job-its-earlier-try-resubmitted"),
+        pytest.param("499", SLURM_ID, id="a-stored-job-of-another-submission-is-ignored"),
+        pytest.param(None, SLURM_ID, id="nothing-stored-watches-the-submitted-job"),
+    ],
+)
+def test_the_sensor_stores_the_job_it_watches_and_a_retry_goes_on_with_it(
+    stored_root: str | None, watched: str
+) -> None:
+    store = FakeTaskStateStore()
+    newer = make_handle(slurm_job_id="777", job_id=mint_job_id("dag", "wait", "run1", retry_of=JOB_ID))
+    if stored_root is not None:
+        store.set("watched_job", {"root": stored_root, "handle": newer})
+    ctx = {**CTX, "task_state_store": store}
+
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor_with(NoHook()).execute(ctx)
+
+    assert deferred.value.trigger.slurm_job_id == watched
+    assert store.values["watched_job"]["root"] == SLURM_ID
+    assert store.values["watched_job"]["handle"]["slurm_job_id"] == watched
+
+
 # ---------------------------------------------------------------------- live logs
 
 
@@ -1284,3 +1316,141 @@ def test_the_old_grace_names_still_work_for_a_release(old: str, new: str) -> Non
     assert getattr(sensor, new) == 42
     with pytest.raises(ValidationError, match=f"{old} and {new} were both given"):
         SlurmJobSensor(task_id="wait", job=make_handle(), **{old: 42, new: 43})
+
+
+# ---------------------------------------------------------------------- a compact trigger event (issue 34, item 4)
+
+#: The job's running record, before anything settled it.
+RUNNING_RECORD = running_record()
+
+
+def deferral(sensor: SlurmJobSensor) -> TaskDeferred:
+    """Defer ``sensor``; execute_complete is told nothing about the event file (``airflow dags test`` drops kwargs)."""
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(CTX)
+    assert "event_path" not in (deferred.value.kwargs or {})
+    return deferred.value
+
+
+def test_each_deferral_gives_the_trigger_its_own_event_file_beside_the_job() -> None:
+    first, second = (deferral(sensor_with(NoHook())).trigger.event_path for _ in range(2))
+
+    for path in (first, second):
+        assert path is not None
+        assert re.fullmatch(rf"{re.escape(LAYOUT.job_dir)}/events/{SLURM_ID}-[0-9a-f]{{12}}\.json", path)
+    assert first != second
+
+
+def test_a_compact_event_settles_as_its_full_event_would() -> None:
+    """The compact event names the file; the sensor reads the full event there and settles exactly as inline."""
+    full = terminal("COMPLETED", transitions=[{"ts": 1767323046.0, "state": "RUNNING", "native": "RUNNING"}])
+    inline_hook, file_hook = SensorHook(), SensorHook()
+    path = deferral(sensor_with(NoHook())).trigger.event_path
+    file_hook.files[path] = json.dumps(full)
+    compact = JobEvent.from_dict(full).compact(posixpath.basename(path))
+
+    inline = complete(sensor_with(inline_hook), full)
+    via_file = complete(sensor_with(file_hook), compact)
+
+    assert via_file["terminal_state"] == inline["terminal_state"] == "COMPLETE"
+    assert [t["state"] for t in via_file["transitions"]] == [t["state"] for t in inline["transitions"]]
+    assert file_hook.commands == inline_hook.commands
+    assert file_hook.reads == [path, *inline_hook.reads]
+    assert path in file_hook.files  # it stays beside the job
+
+
+EVENT_FILE = f"{LAYOUT.job_dir}/events/{SLURM_ID}-0123456789ab.json"
+COMPACT = {"status": "terminal", "slurm_job_id": SLURM_ID, "native": "COMPLETED", "ref": "500-0123456789ab.json"}
+
+
+@pytest.mark.parametrize(
+    ("file", "event", "error", "match"),
+    [
+        pytest.param(
+            None, COMPACT, MissingPathsError, f"{EVENT_FILE} of SLURM job 500 is missing.*clear the task", id="no-file"
+        ),
+        pytest.param("unreadable", COMPACT, RemoteReadError, "Input/output error", id="failed-read"),
+        pytest.param(
+            terminal("COMPLETED"),
+            {**COMPACT, "ref": "500-ffffffffffff.json"},
+            MissingPathsError,
+            "500-ffffffffffff.json of SLURM job 500 is missing",
+            id="ref-to-another-file",
+        ),
+        pytest.param(
+            terminal("COMPLETED"),
+            {**COMPACT, "ref": "../../records/x.json"},
+            ValidationError,
+            "refers to no file name",
+            id="ref-out-of-the-directory",
+        ),
+        pytest.param(
+            {**terminal("COMPLETED"), "slurm_job_id": "501"},
+            COMPACT,
+            ValidationError,
+            "about job 501 .*names job 500",
+            id="file-of-another-job",
+        ),
+        pytest.param(
+            terminal("FAILED", exit_code=3),
+            {**COMPACT, "status": "vanished"},
+            ValidationError,
+            r"\(terminal\).*\(vanished\)",
+            id="file-of-another-outcome",
+        ),
+        pytest.param(
+            {**terminal("COMPLETED"), "slurm_job_id": "501"},
+            {**COMPACT, "slurm_job_id": "501"},
+            ValidationError,
+            "is for job 501, not 500; clear the task",
+            id="event-of-another-job",
+        ),
+    ],
+)
+def test_a_compact_event_whose_file_cannot_be_had_settles_nothing(
+    file: dict[str, Any] | str | None, event: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    """The file is read from the job's events directory, never from a path the event gives; a file missing, unread
+    or about another job or outcome settles nothing."""
+    hook = SensorHook()
+    if file == "unreadable":
+        hook.files[EVENT_FILE] = json.dumps(terminal("COMPLETED"))
+        hook.unreadable.add(EVENT_FILE)
+    elif isinstance(file, dict):
+        hook.files[EVENT_FILE] = json.dumps(file)
+
+    with pytest.raises(error, match=match):
+        complete(sensor_with(hook), event)
+
+    assert hook.files[LAYOUT.record_path] == RUNNING_RECORD
+    assert hook.commands == []
+
+
+@pytest.mark.parametrize(
+    ("results_dir", "event_dir"),
+    [
+        pytest.param(SETTINGS.results_dir, f"{SETTINGS.results_dir}/events", id="in-the-results-dir"),
+        pytest.param(None, None, id="inline-without-a-results-dir"),
+    ],
+)
+def test_a_job_submitted_elsewhere_leaves_its_event_in_the_results_dir(
+    results_dir: str | None, event_dir: str | None
+) -> None:
+    """Such a job has no job dir: its event file goes to the connection's results dir (inline without one)."""
+    sensor = SlurmJobSensor(task_id="wait", slurm_job_id="777", poke_interval=5)
+    hook = foreign_hook(FOREIGN_INFO)
+    hook.settings = replace(hook.settings, results_dir=results_dir)
+    sensor.__dict__["hook"] = hook
+
+    deferred = deferral(sensor)
+
+    path = deferred.trigger.event_path
+    assert (posixpath.dirname(path) if path else None) == event_dir
+    compact = JobEvent.from_dict(foreign_event("COMPLETED")).compact(posixpath.basename(path or "777-x.json"))
+    if path is None:
+        with pytest.raises(ValidationError, match="knows no directory"):
+            sensor.execute_complete(CTX, event=compact, foreign=deferred.kwargs["foreign"])
+        return
+    hook.files[path] = json.dumps(foreign_event("COMPLETED"))
+    result = sensor.execute_complete(CTX, event=compact, foreign=deferred.kwargs["foreign"])
+    assert (result["slurm_job_id"], result["terminal_state"]) == ("777", "COMPLETE")
