@@ -9,7 +9,9 @@ script; ``report.py`` turns them into ``benchmarks/RESULTS.md``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -261,6 +263,38 @@ def summarize_rpcs(counts: dict[str, dict[str, int]]) -> dict[str, int]:
         "ctld_rpcs": sum(v for k, v in ctld.items() if k not in OWN_RPCS),
         "dbd_rpcs": sum(v for k, v in dbd.items() if k not in OWN_RPCS),
     }
+
+
+# ------------------------------------------------------------------------------ commands sent
+
+
+class SentCommands:
+    """Counts the commands the provider sends over its pooled asyncssh connection, where they go out.
+
+    Every async hook method (status polls, log reads, end-marker reads) sends each of its commands
+    through ``async_pool().run``: one SSH channel, one remote command. This replaces ``run`` on the pool
+    instance (install it once per process) and counts each call.
+
+    :ivar count: commands sent since installed.
+    :ivar programs: the same commands by program (a command's first word: ``squeue``, ``sacct``, ``find``, ...).
+    :ivar around: when set, each command runs inside it: ``around(send)`` must await ``send()`` once
+        (the poller brackets single commands with the scheduler's RPC counters).
+    """
+
+    def __init__(self, pool: Any) -> None:
+        self.count = 0
+        self.programs: collections.Counter[str] = collections.Counter()
+        self.around: Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]] | None = None
+        send_one = pool.run
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            command = args[1] if len(args) > 1 else kwargs.get("command", "")
+            self.programs[(command.split(None, 1) or [""])[0]] += 1
+            send = functools.partial(send_one, *args, **kwargs)
+            return await (send() if self.around is None else self.around(send))
+
+        pool.run = counted
 
 
 # ------------------------------------------------------------------------------ process figures

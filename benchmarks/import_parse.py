@@ -12,17 +12,20 @@ The provider's modules are byte-compiled first, as ``pip install`` does for an i
   parent it was forked from: one parent process gives a steady figure that another parent process
   does not reproduce (the same file measured 1.25x in one parent and 1.85x in the next). So the
   parse runs in several parent processes (``--parents``), each forking a few rounds per file,
-  interleaved; the verdict is the median of the per-parent ratios (file median against trivial-DAG
-  median in the same parent), and the row shows their range. A diagnostic row gives the forked
-  child's user and system CPU time and page faults; another forks from parents that imported the
-  operator and sensor modules first, as ``docs/airflow_local_settings.py`` makes every Airflow
-  process do. Two more parse each example again
-  (variants written beside the trivial DAG): with its ``params=`` removed, to show what its typed
-  ``Param`` s cost (Airflow copies and serialises the DAG's Params into every task), and with
-  Airflow's ``EmptyOperator`` in place of every provider operator and sensor (same task ids,
-  dependencies and params), to show what Airflow pays for a DAG of that shape without the provider;
-  a last one does both (``EmptyOperator`` s, no ``params=``): what Airflow alone pays for a DAG with
-  that many tasks, against which the example without its ``params=`` shows the provider's share.
+  interleaved; each ratio is the median of the per-parent ratios (file median against the other
+  file's median in the same parent), and the row shows their range. The target (<= 1.3x) is on the
+  provider's share: the example against the same DAG with Airflow's ``EmptyOperator`` in place of
+  every provider operator and sensor (same task ids, dependencies, task groups and ``params=``,
+  written beside the trivial DAG), which Airflow alone would parse for a DAG of that shape. The
+  ratio against the trivial DAG is reported beside it, with Airflow's own cost of the example's
+  typed ``Param`` s (that ``EmptyOperator`` DAG with its ``params=`` less the same without them:
+  Airflow copies, validates and serialises the DAG's Params into every task). A diagnostic row
+  gives the forked child's user and system CPU time and page faults; another forks from parents
+  that imported the operator and sensor modules first, as ``docs/airflow_local_settings.py`` makes
+  every Airflow process do. Two more parse each example again: with its ``params=`` removed, and
+  with ``EmptyOperator`` s and no ``params=``: what Airflow alone pays for a DAG with that many
+  tasks, against which the example without its ``params=`` shows the provider's share without the
+  Params.
 
 Usage: ``python benchmarks/import_parse.py [--rounds 7] [--parents 9] [--parse-rounds 4]``: fresh
 interpreters (import, cold parse) are slow and get ``--rounds``; forked parses take tens of
@@ -42,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +55,12 @@ from _common import REPO, Figure
 PROBE = Path(__file__).resolve().parent / "_parse_probe.py"
 DAGS = REPO / "dags"
 PACKAGES = ("operators", "sensors", "triggers", "hooks")
+#: Names of the variants of an example (their files' suffixes).
+WITHOUT_PARAMS, SAME_SHAPE, BARE_SHAPE = (
+    "without_params",
+    "with_airflow_operators",
+    "with_airflow_operators_without_params",
+)
 TRIVIAL_DAG = '''"""A trivial DAG: the parse-time baseline."""
 from airflow.providers.standard.operators.empty import EmptyOperator
 from airflow.sdk import DAG
@@ -109,6 +119,169 @@ def with_airflow_operators_without_params(source: str) -> str | None:
     """
     stripped = without_params(source)
     return with_airflow_operators(stripped) if stripped is not None else None
+
+
+#: The variants of each example parsed beside it: (file name suffix, how it is written from the example).
+VARIANTS = (
+    (WITHOUT_PARAMS, without_params),
+    (SAME_SHAPE, with_airflow_operators),
+    (BARE_SHAPE, with_airflow_operators_without_params),
+)
+
+
+@dataclass(frozen=True)
+class Parses:
+    """Every file's parse times, by path: per parent process, the forked children's (``forked``; ``preloaded``:
+    parents that imported the DAG-facing modules first), and fresh interpreters' wall times (``cold``).
+
+    :ivar trivial: the trivial DAG's path, what ratios are taken against unless told otherwise.
+    """
+
+    trivial: str
+    forked: list[dict[str, list[dict[str, Any]]]]
+    preloaded: list[dict[str, list[dict[str, Any]]]]
+    cold: dict[str, list[float]]
+
+    def _parents(self, preloaded: bool) -> list[dict[str, list[dict[str, Any]]]]:
+        return self.preloaded if preloaded else self.forked
+
+    def seconds(self, path: str, *, preloaded: bool = False) -> float:
+        """Median parse time of ``path`` over every round of every parent."""
+        return _common.median([r["s"] for results in self._parents(preloaded) for r in results[path] if "s" in r])
+
+    def ratios(self, path: str, against: str | None = None, *, preloaded: bool = False) -> list[float]:
+        """Per parent process: median parse time of ``path`` over ``against``'s (the trivial DAG's), sorted."""
+
+        def median_s(results: dict[str, list[dict[str, Any]]], file: str) -> float:
+            return _common.median([r["s"] for r in results[file] if "s" in r])
+
+        return sorted(
+            median_s(results, path) / median_s(results, against or self.trivial) for results in self._parents(preloaded)
+        )
+
+    def ratio(self, path: str, against: str | None = None, *, preloaded: bool = False) -> float:
+        """The median of :meth:`ratios`: the verdict's figure (one parent's ratio does not repeat in the next)."""
+        return _common.median(self.ratios(path, against, preloaded=preloaded))
+
+    def child_cost(self, path: str) -> str:
+        """What the forked children spent on ``path``: medians of CPU time and minor page faults."""
+        runs = [r for results in self.forked for r in results[path] if "s" in r]
+        user, system = (_common.median([r[key] for r in runs]) * 1000 for key in ("user_s", "system_s"))
+        faults = _common.median([r["page_faults"] for r in runs])
+        return f"user {user:.0f} ms + system {system:.0f} ms, {faults:.0f} page faults"
+
+    def problems(self, path: str) -> dict[str, list[str]]:
+        """Import errors, DAGs found and SSH libraries loaded while parsing ``path`` in the forked children."""
+        runs = [r for results in self.forked for r in results[path]]
+        return {
+            "errors": sorted(
+                {e for r in runs for e in r.get("errors", [])} | {r["error"] for r in runs if "error" in r}
+            ),
+            "dags": sorted({d for r in runs for d in r.get("dags", [])}),
+            "ssh": sorted({s for r in runs for s in r.get("ssh", [])}),
+        }
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def parse_figures(
+    parses: Parses, dag_files: list[str], variants: dict[str, dict[str, str]]
+) -> tuple[list[Figure], dict[str, Any]]:
+    """The parse rows of every example, and the files that did not parse cleanly.
+
+    The target is on the provider's share: the example against the same DAG built from Airflow's
+    ``EmptyOperator`` (same task ids, dependencies and ``params=``), forked from the same parents. The
+    ratio against a trivial DAG is reported beside it, with what Airflow itself pays for the example's
+    typed Params (its ``EmptyOperator`` DAG with them, less the same DAG without them).
+    """
+    figures: list[Figure] = []
+    problems: dict[str, Any] = {}
+    trivial_ms, cold_trivial = _ms(parses.seconds(parses.trivial)), _common.median(parses.cold[parses.trivial])
+    stripped, same_shape, bare_shape = (variants[suffix] for suffix in (WITHOUT_PARAMS, SAME_SHAPE, BARE_SHAPE))
+    for path in dag_files:
+        name = Path(path).name
+        found = parses.problems(path)
+        if found["errors"] or not found["dags"] or found["ssh"]:
+            problems[name] = found
+        parsed = not found["errors"] and bool(found["dags"])
+        spread = parses.ratios(path)
+        if path in same_shape:
+            shape = same_shape[path]
+            share, share_spread = parses.ratio(path, shape), parses.ratios(path, shape)
+            figures.append(
+                Figure(
+                    f"parse {name}: the provider's share, processor-style (forked child): the example against the same "
+                    f"DAG with Airflow's EmptyOperator for every provider task (same ids, dependencies, params), "
+                    f"median of {len(share_spread)} parents",
+                    f"{share:.2f}x ({_ms(parses.seconds(path))} against {_ms(parses.seconds(shape))})",
+                    f"per parent {share_spread[0]:.2f}x to {share_spread[-1]:.2f}x",
+                    "<= 1.3x",
+                    share <= 1.3 and parsed,
+                )
+            )
+        airflow_params = (
+            f"; Airflow's own cost of its typed Params: "
+            f"{_ms(parses.seconds(same_shape[path]) - parses.seconds(bare_shape[path]))} (its EmptyOperator DAG "
+            f"{_ms(parses.seconds(same_shape[path]))} with them, {_ms(parses.seconds(bare_shape[path]))} without)"
+            if path in bare_shape
+            else ""
+        )
+        cold_ratio = _common.median(parses.cold[path]) / cold_trivial
+        figures += [
+            Figure(
+                f"parse {name} ({len(found['dags'])} DAG), processor-style (forked child), against a trivial "
+                f"one-task DAG, median of {len(spread)} parents",
+                f"{_ms(parses.seconds(path))}, {parses.ratio(path):.2f}x",
+                f"trivial DAG {trivial_ms}; per parent {spread[0]:.2f}x to {spread[-1]:.2f}x{airflow_params}",
+            ),
+            Figure(
+                f"parse {name}, fresh interpreter (wall), median",
+                f"{_common.median(parses.cold[path]):.2f} s, {cold_ratio:.2f}x",
+                f"trivial DAG {cold_trivial:.2f} s",
+                "<= 1.3x",
+                cold_ratio <= 1.3 and parsed,
+            ),
+            Figure(
+                "  diagnostic: processor-style, CPU time and page faults of the forked child, median",
+                parses.child_cost(path),
+                f"trivial DAG {parses.child_cost(parses.trivial)}",
+            ),
+            Figure(
+                "  diagnostic: processor-style with the operators and sensor imported in the parent (as "
+                "docs/airflow_local_settings.py has every Airflow process do)",
+                f"{_ms(parses.seconds(path, preloaded=True))}, {parses.ratio(path, preloaded=True):.2f}x",
+                f"trivial DAG {_ms(parses.seconds(parses.trivial, preloaded=True))}",
+            ),
+        ]
+        if path in stripped:
+            figures.append(
+                Figure(
+                    "  diagnostic: processor-style, the same DAG without its params= (typed Params)",
+                    f"{_ms(parses.seconds(stripped[path]))}, {parses.ratio(stripped[path]):.2f}x",
+                    f"trivial DAG {trivial_ms}",
+                )
+            )
+        if path in bare_shape and path in stripped:
+            figures.append(
+                Figure(
+                    "  diagnostic: processor-style, Airflow's EmptyOperator for every provider task and no params= "
+                    "(what Airflow alone pays for a DAG of that many tasks)",
+                    f"{_ms(parses.seconds(bare_shape[path]))}, {parses.ratio(bare_shape[path]):.2f}x",
+                    f"trivial DAG {trivial_ms}; the example without its params= is "
+                    f"{parses.ratio(stripped[path], bare_shape[path]):.2f}x it",
+                )
+            )
+        for variant in (by_example[path] for by_example in variants.values() if path in by_example):
+            runs = [r for results in parses.forked for r in results[variant]]
+            if any("error" in r or r.get("errors") or not r.get("dags") for r in runs):
+                problems[Path(variant).name] = sorted({str(r.get("error") or r.get("errors")) for r in runs})
+    if problems:
+        figures.append(
+            Figure("DAG files with import errors, no DAG or SSH imports", json.dumps(problems), "", "none", False)
+        )
+    return figures, problems
 
 
 def provider_modules() -> list[str]:
@@ -174,20 +347,14 @@ def main() -> None:
         trivial = Path(tmp) / "trivial_dag.py"
         trivial.write_text(TRIVIAL_DAG)
         files = [(str(trivial.parent), str(trivial))] + [(str(DAGS), str(f)) for f in dag_files]
-        stripped: dict[str, str] = {}
-        same_shape: dict[str, str] = {}
-        bare_shape: dict[str, str] = {}
+        variants: dict[str, dict[str, str]] = {suffix: {} for suffix, _ in VARIANTS}
         for dag_file in dag_files:
-            for suffix, make_variant, variants in (
-                ("without_params", without_params, stripped),
-                ("with_airflow_operators", with_airflow_operators, same_shape),
-                ("with_airflow_operators_without_params", with_airflow_operators_without_params, bare_shape),
-            ):
+            for suffix, make_variant in VARIANTS:
                 variant = make_variant(dag_file.read_text())
                 if variant is not None:
                     variant_file = Path(tmp) / f"{dag_file.stem}_{suffix}.py"
                     variant_file.write_text(variant)
-                    variants[str(dag_file)] = str(variant_file)
+                    variants[suffix][str(dag_file)] = str(variant_file)
                     files.append((tmp, str(variant_file)))
         specs = [f"{bundle}={path}" for bundle, path in files]
         # What docs/airflow_local_settings.py loads in every Airflow process: the DAG-facing packages.
@@ -204,107 +371,9 @@ def main() -> None:
                 probe("cold", f"{bundle}={path}")
                 cold[path].append(time.perf_counter() - started)
 
-    def parse_s(path: str, parents: list[dict[str, list[dict[str, Any]]]] = forked) -> float:
-        """Median parse time of ``path`` over every round of every parent."""
-        return _common.median([r["s"] for results in parents for r in results[path] if "s" in r])
-
-    def ratios(path: str, parents: list[dict[str, list[dict[str, Any]]]] = forked) -> list[float]:
-        """Per parent process: median parse time of ``path`` against the trivial DAG's, sorted."""
-        return sorted(
-            _common.median([r["s"] for r in results[path] if "s" in r])
-            / _common.median([r["s"] for r in results[str(trivial)] if "s" in r])
-            for results in parents
-        )
-
-    def ratio_of(path: str, parents: list[dict[str, list[dict[str, Any]]]] = forked) -> float:
-        return _common.median(ratios(path, parents))
-
-    def child_cost(path: str) -> str:
-        """What the forked children spent on ``path``: medians of CPU time and minor page faults."""
-        runs = [r for results in forked for r in results[path] if "s" in r]
-        user, system = (_common.median([r[key] for r in runs]) * 1000 for key in ("user_s", "system_s"))
-        faults = _common.median([r["page_faults"] for r in runs])
-        return f"user {user:.0f} ms + system {system:.0f} ms, {faults:.0f} page faults"
-
-    base_forked, base_cold = parse_s(str(trivial)), _common.median(cold[str(trivial)])
-    base_preloaded = parse_s(str(trivial), preloaded)
-    problems: dict[str, Any] = {}
-    for dag_file in dag_files:
-        path = str(dag_file)
-        runs = [r for results in forked for r in results[path]]
-        errors = sorted({e for r in runs for e in r.get("errors", [])} | {r["error"] for r in runs if "error" in r})
-        dags = sorted({d for r in runs for d in r.get("dags", [])})
-        ssh = sorted({s for r in runs for s in r.get("ssh", [])})
-        if errors or not dags or ssh:
-            problems[dag_file.name] = {"errors": errors, "dags": dags, "ssh": ssh}
-        ratio, spread = ratio_of(path), ratios(path)
-        cold_ratio = _common.median(cold[path]) / base_cold
-        preloaded_ratio = ratio_of(path, preloaded)
-        parsed = not errors and bool(dags)
-        figures += [
-            Figure(
-                f"parse {dag_file.name} ({len(dags)} DAG), processor-style (forked child), median of "
-                f"{len(spread)} parents",
-                f"{parse_s(path) * 1000:.0f} ms, {ratio:.2f}x",
-                f"trivial DAG {base_forked * 1000:.0f} ms; per parent {spread[0]:.2f}x to {spread[-1]:.2f}x",
-                "<= 1.3x",
-                ratio <= 1.3 and parsed,
-            ),
-            Figure(
-                f"parse {dag_file.name}, fresh interpreter (wall), median",
-                f"{_common.median(cold[path]):.2f} s, {cold_ratio:.2f}x",
-                f"trivial DAG {base_cold:.2f} s",
-                "<= 1.3x",
-                cold_ratio <= 1.3 and parsed,
-            ),
-            Figure(
-                "  diagnostic: processor-style, CPU time and page faults of the forked child, median",
-                child_cost(path),
-                f"trivial DAG {child_cost(str(trivial))}",
-            ),
-            Figure(
-                "  diagnostic: processor-style with the operators and sensor imported in the parent (as "
-                "docs/airflow_local_settings.py has every Airflow process do)",
-                f"{parse_s(path, preloaded) * 1000:.0f} ms, {preloaded_ratio:.2f}x",
-                f"trivial DAG {base_preloaded * 1000:.0f} ms",
-            ),
-        ]
-        if path in stripped:
-            figures.append(
-                Figure(
-                    "  diagnostic: processor-style, the same DAG without its params= (typed Params)",
-                    f"{parse_s(stripped[path]) * 1000:.0f} ms, {ratio_of(stripped[path]):.2f}x",
-                    f"trivial DAG {base_forked * 1000:.0f} ms",
-                )
-            )
-        if path in same_shape:
-            figures.append(
-                Figure(
-                    "  diagnostic: processor-style, the same DAG with Airflow's EmptyOperator for every provider "
-                    "task (same ids, order, params)",
-                    f"{parse_s(same_shape[path]) * 1000:.0f} ms, {ratio_of(same_shape[path]):.2f}x",
-                    f"trivial DAG {base_forked * 1000:.0f} ms; the example is "
-                    f"{ratio / ratio_of(same_shape[path]):.2f}x it",
-                )
-            )
-        if path in bare_shape and path in stripped:
-            figures.append(
-                Figure(
-                    "  diagnostic: processor-style, Airflow's EmptyOperator for every provider task and no params= "
-                    "(what Airflow alone pays for a DAG of that many tasks)",
-                    f"{parse_s(bare_shape[path]) * 1000:.0f} ms, {ratio_of(bare_shape[path]):.2f}x",
-                    f"trivial DAG {base_forked * 1000:.0f} ms; the example without its params= is "
-                    f"{ratio_of(stripped[path]) / ratio_of(bare_shape[path]):.2f}x it",
-                )
-            )
-        for variant in (variants[path] for variants in (stripped, same_shape, bare_shape) if path in variants):
-            runs = [r for results in forked for r in results[variant]]
-            if any("error" in r or r.get("errors") or not r.get("dags") for r in runs):
-                problems[Path(variant).name] = sorted({str(r.get("error") or r.get("errors")) for r in runs})
-    if problems:
-        figures.append(
-            Figure("DAG files with import errors, no DAG or SSH imports", json.dumps(problems), "", "none", False)
-        )
+    parses = Parses(str(trivial), forked, preloaded, cold)
+    parse_rows, problems = parse_figures(parses, [str(f) for f in dag_files], variants)
+    figures += parse_rows
     title = "DAG authoring cost (benchmarks/import_parse.py)"
     _common.print_figures(title, figures)
     _common.write_result(

@@ -15,7 +15,8 @@ every interval each job appends two lines to ``main.out`` and one TAO entry to `
   (:meth:`SlurmHook.a_get_states` of N held jobs), so the extra cost of live lines reads as a share
   of what watching already costs.
 
-Figures per interval (median over :data:`INTERVALS`): commands sent, wall time, this process's CPU
+Figures per interval (median over :data:`INTERVALS`): commands sent (counted where they go out, on the
+pooled connection: :class:`_common.SentCommands`), wall time, this process's CPU
 (the triggerer's side), the machine's CPU (every process: sshd, sh, tail, squeue, slurmctld ...),
 bytes and lines produced.
 
@@ -68,16 +69,18 @@ def write_interval(dirs: list[str], tick: int) -> int:
 
 
 async def measure(
-    label: str, dirs: list[str], once: Callable[[int], Awaitable[tuple[int, int, int]]]
+    label: str, dirs: list[str], sent: _common.SentCommands, once: Callable[[int], Awaitable[tuple[int, int]]]
 ) -> dict[str, Any]:
-    """Run ``once(tick)`` for a warm-up and :data:`INTERVALS` intervals; per-interval figures."""
+    """Run ``once(tick)`` (it returns bytes and lines read) for a warm-up and :data:`INTERVALS` intervals;
+    per-interval figures, with the commands ``sent`` while it ran."""
     rounds: list[dict[str, float]] = []
     for tick in range(INTERVALS + 1):
         await asyncio.to_thread(write_interval, dirs, tick)
         cpu, machine, wall = time.process_time(), _common.machine_cpu_seconds(), time.perf_counter()
-        commands, size, lines = await once(tick)
+        commands = sent.count
+        size, lines = await once(tick)
         figures = {
-            "commands": commands,
+            "commands": sent.count - commands,
             "wall_s": time.perf_counter() - wall,
             "process_cpu_s": time.process_time() - cpu,
             "machine_cpu_s": _common.machine_cpu_seconds() - machine,
@@ -91,8 +94,8 @@ async def measure(
     return {"median": summary, "rounds": rounds}
 
 
-async def run_size(n: int) -> dict[str, Any]:
-    """The three modes for ``n`` jobs."""
+async def run_size(n: int, sent: _common.SentCommands) -> dict[str, Any]:
+    """The three modes for ``n`` jobs; ``sent`` counts the pooled connection's commands."""
     hook = SlurmHook(_common.SLURM_CONN_ID)
     base = f"{_common.CLUSTER['results_dir']}/bench-logs-{_common.TOKEN}-{n}"
     dirs = await asyncio.to_thread(make_job_dirs, base, n)
@@ -104,30 +107,30 @@ async def run_size(n: int) -> dict[str, Any]:
     ]
     offsets = dict.fromkeys((f"{job_dir}/{name}" for job_dir in dirs for name in FILES), 0)
 
-    async def streamed(_tick: int) -> tuple[int, int, int]:
+    async def streamed(_tick: int) -> tuple[int, int]:
         chunks = await hook.a_tail_many([stream.request() for stream in streams])
         lines = sum(len(stream.feed(chunk)) for stream, chunk in zip(streams, chunks, strict=True))
-        return 1, sum(len(chunk.data) for chunk in chunks), lines
+        return sum(len(chunk.data) for chunk in chunks), lines
 
-    async def per_job(_tick: int) -> tuple[int, int, int]:
+    async def per_job(_tick: int) -> tuple[int, int]:
         async def one(path: str) -> tuple[int, int]:
             chunk = await hook.a_read_log(path, offsets[path])
             offsets[path] = chunk.next_offset
             return len(chunk.data.encode()), chunk.data.count("\n")
 
         answers = await asyncio.gather(*(one(path) for path in offsets))
-        return len(offsets), sum(size for size, _ in answers), sum(lines for _, lines in answers)
+        return sum(size for size, _ in answers), sum(lines for _, lines in answers)
 
-    async def status(_tick: int) -> tuple[int, int, int]:
+    async def status(_tick: int) -> tuple[int, int]:
         states = await hook.a_get_states(held)
-        return 1, 0, len(states)
+        return 0, len(states)
 
     try:
         print(f"\n== N = {n} jobs ({3 * n} files streamed)", flush=True)
         results = {
-            "status": await measure("status", dirs, status),
-            "streamed": await measure("streamed", dirs, streamed),
-            "baseline": await measure("baseline", dirs, per_job),
+            "status": await measure("status", dirs, sent, status),
+            "streamed": await measure("streamed", dirs, sent, streamed),
+            "baseline": await measure("baseline", dirs, sent, per_job),
         }
     finally:
         await async_pool().close_all()
@@ -178,8 +181,9 @@ def main() -> None:
     sizes = [int(size) for size in args.sizes.split(",")]
     details: dict[str, Any] = {}
     figures: list[Figure] = []
+    sent = _common.SentCommands(async_pool())
     for n in sizes:
-        result = asyncio.run(run_size(n))
+        result = asyncio.run(run_size(n, sent))
         details[str(n)] = result
         figures += figures_for(n, result)
     _common.print_figures("Live log lines: one batched read vs one read per job", figures)

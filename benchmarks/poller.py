@@ -44,11 +44,12 @@ import contextlib
 import gc
 import importlib
 import json
+import math
 import random
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -71,11 +72,30 @@ ATTRIBUTED_POLLS = 3
 #: Jobs are cancelled in this many batches spread over one interval (fewer when N is smaller).
 CANCEL_BATCHES = 10
 WARMUP_TIMEOUT_S = 240.0
+#: At N >= 1000 the login node may spend this share of one core on the watch (CPU seconds per interval over
+#: the interval): the login node serves every user of the cluster, so watching thousands of jobs should
+#: be lost in its noise (the per-job baseline used about 60% of a core at N = 1000).
+LOGIN_CPU_SHARE = 0.01
+#: Flat per-job cost: at a shared-only size (N = 5000) each cost divided by N may be at most this many
+#: times the same cost per job at the largest size measured with a baseline (N = 1000): a job costs no
+#: more when five times as many are watched; the 25% is room for run-to-run noise on a small machine.
+FLAT_LIMIT = 1.25
+#: The costs that grow with N, compared per job: (what, result key of the whole cost, display scale, unit).
+PER_JOB_COSTS = (
+    ("triggerer CPU per interval", "cpu_s_per_interval", 1e6, "us"),
+    ("login node CPU per interval", "login_cpu_s_per_interval", 1e6, "us"),
+    ("restart storm: time until every state is known", "warmup_s", 1e3, "ms"),
+    ("RSS growth", "rss_growth_bytes", 1 / 1024, "KB"),
+)
 
 
 @dataclass
 class Counters:
-    """What the worker counts on the client side."""
+    """What the worker counts on the client side.
+
+    :ivar commands: the baseline triggers' squeue commands (the provider's are counted where they go out,
+        by :class:`_common.SentCommands`).
+    """
 
     commands: int = 0
     connections: int = 0
@@ -233,22 +253,21 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
 
     n = len(job_ids)
     pool = async_pool()
-    original_run = pool.run
+    sent = _common.SentCommands(pool)
+
+    def commands() -> int:
+        """Status commands sent: the provider's through the pool, the baseline triggers' counted by them."""
+        return sent.count + COUNTERS.commands
 
     attributed: list[dict[str, int]] = []
-    attributing = False
 
-    async def counted_run(*args: Any, **kwargs: Any) -> Any:
-        COUNTERS.commands += 1
-        if not attributing:
-            return await original_run(*args, **kwargs)
+    async def bracketed(send: Callable[[], Awaitable[Any]]) -> Any:
         await asyncio.to_thread(_common.reset_rpc_counts)  # bracket this one command with the counters
         try:
-            return await original_run(*args, **kwargs)
+            return await send()
         finally:
             attributed.append(_common.summarize_rpcs(await asyncio.to_thread(_common.rpc_counts)))
 
-    pool.run = counted_run  # type: ignore[method-assign]
     original_get_states = SlurmHook.a_get_states
 
     async def recorded_get_states(self: SlurmHook, job_ids: Any, **kwargs: Any) -> Any:
@@ -318,7 +337,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
             target = polls() + 1
             await _wait_for("the next poll", lambda: polls() >= target, 4 * interval + 60)
         await asyncio.to_thread(_common.reset_rpc_counts)
-        commands0, machine0 = COUNTERS.commands, _common.machine_cpu_seconds()
+        commands0, machine0 = commands(), _common.machine_cpu_seconds()
         if login:
             login.reset_peak()
         login0 = login.cpu_seconds() if login else float("nan")
@@ -329,7 +348,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
         else:
             await asyncio.sleep(WINDOWS * interval)
         cpu1, wall1 = time.process_time(), time.monotonic()
-        commands1, machine1 = COUNTERS.commands, _common.machine_cpu_seconds()
+        commands1, machine1 = commands(), _common.machine_cpu_seconds()
         login1 = login.cpu_seconds() if login else float("nan")
         login_peak = login.peak_bytes() if login else None
         rpcs = await asyncio.to_thread(_common.rpc_counts)
@@ -339,10 +358,10 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
         if mode == "shared":
             for _ in range(ATTRIBUTED_POLLS):
                 attributed.clear()
-                attributing = True
+                sent.around = bracketed
                 target = polls() + 1
                 await _wait_for("an attributed poll", lambda t=target: polls() >= t, 4 * interval + 60)
-                attributing = False
+                sent.around = None
                 per_poll.append(sum(a["ctld_job_queries"] + a["dbd_job_queries"] for a in attributed))
 
         # ---- end phase: cancel every job, spread over one interval; latency scancel -> event
@@ -351,7 +370,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
         batches = min(n, CANCEL_BATCHES)
         cancelled_at: dict[str, float] = {}
         scancel_s: list[float] = []
-        end_commands0, end_polls0 = COUNTERS.commands, polls()
+        end_commands0, end_polls0 = commands(), polls()
         phase = time.time()
         for k in range(batches):
             batch = order[k::batches]
@@ -366,7 +385,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
             await _wait_for("every trigger's event", lambda: len(events) >= n, end_timeout)
         except TimeoutError:
             print(f"warning: {n - len(events)} of {n} events missing after {end_timeout:.0f} s", file=sys.stderr)
-        end_commands, end_polls = COUNTERS.commands - end_commands0, polls() - end_polls0
+        end_commands, end_polls = commands() - end_commands0, polls() - end_polls0
     finally:
         for task in tasks:
             task.cancel()
@@ -608,6 +627,8 @@ def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, An
         return ours, "" if base is None else f"{format(base[key], fmt)}, ratio {_ratio(shared[key], base[key])}"
 
     unknown = shared["warmup_states_never_known"]
+    login_target = LOGIN_CPU_SHARE * shared["interval_s"]
+    login_cpu = shared["login_cpu_s_per_interval"]
     return [
         Figure(
             f"N={n} restart storm: time until every job's state is known again, s",
@@ -633,6 +654,10 @@ def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, An
         Figure(
             f"N={n} login node CPU s/interval (sshd + squeue/sacct, own cgroup)",
             *pair("login_cpu_s_per_interval", ".3f"),
+            f"<= {login_target:.2f} ({LOGIN_CPU_SHARE:.0%} of one core: a login node serves every user)"
+            if n >= 1000
+            else "",
+            None if n < 1000 or math.isnan(login_cpu) else login_cpu <= login_target,
         ),
         Figure(
             f"N={n} login node peak memory in the window (sshd + commands, own cgroup)",
@@ -642,8 +667,27 @@ def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, An
     ]
 
 
-def scale_figures(n: int, shared: dict[str, Any]) -> list[Figure]:
-    """The figures of a shared-only size: still one status command per poll, and what it costs."""
+def flat_cost_figures(n: int, shared: dict[str, Any], reference: dict[str, Any]) -> list[Figure]:
+    """Each cost that grows with N, per job, at ``n`` against the ``reference`` run (a smaller N): flat or not."""
+    figures = []
+    for what, key, scale, unit in PER_JOB_COSTS:
+        ours, theirs = shared[key] / n, reference[key] / reference["n"]
+        ratio = ours / theirs if theirs else math.nan
+        figures.append(
+            Figure(
+                f"N={n} flat per-job cost: {what}, per job, against N={reference['n']}",
+                f"{ours * scale:.3g} {unit}, {ratio:.2f}x",
+                f"N={reference['n']}: {theirs * scale:.3g} {unit} per job",
+                f"<= {FLAT_LIMIT:g}x (a job costs no more among {n / reference['n']:g}x as many; 25% for noise)",
+                None if math.isnan(ratio) else ratio <= FLAT_LIMIT,
+            )
+        )
+    return figures
+
+
+def scale_figures(n: int, shared: dict[str, Any], reference: dict[str, Any] | None) -> list[Figure]:
+    """The figures of a shared-only size: still one status command per poll, what it costs, and whether each
+    job costs what it did at the ``reference`` size (the largest run with a baseline; None: not compared)."""
     own = min(shared["attributed_job_queries_per_poll"])
     per_poll = shared["commands_per_interval"]
     return [
@@ -678,6 +722,7 @@ def scale_figures(n: int, shared: dict[str, Any]) -> list[Figure]:
             f"{shared['latency_p95_s']:.2f}",
             f"events {shared['events']}/{n}",
         ),
+        *(flat_cost_figures(n, shared, reference) if reference else []),
     ]
 
 
@@ -710,10 +755,12 @@ def main() -> None:
         rows = figures_for(n, shared, base, args.interval)
         _common.print_figures(f"Status polling, N={n}, interval {args.interval:g} s (shared poller; baseline)", rows)
         figures += rows
+    compared = [run for run in details["runs"] if run["mode"] == "shared"]
+    reference = max(compared, key=lambda run: run["n"], default=None)
     for n in [int(s) for s in args.scale_sizes.split(",") if s]:
         shared = run_mode("shared", n, args.interval)
         details["runs"].append(shared)
-        rows = scale_figures(n, shared)
+        rows = scale_figures(n, shared, reference)
         _common.print_figures(f"Status polling at scale, N={n}, interval {args.interval:g} s (shared poller)", rows)
         figures += rows
     details["wall_s"] = time.monotonic() - started

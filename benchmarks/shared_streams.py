@@ -912,6 +912,7 @@ def main() -> None:
     # The poller's cadences, scaled like the benchmark's (module constants read at each use).
     poller_module.END_MARKER_INTERVAL_S = MARKER_INTERVAL_S
     poller_module.END_MARKER_RECHECK_S = MARKER_INTERVAL_S / 4
+    poller_module.END_MARKER_BATCH_S = MARKER_INTERVAL_S * 0.3
     # Figures, not log lines (every mode logs the same lines, through Airflow's structlog or logging).
     logging.disable(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.CRITICAL))

@@ -17,12 +17,16 @@ read at :data:`MAX_LOG_BYTES_PER_POLL`), so it cannot starve the others.
 End markers: a subscriber may name its job's ends directory (``<results_dir>/ends``), where the
 batch script's EXIT trap leaves ``<job>-<restart>-<exit code>.end`` when the script ends by itself.
 Every :data:`END_MARKER_INTERVAL_S` seconds ONE ``find`` lists the new markers of all watched
-directories over the same connection, and ONE ``sacct`` (slurmdbd; slurmctld is not asked) confirms
-the jobs whose marker appeared: a job accounting shows ended (its final state with its end time) the
-way its script's own exit ends it (:data:`ENDED_BY_ITS_SCRIPT`) gets accounting's state and its last
-log lines at once, so a job's end reaches its trigger within seconds while the scheduler is asked
-once per interval (30 s suits a real cluster), for what no trap can report: cancellation,
-preemption, requeue, a node failure, a killed step. A marker is only a reason to ask accounting
+directories over the same connection. Accounting (``sacct``: slurmdbd; slurmctld is not asked)
+confirms them in batches: a marker found waits :data:`END_MARKER_BATCH_S`, the directories are listed
+once more, and ONE ``sacct`` asks about every job whose marker waits (the new ones and the ones
+accounting did not show ended yet); a confirmation that would go out just before the status query
+rides on it instead (that query's ``sacct`` answers the ended jobs). A job accounting shows ended (its
+final state with its end time) the way its script's own exit ends it (:data:`ENDED_BY_ITS_SCRIPT`),
+with the marker's exit code, gets accounting's state and its last log lines at once, so a job's end
+reaches its trigger within seconds while the scheduler is asked once per interval (30 s suits a real
+cluster) plus one ``sacct`` per batch of ends, for what no trap can report: cancellation, preemption,
+requeue, a node failure, a killed step. A marker is only a reason to ask accounting
 early: a run that received SIGTERM leaves none, a run that SLURM requeued after its script ended is
 not ended in accounting, and with accounting down nothing is confirmed, so the scheduler queries
 decide as without markers.
@@ -60,8 +64,13 @@ END_MARKER_INTERVAL_S = 2.0
 #: Markers up to this many seconds older than the newest one seen are listed again (a marker written
 #: late, or by a host whose clock lags, is not missed; each subscriber still gets it once).
 END_MARKER_SLACK_S = 60.0
-#: Seconds between two accounting checks of a marker not confirmed yet (slurmdbd learns of the end a
-#: moment after the script's EXIT trap ran).
+#: Seconds a marker found waits before accounting is asked about it: the markers found meanwhile go in
+#: the same ``sacct`` (the directories are listed once more right before it), and slurmdbd, which learns
+#: of an end a moment after the script's EXIT trap ran, has it. Short against the marker interval: the
+#: batch trades at most this much latency for one accounting query per batch of ends.
+END_MARKER_BATCH_S = 0.6
+#: Seconds before accounting is asked again about a marker it answered for without confirming it (it
+#: lags, or SLURM requeued the job); doubles with each such answer up to :data:`END_MARKER_INTERVAL_S`.
 END_MARKER_RECHECK_S = 0.5
 #: A marker accounting does not confirm within this many seconds (a requeued run, accounting down) is
 #: dropped: the scheduler queries decide that job's end.
@@ -80,6 +89,22 @@ def _confirms(state: JobState, marker: EndMarker) -> bool:
     code is not this marker's, and the scheduler queries decide.
     """
     return state.native in ENDED_BY_ITS_SCRIPT and state.exit_code == marker.exit_code
+
+
+@dataclass
+class _Waiting:
+    """An end marker waiting for accounting's word, for one subscriber.
+
+    :ivar marker: the marker.
+    :ivar found: when it was found (``time.monotonic()``).
+    :ivar due: when accounting is to be asked about it (every waiting marker goes in that query).
+    :ivar answers: how many answers of accounting did not confirm it yet (the recheck backoff).
+    """
+
+    marker: EndMarker
+    found: float
+    due: float
+    answers: int = 0
 
 
 StatesFetcher = Callable[[list[str]], Coroutine[Any, Any, dict[str, JobState]]]
@@ -162,7 +187,7 @@ class StatusPoller:
         self._end_dirs: dict[asyncio.Queue[PollUpdate], str] = {}
         self._ends_since: dict[str, float] = {}
         self._next_run: dict[asyncio.Queue[PollUpdate], int] = {}
-        self._unconfirmed: dict[asyncio.Queue[PollUpdate], tuple[EndMarker, float]] = {}
+        self._unconfirmed: dict[asyncio.Queue[PollUpdate], _Waiting] = {}
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self.stats = _Stats()
@@ -231,7 +256,8 @@ class StatusPoller:
         # asyncio.wait_for can swallow one) must not keep polling next to its successor.
         me = asyncio.current_task()
         backoff = self.interval
-        next_status = next_ends = next_confirm = time.monotonic()
+        next_status = next_ends = time.monotonic()
+        read_at = next_ends - END_MARKER_INTERVAL_S
         polled: list[str] = []
         while self._subscribers and self._task is me:
             self._wake.clear()
@@ -248,11 +274,19 @@ class StatusPoller:
             if self._end_dirs and self._read_ends is not None and self._confirm_ends is not None:
                 if time.monotonic() >= next_ends:
                     await self._read_end_markers()
-                    next_ends = time.monotonic() + END_MARKER_INTERVAL_S
-                if self._unconfirmed and time.monotonic() >= next_confirm:
-                    answered = await self._confirm_end_markers()
-                    next_confirm = time.monotonic() + (END_MARKER_RECHECK_S if answered else END_MARKER_INTERVAL_S)
-                deadline = min(deadline, next_ends, next_confirm if self._unconfirmed else next_ends)
+                    read_at = time.monotonic()
+                    next_ends = read_at + END_MARKER_INTERVAL_S
+                confirm = min((waiting.due for waiting in self._unconfirmed.values()), default=None)
+                if confirm is not None and next_status <= confirm + END_MARKER_BATCH_S:
+                    confirm = next_status  # rides on the status query, whose sacct answers the ended jobs
+                elif confirm is not None and time.monotonic() >= confirm:
+                    if time.monotonic() - read_at >= END_MARKER_BATCH_S / 2:
+                        await self._read_end_markers()  # the markers that appeared meanwhile join the batch
+                        read_at = time.monotonic()
+                        next_ends = read_at + END_MARKER_INTERVAL_S
+                    await self._confirm_end_markers()
+                    confirm = min((waiting.due for waiting in self._unconfirmed.values()), default=None)
+                deadline = min(deadline, next_ends, next_ends if confirm is None else confirm)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     if failing:  # a failing cluster is not asked early, not even for a new job
@@ -302,9 +336,10 @@ class StatusPoller:
     async def _read_end_markers(self) -> None:
         """List the new end markers of every watched ends directory in one command.
 
-        A marker waits for accounting's word (:meth:`_confirm_end_markers`) for each subscriber that
-        watches its job in that directory and has not dealt with that run yet. A failed listing is
-        tried again at the next read (the status polls go on regardless).
+        A marker waits for accounting's word (:meth:`_confirm_end_markers`, :data:`END_MARKER_BATCH_S`
+        after it was found) for each subscriber that watches its job in that directory and has not
+        dealt with that run yet. A failed listing is tried again at the next read (the status polls go
+        on regardless).
         """
         assert self._read_ends is not None
         directories = sorted(set(self._end_dirs.values()))
@@ -329,21 +364,23 @@ class StatusPoller:
                     and marker.restart >= self._next_run.get(queue, 0)
                     and queue not in self._unconfirmed
                 ):
-                    self._unconfirmed[queue] = (marker, found)
+                    self._unconfirmed[queue] = _Waiting(marker, found, found + END_MARKER_BATCH_S)
 
-    async def _confirm_end_markers(self) -> bool:
+    async def _confirm_end_markers(self) -> None:
         """Ask accounting, in one command, about every job whose marker waits; a job it shows ended is sent.
 
-        The update carries accounting's state (so the record agrees with accounting) and the job's last
-        log lines (read in one more command). A marker is dropped (that run is not asked about again)
-        when accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit
-        code other than the marker's, or when
-        it is still unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds: a requeued job runs again
-        and leaves a new marker; with accounting down the scheduler queries decide. Returns False when
-        accounting could not answer.
+        Every waiting marker goes in the query, due or not (one ``sacct`` per batch of ends). The update
+        carries accounting's state (so the record agrees with accounting) and the job's last log lines
+        (read in one more command). A marker is dropped (that run is not asked about again) when
+        accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit code
+        other than the marker's, or when it is still unconfirmed after :data:`END_MARKER_CONFIRM_S`
+        seconds: a requeued job runs again and leaves a new marker; with accounting down the scheduler
+        queries decide. A marker accounting answered for without an end is asked about again after
+        :data:`END_MARKER_RECHECK_S`, doubling per answer; a failed query is no answer: its markers are
+        asked about again after :data:`END_MARKER_INTERVAL_S`.
         """
         assert self._confirm_ends is not None
-        ids = sorted({marker.slurm_job_id for marker, _found in self._unconfirmed.values()})
+        ids = sorted({waiting.marker.slurm_job_id for waiting in self._unconfirmed.values()})
         answered = True
         try:
             states = await self._confirm_ends(ids)
@@ -357,10 +394,16 @@ class StatusPoller:
             self.stats.end_confirms += 1
         now = time.monotonic()
         confirmed: dict[asyncio.Queue[PollUpdate], JobState] = {}
-        for queue, (marker, found) in list(self._unconfirmed.items()):
+        for queue, waiting in list(self._unconfirmed.items()):
+            marker = waiting.marker
             state = states.get(marker.slurm_job_id)
             ended = state is not None and state.accounted
-            if not ended and now - found < END_MARKER_CONFIRM_S:
+            if not ended and now - waiting.found < END_MARKER_CONFIRM_S:
+                if answered:
+                    waiting.answers += 1
+                    waiting.due = now + min(END_MARKER_RECHECK_S * 2 ** (waiting.answers - 1), END_MARKER_INTERVAL_S)
+                else:
+                    waiting.due = now + END_MARKER_INTERVAL_S
                 continue
             del self._unconfirmed[queue]
             self._next_run[queue] = marker.restart + 1
@@ -393,7 +436,6 @@ class StatusPoller:
                 queue.put_nowait(
                     PollUpdate(state.job_id, state, wall, lines=tuple(lines.get(queue, ())), last_seen=wall)
                 )
-        return answered
 
     async def _follow_logs(
         self, states: dict[str, JobState], only: Collection[asyncio.Queue[PollUpdate]] | None = None
@@ -457,6 +499,8 @@ class StatusPoller:
                     continue  # nothing new for this subscriber: it is not woken
                 if state is not None:
                     self._sent[queue] = state
+                    if state.accounted:  # the status query answered what a waiting marker would have asked
+                        self._unconfirmed.pop(queue, None)
                 queue.put_nowait(PollUpdate(job_id, state, now, error, new, self._seen.get(job_id)))
 
 

@@ -85,16 +85,16 @@ def test_many_subscribers_share_one_fetch_per_interval() -> None:
 
 @dataclass
 class ScriptedFetch:
-    """Answers each poll from a script: one ``{job_id: native state or None}`` per poll, the last repeated."""
+    """Answers each poll from a script: one ``{job_id: native state, JobState or None}`` per poll, the last repeated."""
 
-    script: list[dict[str, str | None]]
+    script: list[dict[str, str | JobState | None]]
     calls: int = 0
 
     async def __call__(self, ids: list[str]) -> dict[str, JobState]:
         answer = self.script[min(self.calls, len(self.script) - 1)]
         self.calls += 1
         return {
-            job_id: state_from_native(job_id, native, source="squeue")
+            job_id: native if isinstance(native, JobState) else state_from_native(job_id, native, source="squeue")
             for job_id, native in answer.items()
             if native is not None and job_id in ids
         }
@@ -498,24 +498,33 @@ class FakeAccounting:
 
     answers: list[Any] = field(default_factory=list)
     calls: list[list[str]] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
 
     async def __call__(self, ids: list[str]) -> dict[str, JobState]:
         self.calls.append(list(ids))
+        self.times.append(time.monotonic())
         answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
         if isinstance(answer, Exception):
             raise answer
         return {job_id: state for job_id, state in answer.items() if job_id in ids}
 
 
+@pytest.fixture
+def fast_markers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers read every 0.02 s, batched for 0.01 s, rechecked after 0.01 s (doubling)."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_BATCH_S", 0.01)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
+
+
 def ended(job_id: str, native: str = "COMPLETED", code: int = 0, end: str | None = "2026-12-04T05:08:30") -> JobState:
     return state_from_native(job_id, native, source="sacct", exit_code=code, signal=0, end=end)
 
 
+@pytest.mark.usefixtures("fast_markers")
 def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_its_own_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     fetch = FakeFetch()
     ends = FakeEnds([[], OSError("connection reset"), [marker("1", code=3), marker("2", directory="/other/ends")]])
     # sacct first lags (still RUNNING), then fails once, then shows the end.
@@ -546,13 +555,12 @@ def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_it
     assert ends.reads[-1][0] == {"/r/ends": 1000.0 - poller_module.END_MARKER_SLACK_S}
 
 
+@pytest.mark.usefixtures("fast_markers")
 def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marker_counts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Run 0's marker, then SLURM requeued the job (accounting: PENDING): run 0 is dropped after the confirm
     window and never asked about again; run 1's marker, once accounting shows the end, ends the watch."""
-    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     monkeypatch.setattr(poller_module, "END_MARKER_CONFIRM_S", 0.1)
     ends = FakeEnds([[marker("1", restart=0)]])
     requeued = state_from_native("1", "PENDING", source="sacct", reason="BeginTime")
@@ -588,11 +596,10 @@ async def watch_one_marked_job(ends: FakeEnds, accounting: FakeAccounting) -> li
     return [queue.get_nowait() for _ in range(queue.qsize())]
 
 
+@pytest.mark.usefixtures("fast_markers")
 def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: pytest.MonkeyPatch) -> None:
     """Accounting shows NODE_FAIL beside a marker (the node died; SLURM may requeue the job, which squeue
     knows first): the marker is dropped at once, nothing is sent, and accounting is not asked again."""
-    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     ends = FakeEnds([[marker("1", code=129)]])
     accounting = FakeAccounting([{"1": ended("1", "NODE_FAIL", 0)}])
 
@@ -601,11 +608,10 @@ def test_an_end_no_script_gives_is_left_to_the_scheduler_queries(monkeypatch: py
     assert accounting.calls == [["1"]]
 
 
+@pytest.mark.usefixtures("fast_markers")
 def test_a_final_state_without_its_end_record_does_not_confirm_a_marker(monkeypatch: pytest.MonkeyPatch) -> None:
     """A job that ended while slurmdbd was down: once slurmdbd is back, its row shows the final state a
     moment before the end record arrives, with exit code 0:0 and no End. Only the full row confirms."""
-    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     ends = FakeEnds([[marker("1", code=3)], []])
     accounting = FakeAccounting(
         [OSError("slurmdbd down"), {"1": ended("1", "FAILED", 0, end=None)}, {"1": ended("1", "FAILED", 3)}]
@@ -617,17 +623,173 @@ def test_a_final_state_without_its_end_record_does_not_confirm_a_marker(monkeypa
     assert len(accounting.calls) == 3
 
 
+@pytest.mark.usefixtures("fast_markers")
 def test_an_end_with_another_exit_code_than_the_markers_does_not_confirm_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A requeued job's row showed a transient FAILED (exit 143: the SIGTERM'd run) beside a marker of exit
     code 0 (seen in CI under load): not that run's end, so the marker is dropped and nothing is sent."""
-    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.02)
-    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
     ends = FakeEnds([[marker("1", code=0)]])
     accounting = FakeAccounting([{"1": ended("1", "FAILED", 143)}])
 
     updates = run(watch_one_marked_job(ends, accounting))
     assert [(u.state.source, u.state.native) for u in updates if u.state] == [("squeue", "RUNNING")]
     assert accounting.calls == [["1"]]
+
+
+async def watch_marked_jobs(
+    ids: list[str],
+    ends: FakeEnds,
+    accounting: FakeAccounting,
+    seconds: float,
+    fetch: Any = None,
+    interval: float = 3600,
+) -> dict[str, list[PollUpdate]]:
+    """Jobs ``ids`` watched with their ends directory for ``seconds``: every update each was sent."""
+    poller = StatusPoller("u@c", fetch or FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+    queues = {job_id: poller.subscribe(job_id, interval, end_dir="/r/ends") for job_id in ids}
+    await asyncio.sleep(seconds)
+    for job_id, queue in queues.items():
+        poller.unsubscribe(job_id, queue)
+    return {job_id: [queue.get_nowait() for _ in range(queue.qsize())] for job_id, queue in queues.items()}
+
+
+def sent_ends(updates: dict[str, list[PollUpdate]]) -> dict[str, tuple[str, str, int | None]]:
+    """Per job, the terminal update it was sent: (source, native state, exit code)."""
+    return {
+        job_id: (u.state.source, u.state.native, u.state.exit_code)
+        for job_id, got in updates.items()
+        for u in got
+        if u.state is not None and u.state.is_terminal
+    }
+
+
+@pytest.mark.usefixtures("fast_markers")
+@pytest.mark.parametrize(
+    ("reads", "answers", "calls"),
+    [
+        pytest.param(
+            [[marker("1"), marker("2"), marker("3")]],
+            [{"1": ended("1"), "2": ended("2"), "3": ended("3")}],
+            [["1", "2", "3"]],
+            id="found-by-one-read",
+        ),
+        pytest.param(
+            [[marker("1"), marker("2")], [marker("1"), marker("2"), marker("3")]],
+            [{"1": ended("1"), "2": ended("2"), "3": ended("3")}],
+            [["1", "2", "3"]],
+            id="found-by-the-read-right-before-the-query",
+        ),
+        pytest.param(
+            [[marker("1"), marker("2")], [], [marker("3")]],
+            [{"1": ended("1"), "2": running("2")}, {"2": ended("2"), "3": ended("3")}],
+            [["1", "2"], ["2", "3"]],
+            id="one-accounting-lags-on-asked-again-with-the-next",
+        ),
+    ],
+)
+def test_markers_that_appear_within_one_window_are_confirmed_by_one_accounting_query(
+    monkeypatch: pytest.MonkeyPatch, reads: list[Any], answers: list[Any], calls: list[list[str]]
+) -> None:
+    """The first marker waits END_MARKER_BATCH_S; the directories are read once more right before the query,
+    and every marker waiting then (new, or not confirmed yet) goes in the one sacct."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.15)
+    monkeypatch.setattr(poller_module, "END_MARKER_BATCH_S", 0.1)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.1)
+    ends = FakeEnds(reads)
+    accounting = FakeAccounting(answers)
+
+    updates = run(watch_marked_jobs(["1", "2", "3"], ends, accounting, 0.5))
+
+    assert accounting.calls == calls
+    assert sent_ends(updates) == {job_id: ("sacct", "COMPLETED", 0) for job_id in ("1", "2", "3")}
+
+
+@pytest.mark.usefixtures("fast_markers")
+def test_a_failed_accounting_query_is_no_answer_its_markers_wait_and_are_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """slurmdbd down: nothing is sent and no marker is dropped; every waiting job is asked again, one query
+    per marker interval (not per recheck), and confirmed once accounting answers."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.1)
+    ends = FakeEnds([[marker("1"), marker("2", code=2)]])
+    down = OSError("sacct: error: Problem talking to the database")
+    accounting = FakeAccounting([down, down, down, {"1": ended("1"), "2": ended("2", "FAILED", 2)}])
+
+    async def scenario() -> tuple[dict[str, list[PollUpdate]], int]:
+        poller = StatusPoller("u@c", FakeFetch(), 30, read_ends=ends, confirm_ends=accounting)
+        queues = {job_id: poller.subscribe(job_id, 3600, end_dir="/r/ends") for job_id in ("1", "2")}
+        await asyncio.sleep(0.25)
+        assert all(q.qsize() == 1 for q in queues.values()), "a failed query ends nothing (the first poll only)"
+        await asyncio.sleep(0.35)
+        for job_id, queue in queues.items():
+            poller.unsubscribe(job_id, queue)
+        failures = poller.stats.end_confirm_failures
+        return {
+            job_id: [queue.get_nowait() for _ in range(queue.qsize())] for job_id, queue in queues.items()
+        }, failures
+
+    updates, failures = run(scenario())
+
+    assert failures == 3
+    assert accounting.calls == [["1", "2"]] * 4
+    assert min(b - a for a, b in itertools.pairwise(accounting.times)) >= 0.09
+    assert sent_ends(updates) == {"1": ("sacct", "COMPLETED", 0), "2": ("sacct", "FAILED", 2)}
+
+
+@pytest.mark.usefixtures("fast_markers")
+@pytest.mark.parametrize(
+    ("accounted", "sent"),
+    [
+        pytest.param(ended("1", "FAILED", 143), ("sacct", "FAILED", 143), id="another-exit-code"),
+        pytest.param(ended("1", "NODE_FAIL", 0), ("sacct", "NODE_FAIL", 0), id="an-end-no-script-gives"),
+    ],
+)
+def test_a_mismatching_end_leaves_the_job_to_the_scheduler_queries_the_batch_confirms_the_rest(
+    accounted: JobState, sent: tuple[str, str, int]
+) -> None:
+    """Job 1's marker says exit code 0 but accounting shows another end: in the batch with job 2, only job 2
+    is sent its end; job 1's marker is dropped (not asked about again) and the next status query reports it."""
+    ends = FakeEnds([[marker("1", code=0), marker("2")]])
+    accounting = FakeAccounting([{"1": accounted, "2": ended("2")}])
+    fetch = ScriptedFetch([{"1": "RUNNING", "2": "RUNNING"}, {"1": accounted, "2": "RUNNING"}])
+
+    updates = run(watch_marked_jobs(["1", "2"], ends, accounting, 0.45, fetch, interval=0.3))
+
+    assert accounting.calls == [["1", "2"]]
+    assert sent_ends(updates) == {"1": sent, "2": ("sacct", "COMPLETED", 0)}
+    assert fetch.calls == 2  # job 1's end came from the second status query
+
+
+def test_a_confirmation_due_right_before_the_status_query_rides_on_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A marker found 0.2 s before the status query: no sacct of its own; the query answers the ended job."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 0.25)
+    monkeypatch.setattr(poller_module, "END_MARKER_BATCH_S", 0.15)
+    ends = FakeEnds([[], [marker("1")]])
+    accounting = FakeAccounting([{"1": ended("1")}])
+    fetch = ScriptedFetch([{"1": "RUNNING"}, {"1": ended("1")}])
+
+    updates = run(watch_marked_jobs(["1"], ends, accounting, 0.6, fetch, interval=0.45))
+
+    assert accounting.calls == []
+    assert sent_ends(updates) == {"1": ("sacct", "COMPLETED", 0)}
+
+
+@pytest.mark.usefixtures("fast_markers")
+def test_a_marker_accounting_keeps_answering_without_an_end_is_asked_again_less_and_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A requeued run's marker (accounting: PENDING) until the confirm window ends: rechecks double."""
+    monkeypatch.setattr(poller_module, "END_MARKER_INTERVAL_S", 1.0)
+    monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.02)
+    monkeypatch.setattr(poller_module, "END_MARKER_CONFIRM_S", 10.0)
+    ends = FakeEnds([[marker("1")]])
+    accounting = FakeAccounting([{"1": state_from_native("1", "PENDING", source="sacct", reason="BeginTime")}])
+
+    updates = run(watch_marked_jobs(["1"], ends, accounting, 0.7))
+
+    gaps = [b - a for a, b in itertools.pairwise(accounting.times)]
+    assert 4 <= len(accounting.calls) <= 7, gaps  # 0.02, 0.04, 0.08, 0.16, 0.32: not 35 at a fixed 0.02 s
+    assert all(later > earlier * 1.5 for earlier, later in itertools.pairwise(gaps)), gaps
+    assert sent_ends(updates) == {}
 
 
 def test_no_marker_reads_without_an_ends_directory() -> None:

@@ -144,6 +144,7 @@ def test_serialize_round_trip() -> None:
         "secret_refs": {},
         "cancel_on_kill": True,
         "end_marker_dir": None,
+        "event_path": None,
     }
     rebuilt = import_string(classpath)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
@@ -718,6 +719,7 @@ def test_with_accounting_down_a_marker_ends_nothing(
 
     monkeypatch.setattr(poller, "END_MARKER_INTERVAL_S", 0.25)
     monkeypatch.setattr(poller, "END_MARKER_RECHECK_S", 0.01)
+    monkeypatch.setattr(poller, "END_MARKER_BATCH_S", 0.01)
     ends = tmp_path / "ends"
     ends.mkdir()
     (ends / f"{JOB}-0-0.end").touch()
@@ -742,3 +744,80 @@ def test_without_an_ends_directory_no_marker_is_read(hook: TriggerHook) -> None:
     events = run(all_events(make()))
     assert JobEvent.from_dict(events[0]).state.source == "sacct"  # type: ignore[union-attr]
     assert hook.marker_reads == 0
+
+
+# ---------------------------------------------------------------------- a compact event, the full one in a file
+
+#: The longest job name a job id may be, and an event file deep in a long results directory.
+LONG_NAME = "t" * 128
+LONG_EVENT_PATH = f"/lustre/{'project-' * 20}/jobs/{LONG_NAME}/events/{JOB}-0123456789ab.json"
+
+
+@pytest.mark.parametrize(
+    ("script", "compact"),
+    [
+        pytest.param(
+            [squeue("RUNNING"), sacct("COMPLETED")],
+            {"status": "terminal", "slurm_job_id": JOB, "native": "COMPLETED"},
+            id="completed",
+        ),
+        pytest.param(
+            [sacct("OUT_OF_MEMORY", 0, 9)],
+            {"status": "terminal", "slurm_job_id": JOB, "native": "OUT_OF_MEMORY"},
+            id="failed",
+        ),
+        pytest.param(
+            [squeue("WEIRD_STATE")],
+            {"status": "unrecognised", "slurm_job_id": JOB, "native": "WEIRD_STATE"},
+            id="unrecognised",
+        ),
+        pytest.param([{}], {"status": "vanished", "slurm_job_id": JOB}, id="vanished"),
+    ],
+)
+def test_the_event_is_compact_and_the_file_holds_the_full_one(
+    hook: TriggerHook, script: Script, compact: dict[str, Any]
+) -> None:
+    """The triggerer logs each event whole on one task-log line: it says only how the wait ended and names the file
+    (mode 600, written in the one round trip that creates its directory) that holds everything else."""
+    from airflow.triggers.base import TriggerEvent
+
+    hook.script = script
+    trigger = SlurmJobTrigger(
+        slurm_conn_id="slurm_default",
+        slurm_job_id=JOB,
+        job_name=LONG_NAME,
+        poll_interval=POLL,
+        submitted_at=time.time(),
+        not_found_grace=0.1,
+        unrecognised_grace=0.1,
+        event_path=LONG_EVENT_PATH,
+    )
+
+    (payload,) = run(all_events(trigger))
+
+    assert payload == {**compact, "ref": f"{JOB}-0123456789ab.json"}
+    assert len(repr(TriggerEvent(payload))) <= 150
+    assert hook.modes == {LONG_EVENT_PATH: "600"}
+    full = json.loads(hook.files[LONG_EVENT_PATH])
+    assert (full["status"], full["slurm_job_id"], full["job_name"]) == (compact["status"], JOB, LONG_NAME)
+    assert JobEvent.reference(payload) == payload["ref"]
+    assert JobEvent.from_file(hook.files[LONG_EVENT_PATH], payload, LONG_EVENT_PATH) == JobEvent.from_dict(full)
+
+
+def test_a_failed_event_write_yields_the_full_event_and_says_so(
+    hook: TriggerHook, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing is lost when the file cannot be written: the event carries all of it, as an older provider's did."""
+    hook.script = [squeue("RUNNING"), sacct("FAILED", 3)]
+    hook.unwritable.add(LONG_EVENT_PATH)
+
+    (payload,) = run(all_events(make(event_path=LONG_EVENT_PATH)))
+
+    assert JobEvent.reference(payload) is None
+    event = JobEvent.from_dict(payload)
+    assert (event.status, event.state.native if event.state else None) == (EventStatus.TERMINAL, "FAILED")
+    assert [t.native for t in event.transitions] == ["RUNNING", "FAILED"]
+    assert LONG_EVENT_PATH not in hook.files
+    output = capsys.readouterr().out
+    assert f"Could not write the end of SLURM job {JOB} ({NAME}) to {LONG_EVENT_PATH}" in output
+    assert "No space left on device" in output
