@@ -18,6 +18,9 @@ The parameters every submitting operator takes (partition, account, CPUs, memory
 type and the site options) are checked by one function, :func:`check_job_parameters`, so each has
 one rule and one message whichever operator takes it; :func:`gpu_resources` adds a GPU job's layout
 and timing rules.
+
+:func:`requested_gpu_hours` is what a request can cost before it is submitted (nodes x GPUs per node x
+wall time).
 """
 
 from __future__ import annotations
@@ -491,6 +494,25 @@ def site_options(
         else:
             lines.append(f"--{option}={_option_value(option, value)}")
     return tuple(lines)
+
+
+def requested_gpu_hours(num_nodes: int, gpus_per_node: int, time_hours: float) -> float:
+    """Return the GPU hours a request can use: ``num_nodes * gpus_per_node * time_hours``, rounded to 4 places.
+
+    The wall time is the most a job can run, so this is what a budget check or an approval weighs
+    before submitting; what a finished job did use comes from accounting
+    (:class:`~airflow_provider_tao_slurm.core.usage.JobUsage`).
+
+    :param num_nodes: nodes requested.
+    :param gpus_per_node: GPUs requested on each node.
+    :param time_hours: the wall time requested, in hours.
+    :raises ResourceError: for a count that is not a whole number of at least 1, or a time that is not
+        a positive number of hours (as :func:`gpu_resources` refuses them).
+    """
+    nodes = check_count("num_nodes", num_nodes)
+    gpus = check_count("gpus_per_node", gpus_per_node)
+    _seconds("time_hours", time_hours)
+    return round(nodes * gpus * time_hours, 4)
 
 
 def hours_to_slurm_time(hours: float) -> str:

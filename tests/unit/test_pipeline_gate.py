@@ -5,7 +5,6 @@ The end-to-end run on the test cluster is ``tests/cluster/test_example_pipeline.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +16,10 @@ from typing import Any
 import pytest
 from airflow.providers.standard.operators.python import ShortCircuitOperator
 from airflow.sdk import Asset
+from examples import DAGS, load_example
 
 from airflow_provider_tao_slurm.core.status import parse_status_lines, status_kpis
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
 STAND_IN = DAGS / "programs" / "tao_like_train.py"
 #: The threshold the cluster test's second run uses to have export skipped.
 SKIP_THRESHOLD = 0.9
@@ -28,12 +27,7 @@ SKIP_THRESHOLD = 0.9
 
 @pytest.fixture(scope="module")
 def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("example_tao_pipeline", DAGS / "example_tao_pipeline.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_example("example_tao_pipeline")
 
 
 def test_the_gate_sits_between_the_evaluation_and_export(example: ModuleType) -> None:
