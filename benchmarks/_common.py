@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from gitstate import checkout_commit
+
 REPO = Path(__file__).resolve().parent.parent
 
 CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
@@ -417,27 +419,24 @@ def print_figures(title: str, figures: Sequence[Figure]) -> None:
 
 
 def measured_commit() -> str:
-    """The commit measured (with ``+ local changes`` when the provider or the benchmarks were changed)."""
+    """``git rev-parse HEAD`` of the checkout measured, with ``-dirty`` when it has changes other than the outputs.
 
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, check=False).stdout
+    The outputs (``benchmarks/results/``, ``benchmarks/RESULTS.md``) are not what is measured; any other
+    change (provider, benchmarks, templates, docs, an untracked file) makes the commit ``-dirty``.
+    """
+    return checkout_commit(REPO, ("benchmarks/results", "benchmarks/RESULTS.md"))
 
-    commit = git("rev-parse", "HEAD").strip() or "unknown (not a git checkout)"
-    # The figures themselves (results/, RESULTS.md) are not what is measured.
-    dirty = git(
-        "status",
-        "--porcelain",
-        "--",
-        "benchmarks",
-        "airflow_provider_tao_slurm",
-        ":!benchmarks/results",
-        ":!benchmarks/RESULTS.md",
-    ).strip()
-    return f"{commit}{' + local changes' if dirty else ''}"
+
+#: The ``make bench`` run a script belongs to: its start time (UTC), exported once by the Makefile for the
+#: whole run; None when the script runs alone.
+BENCH_RUN = os.environ.get("BENCH_RUN") or None
 
 
 def write_result(name: str, title: str, figures: Sequence[Figure], details: dict[str, Any]) -> Path:
-    """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``."""
+    """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``.
+
+    Each file records the commit measured and the ``make bench`` run (:data:`BENCH_RUN`) it belongs to.
+    """
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     path = OUT_DIR / f"{name}.json"
     data = {
@@ -445,6 +444,7 @@ def write_result(name: str, title: str, figures: Sequence[Figure], details: dict
         "title": title,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": measured_commit(),
+        "run": BENCH_RUN,
         "figures": [asdict(f) for f in figures],
         "details": details,
     }

@@ -5,19 +5,44 @@ Airflow's triggerer runs them (rebuilt from ``serialize()``, ``greenback.ensure_
 ``async for event in trigger.run()``), each mode in a fresh worker process:
 
 - ``shared``: N :class:`SlurmJobTrigger` s (one shared poller, one pooled connection);
-- ``baseline``: N :class:`PerJobSqueueTrigger` s, the shape of the SSH provider's remote-job
-  trigger: each opens its own connection with the SSH provider's ``SSHHookAsync`` (no client-side
-  throttle, as users run it) and runs one ``squeue -h -j <id> -o %T`` per interval.
+- ``baseline``: N of the SSH provider's own ``SSHRemoteJobTrigger`` (the trigger of its
+  ``SSHRemoteJobOperator``, unchanged; counted around its methods by :func:`_count_ssh_trigger`), each
+  pointed at its job's exit-code file and log, as users would watch a batch job with it.
+
+What the real trigger does (apache-airflow-providers-ssh 7.0.1,
+``airflow/providers/ssh/triggers/ssh_remote_job.py``, "ssh_remote_job.py" below): it opens its own
+connection with ``SSHHookAsync`` (:129-138, no client-side throttle) and holds it for its whole loop
+(:248-259, closed at :323-325); each poll runs ``test -s <exit_code_file> && cat <exit_code_file> || true``
+(:168-183, ``utils/remote_job.py``:386-394), then ``stat -c%s <log> ... || echo 0`` (:185-196,
+``remote_job.py``:356-364) and, when the log grew, ``tail -c +<offset+1> <log> | head -c <chunk>`` (:198-220,
+``remote_job.py``:314-325); it sleeps ``poll_interval`` (:317) and ends when the exit-code file holds a number
+(:296-312). A failed connection or command closes the connection and waits ``min(2^(k-1), 30) * (1 + U(0, 1))``
+seconds (:150-153, :264-272, :286-290); more than ``max_reconnect_attempts`` (5) failures in a row end it with an
+error event (:260-263, :288-289, :319-322). It never asks the scheduler.
+
+Can it watch a SLURM batch job? Only the end a job's script reaches itself. Pointed at the provider's
+exit-code file (``handle["exit_code_path"]``: the batch script writes the step's exit code there, a temporary
+file renamed into place, after the step; ``templates/slurm/single_node.sbatch.j2``) and the job's log, it sees
+a job that runs its script to the end. An end that runs no line of the script writes no file, and the
+trigger then polls until the task's timeout: a job cancelled while pending or held (never started), a cancel
+or time limit before the step starts (the TERM trap exits 143), SIGKILL after ``KillWait`` (a step that
+ignores SIGTERM), a node failure, the batch shell killed for memory; a requeued job removes the file when it
+starts again and the trigger cannot tell a rerun from a wait. So it measures the cost of watching N jobs
+per job (connections, commands, CPU, the login node, the restart storm: its loop does not depend on what the
+files hold), and the latency of the ends it can see: the held jobs here never run, so when the end phase
+cancels a batch it writes their exit-code files the way the script does, and latency is measured from that
+write. Its jobs' logs are empty (a running job that wrote nothing since the last poll): its cheapest poll, two
+commands; a job writing lines costs a third.
 
 Both talk to the test cluster's login sshd with OpenSSH's default limits (``MaxStartups 10:30:100``,
 ``MaxSessions 10``), which runs in a cgroup of its own (:class:`_common.LoginCgroup`): the CPU time
-and peak memory of sshd, its sessions and the squeue/sacct they run are measured apart from
+and peak memory of sshd, its sessions and the commands they run are measured apart from
 everything else on the machine.
 
 Each measured worker is a restart: a first worker process (a triggerer) brings every trigger to its
 first answer, is killed with SIGKILL, and the measured one starts at once (the restart storm): the
 time until every job's state is known again, connection attempts, and attempts the login host refused
-(a baseline trigger gives up after 5 failures in a row, so its job's state is then never known).
+(a baseline trigger gives up after more than 5 failures in a row, so its job's state is then never known).
 
 Per mode and N: after every trigger has its first answer, a window of :data:`WINDOWS` poll
 intervals measures scheduler queries (slurmctld ``sdiag`` and slurmdbd ``sacctmgr show stats``
@@ -30,8 +55,8 @@ process) and the machine's CPU seconds (``/proc/stat``, every process: sshd, squ
 each of its commands (the smallest count is kept). Memory per trigger is the process's RSS growth
 from before the triggers were created to the end of the warm-up, divided by N. Then every job is
 cancelled, in 10 batches spread over one interval, and the latency from the return of each
-``scancel`` (run locally as root; the jobs ended just before it returned) to its trigger's event is
-recorded.
+``scancel`` (run locally as root; the jobs ended just before it returned; baseline: from the write of the
+batch's exit-code files right after it) to its trigger's event is recorded.
 
 Usage: ``python benchmarks/poller.py [--sizes 1,100,1000] [--interval 5]``.
 """
@@ -49,17 +74,19 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _common  # before Airflow: isolated Airflow home and the bench connections
 from _common import Figure
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.providers.ssh.triggers.ssh_remote_job import _CONNECTION_ERRORS, SSHRemoteJobTrigger
 
 from airflow_provider_tao_slurm.core.shell import join
-from airflow_provider_tao_slurm.core.states import state_from_native
+
+if TYPE_CHECKING:
+    from airflow.triggers.base import TriggerEvent
 
 # Both patterns meet the login sshd with OpenSSH's default limits (connections are looked up when used).
 _common.point_connections_at(int(_common.CLUSTER["limits_port"]))
@@ -93,7 +120,7 @@ PER_JOB_COSTS = (
 class Counters:
     """What the worker counts on the client side.
 
-    :ivar commands: the baseline triggers' squeue commands (the provider's are counted where they go out,
+    :ivar commands: the baseline triggers' commands (the provider's are counted where they go out,
         by :class:`_common.SentCommands`).
     """
 
@@ -112,85 +139,77 @@ PROGRESS = asyncio.Event()
 POLLS: list[tuple[float, int]] = []
 
 
-class PerJobSqueueTrigger(BaseTrigger):
-    """Baseline: one SSH connection per watched job and one ``squeue`` per job per interval.
+#: The ends the baseline sees: each watched job's exit-code file holds this, written as the batch script does.
+BASELINE_EXIT_CODE = "0"
+#: The event status each mode's trigger sends for such an end.
+EXPECTED_STATUS = {"shared": "terminal", "baseline": "success"}
 
-    Mirrors ``SSHRemoteJobTrigger`` of the SSH provider: the connection comes from ``SSHHookAsync``
-    and is held for the whole loop; connection errors reconnect with backoff (at most 5 in a row).
-    It yields when squeue reports a terminal state or no longer knows the job.
 
-    :param ssh_conn_id: an ``ssh`` connection to the login host.
-    :param slurm_job_id: the job to watch.
-    :param poll_interval: seconds between polls.
+def job_files(directory: str, job_id: str) -> tuple[str, str]:
+    """The exit-code file and log the baseline trigger watches for ``job_id`` under ``directory``."""
+    return f"{directory}/{job_id}/exit_codes", f"{directory}/{job_id}/main.out"
+
+
+def _count_ssh_trigger() -> None:
+    """Count what the SSH provider's own ``SSHRemoteJobTrigger`` does, around its methods (its loop is unchanged).
+
+    Connections and connection failures at ``_connect``, commands and command failures at ``_run_command``,
+    a trigger's first complete poll when ``_read_log_chunk`` (a poll's last step) returns, giving up at
+    ``_error_event``.
     """
+    trigger = SSHRemoteJobTrigger
+    connect, run_command, read_log_chunk, error_event = (
+        trigger._connect,
+        trigger._run_command,
+        trigger._read_log_chunk,
+        trigger._error_event,
+    )
+    polled: set[str] = set()
 
-    def __init__(self, ssh_conn_id: str, slurm_job_id: str, poll_interval: float) -> None:
-        super().__init__()
-        self.ssh_conn_id = ssh_conn_id
-        self.slurm_job_id = slurm_job_id
-        self.poll_interval = poll_interval
-
-    def serialize(self) -> tuple[str, dict[str, Any]]:
-        """Classpath and kwargs, as every trigger."""
-        return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
-            {"ssh_conn_id": self.ssh_conn_id, "slurm_job_id": self.slurm_job_id, "poll_interval": self.poll_interval},
-        )
-
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Poll this one job over this trigger's own connection until it is over."""
-        import asyncssh
-        from airflow.providers.ssh.hooks.ssh import SSHHookAsync
-
-        command = join(["squeue", "-h", "-j", self.slurm_job_id, "-o", "%T"])
-        conn = None
-        failures = 0
-        first = True
+    async def counted_connect(self: SSHRemoteJobTrigger) -> Any:
         try:
-            while True:
-                if conn is None:
-                    try:
-                        conn = await SSHHookAsync(ssh_conn_id=self.ssh_conn_id).get_conn()
-                        COUNTERS.connections += 1
-                    except (OSError, asyncssh.Error, TimeoutError) as exc:
-                        failures += 1
-                        COUNTERS.connect_failures += 1
-                        if failures > 5:
-                            COUNTERS.gave_up += 1
-                            PROGRESS.set()
-                            yield TriggerEvent(
-                                {"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)}
-                            )
-                            return
-                        await asyncio.sleep(min(2 ** (failures - 1), 30) * (1 + random.random()))
-                        continue
-                try:
-                    result = await conn.run(command, timeout=30, check=False)
-                except (OSError, asyncssh.Error, TimeoutError) as exc:
-                    failures += 1
-                    COUNTERS.command_failures += 1
-                    conn.close()
-                    conn = None
-                    if failures > 5:
-                        COUNTERS.gave_up += 1
-                        PROGRESS.set()
-                        yield TriggerEvent({"status": "error", "slurm_job_id": self.slurm_job_id, "error": str(exc)})
-                        return
-                    continue
-                failures = 0
-                COUNTERS.commands += 1
-                if first:
-                    COUNTERS.first_polls += 1
-                    PROGRESS.set()
-                    first = False
-                text = str(result.stdout or "").strip()
-                if not text or state_from_native(self.slurm_job_id, text, source="squeue").is_terminal:
-                    yield TriggerEvent({"status": "terminal", "slurm_job_id": self.slurm_job_id, "state": text})
-                    return
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            if conn is not None:
-                conn.close()
+            conn = await connect(self)
+        except _CONNECTION_ERRORS:
+            COUNTERS.connect_failures += 1
+            raise
+        COUNTERS.connections += 1
+        return conn
+
+    async def counted_run_command(self: SSHRemoteJobTrigger, conn: Any, command: str) -> tuple[int, str, str]:
+        try:
+            result = await run_command(self, conn, command)
+        except _CONNECTION_ERRORS:
+            COUNTERS.command_failures += 1
+            raise
+        COUNTERS.commands += 1
+        return result
+
+    async def counted_read_log_chunk(self: SSHRemoteJobTrigger, conn: Any) -> tuple[str, int]:
+        result = await read_log_chunk(self, conn)
+        if self.job_id not in polled:
+            polled.add(self.job_id)
+            COUNTERS.first_polls += 1
+            PROGRESS.set()
+        return result
+
+    def counted_error_event(self: SSHRemoteJobTrigger, message: str) -> TriggerEvent:
+        COUNTERS.gave_up += 1
+        PROGRESS.set()
+        return error_event(self, message)
+
+    trigger._connect = counted_connect  # type: ignore[method-assign]
+    trigger._run_command = counted_run_command  # type: ignore[method-assign]
+    trigger._read_log_chunk = counted_read_log_chunk  # type: ignore[method-assign]
+    trigger._error_event = counted_error_event  # type: ignore[method-assign]
+
+
+def _write_exit_codes(directory: str, job_ids: list[str]) -> None:
+    """Write each job's exit-code file as the batch script does at its end: a temporary file, then a rename."""
+    for job_id in job_ids:
+        exit_code_file = Path(job_files(directory, job_id)[0])
+        tmp = exit_code_file.with_name(f"{exit_code_file.name}.tmp")
+        tmp.write_text(f"{BASELINE_EXIT_CODE}\n")
+        tmp.replace(exit_code_file)
 
 
 # ------------------------------------------------------------------------------------ worker side
@@ -210,7 +229,10 @@ async def _run_trigger(trigger: Any, events: dict[str, tuple[float, dict[str, An
     await greenback.ensure_portal()
     try:
         async for event in trigger.run():
-            events[trigger.slurm_job_id] = (time.time(), event.payload)
+            events[trigger.job_id if isinstance(trigger, SSHRemoteJobTrigger) else trigger.slurm_job_id] = (
+                time.time(),
+                event.payload,
+            )
             PROGRESS.set()
     finally:
         await trigger.cleanup()
@@ -241,9 +263,12 @@ async def _warm_connection() -> None:
     await conn.wait_closed()
 
 
-async def measure(mode: str, job_ids: list[str], interval: float, primed: Path | None = None) -> dict[str, Any]:
+async def measure(
+    mode: str, job_ids: list[str], interval: float, files: str | None = None, primed: Path | None = None
+) -> dict[str, Any]:
     """Run N triggers of ``mode`` over ``job_ids`` and return the raw measurements.
 
+    :param files: baseline: the directory of the jobs' exit-code files and logs (:func:`job_files`).
     :param primed: run as the triggerer that gets killed: once every trigger has its first answer,
         write this file and wait to be killed.
     """
@@ -299,7 +324,23 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
             for job_id in job_ids
         ]
     else:
-        triggers = [_rebuild(PerJobSqueueTrigger(_common.SSH_CONN_ID, job_id, interval)) for job_id in job_ids]
+        assert files is not None, "the baseline watches files"
+        _count_ssh_trigger()
+        triggers = [
+            _rebuild(
+                SSHRemoteJobTrigger(
+                    ssh_conn_id=_common.SSH_CONN_ID,
+                    remote_host=None,
+                    job_id=job_id,
+                    job_dir=f"{files}/{job_id}",
+                    log_file=job_files(files, job_id)[1],
+                    exit_code_file=job_files(files, job_id)[0],
+                    remote_os="posix",
+                    poll_interval=interval,  # type: ignore[arg-type]  # seconds; asyncio.sleep takes a float
+                )
+            )
+            for job_id in job_ids
+        ]
     events: dict[str, tuple[float, dict[str, Any]]] = {}
     tasks = [asyncio.create_task(_run_trigger(t, events)) for t in triggers]
 
@@ -377,6 +418,8 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
             await asyncio.sleep(max(0.0, phase + (k + random.random()) * interval / batches - time.time()))
             issued = time.time()
             await asyncio.to_thread(_common.cancel_jobs, batch)
+            if files is not None:  # the baseline sees an end by its exit-code file, written as the job's script does
+                await asyncio.to_thread(_write_exit_codes, files, batch)
             done = time.time()  # the jobs ended between issued and done; done is the tighter bound
             scancel_s.append(done - issued)
             cancelled_at.update(dict.fromkeys(batch, done))
@@ -393,7 +436,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
         await pool.close_all()
 
     latencies = [at - cancelled_at[job_id] for job_id, (at, _) in events.items() if job_id in cancelled_at]
-    wrong = [job_id for job_id, (_, payload) in events.items() if payload.get("status") != "terminal"]
+    wrong = [job_id for job_id, (_, payload) in events.items() if payload.get("status") != EXPECTED_STATUS[mode]]
     pollers_stats = [asdict(p.stats) for p in active_pollers()]
     return {
         "mode": mode,
@@ -434,7 +477,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, primed: Path |
 
 
 def worker(mode: str, interval: float, output: Path, primed: bool = False) -> None:
-    """Read job ids from stdin, measure, write the measurements as JSON to ``output``.
+    """Read the job ids (and the baseline's files directory) from stdin, measure, write the measurements as JSON.
 
     :param primed: be the triggerer that gets killed (``output`` is written once it is warm).
     """
@@ -442,15 +485,15 @@ def worker(mode: str, interval: float, output: Path, primed: bool = False) -> No
 
     for name in ("asyncssh", "airflow_provider_tao_slurm", "airflow.providers.ssh"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    job_ids = json.loads(sys.stdin.read())
-    result = asyncio.run(measure(mode, job_ids, interval, output if primed else None))
+    jobs = json.loads(sys.stdin.read())
+    result = asyncio.run(measure(mode, jobs["job_ids"], interval, jobs["files"], output if primed else None))
     output.write_text(json.dumps(result))
 
 
 # ------------------------------------------------------------------------------ orchestrator side
 
 
-def _kill_when_warm(mode: str, n: int, interval: float, job_ids: list[str], log: Any) -> float:
+def _kill_when_warm(mode: str, n: int, interval: float, jobs: str, log: Any) -> float:
     """Run the first triggerer until every trigger has its first answer, then SIGKILL it; its warm-up, s."""
     primed = _common.OUT_DIR / f"poller-{mode}-{n}.primed.json"
     primed.unlink(missing_ok=True)
@@ -462,7 +505,7 @@ def _kill_when_warm(mode: str, n: int, interval: float, job_ids: list[str], log:
         text=True,
     )
     assert proc.stdin is not None
-    proc.stdin.write(json.dumps(job_ids))
+    proc.stdin.write(jobs)
     proc.stdin.close()
     deadline = time.monotonic() + WARMUP_TIMEOUT_S + 120
     while not primed.exists() and proc.poll() is None and time.monotonic() < deadline:
@@ -474,18 +517,35 @@ def _kill_when_warm(mode: str, n: int, interval: float, job_ids: list[str], log:
     return float(json.loads(primed.read_text())["warmup_s"])
 
 
+def _create_job_files(directory: str, job_ids: list[str]) -> None:
+    """The baseline's files, in one ssh command as the cluster user: a directory and an empty log per job.
+
+    An empty log (a running job that wrote nothing since the last poll) is the SSH trigger's cheapest
+    poll: two commands (exit code, log size); a job writing lines adds a third (``tail``).
+    """
+    _common.ssh(
+        f"mkdir -p -- {join([directory])} && cd -- {join([directory])} && ids=$(cat) && mkdir -- $ids && "
+        'for i in $ids; do : > "$i/main.out"; done',
+        stdin="\n".join(job_ids),
+    )
+
+
 def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
     """Create N held jobs; warm one triggerer over them, SIGKILL it, measure the next; cancel what is left."""
     job_ids = _common.create_held_jobs(f"bench-{_common.TOKEN}-{mode}{n}", n)
+    files = f"{_common.CLUSTER['results_dir']}/bench-{_common.TOKEN}-files{n}" if mode == "baseline" else None
+    jobs = json.dumps({"job_ids": job_ids, "files": files})
     log_path = _common.OUT_DIR / f"poller-{mode}-{n}.log"
     out_path = _common.OUT_DIR / f"poller-{mode}-{n}.json"
     out_path.unlink(missing_ok=True)
     try:
+        if files is not None:
+            _create_job_files(files, job_ids)
         with log_path.open("w") as log:
-            first_warmup_s = _kill_when_warm(mode, n, interval, job_ids, log)
+            first_warmup_s = _kill_when_warm(mode, n, interval, jobs, log)
             proc = subprocess.run(
                 [sys.executable, __file__, "--worker", mode, "--interval", str(interval), "--output", str(out_path)],
-                input=json.dumps(job_ids),
+                input=jobs,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -494,6 +554,8 @@ def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
             )
     finally:
         _common.cancel_jobs(job_ids)
+        if files is not None:
+            _common.remove_remote([files])
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{mode} worker for N={n} failed (rc {proc.returncode}); {log_path}:\n{tail}")
@@ -545,7 +607,7 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
         Figure(
             f"N={n} status commands per poll while jobs end (client: squeue + sacct)",
             f"{end_per_poll:.1f}",
-            "1 squeue per job per poll",
+            "2 file commands per job per poll (exit code, log size)",
             "<= 2" if at_target else "",
             end_per_poll <= 2 if at_target else None,
         ),
@@ -586,10 +648,13 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
             s_rss < 50 * 1024 if at_target else None,
         ),
         row(
-            "latency job end (scancel) -> event, median s", shared["latency_median_s"], base["latency_median_s"], ".2f"
+            "latency job end (scancel; baseline: exit-code file written) -> event, median s",
+            shared["latency_median_s"],
+            base["latency_median_s"],
+            ".2f",
         ),
         row(
-            "latency job end (scancel) -> event, p95 s",
+            "latency job end (scancel; baseline: exit-code file written) -> event, p95 s",
             shared["latency_p95_s"],
             base["latency_p95_s"],
             ".2f",
@@ -652,7 +717,7 @@ def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, An
             f"N={n} restart storm: login node CPU s (sshd + commands, own cgroup)", *pair("warmup_login_cpu_s", ".2f")
         ),
         Figure(
-            f"N={n} login node CPU s/interval (sshd + squeue/sacct, own cgroup)",
+            f"N={n} login node CPU s/interval (sshd + commands, own cgroup)",
             *pair("login_cpu_s_per_interval", ".3f"),
             f"<= {login_target:.2f} ({LOGIN_CPU_SHARE:.0%} of one core: a login node serves every user)"
             if n >= 1000

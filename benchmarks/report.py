@@ -2,15 +2,25 @@
 
 Reads ``$BENCH_OUT/{poller,submit,import_parse,detect,logs,markers}.json`` (written by the benchmark scripts;
 a script's committed figures in ``benchmarks/results/`` stand in for one not run again), describes the
-machine and the commit each script measured, replaces the generated block of ``RESULTS.md``
-(between the two marker lines; the hand-written notes around it stay) and copies the raw figures
-to ``benchmarks/results/<script>.json`` beside it. Exits 1 when a script's results are missing.
+machine, replaces the generated block of ``RESULTS.md`` (between the two marker lines; the hand-written
+notes around it stay) and copies the raw figures to ``benchmarks/results/<script>.json`` beside it. Exits 1
+when a script's results are missing.
 
-Usage: ``python benchmarks/report.py``.
+One run, one commit: each results file records the ``make bench`` run it belongs to (``BENCH_RUN``, the
+run's start, exported once by the Makefile; none when the script ran alone) and the commit it measured
+(``-dirty`` with local changes). The block is generated from the run and commit most tables share (a
+``make bench`` run: all of them); every other table is rendered too, labelled with where it comes from
+("re-measured alone at <commit>, <date>", or another run, or another commit of this run, or an older file
+that records no run), and the label is printed. Labelling rather than refusing: a table re-measured alone
+is a figure worth showing, and says so; ``make bench`` stops at a failing script, so its report has them all.
+
+Usage: ``python benchmarks/report.py [--output RESULTS.md] [--raw-dir benchmarks/results]``.
 """
 
 from __future__ import annotations
 
+import argparse
+import collections
 import json
 import shutil
 import sys
@@ -31,13 +41,45 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) -> str:
-    """The generated Markdown block: the commit, the machine, then one table per script."""
+def block_source(results: list[dict[str, Any]]) -> tuple[str | None, str | None]:
+    """The ``make bench`` run and commit the block comes from: the pair most tables share (later run on a tie).
+
+    :return: ``(run, commit)``; ``(None, None)`` when no table comes from a ``make bench`` run.
+    """
+    pairs = collections.Counter((r["run"], r["commit"]) for r in results if r.get("run"))
+    if not pairs:
+        return None, None
+    return max(pairs, key=lambda pair: (pairs[pair], pair[0]))
+
+
+def provenance(result: dict[str, Any], run: str | None, commit: str | None) -> str | None:
+    """Where a table comes from when that is not the block's run and commit (None when it is)."""
+    theirs, at = result.get("run"), f"`{result.get('commit', 'not recorded')}`, {result['measured_at']}"
+    if "run" not in result:
+        return f"an older results file that records no run, at {at}"
+    if theirs is None:
+        return f"re-measured alone at {at}"
+    if theirs != run:
+        return f"from another `make bench` run ({theirs}) at {at}"
+    if result.get("commit") != commit:
+        return f"at another commit within this run: {at}"
+    return None
+
+
+def render(results: list[dict[str, Any]], machine: dict[str, str]) -> str:
+    """The generated Markdown block: the run and commit, the machine, then one table per script."""
+    run, commit = block_source(results)
+    apart = sum(provenance(result, run, commit) is not None for result in results)
+    source = (
+        f"Generated from the `make bench` run started {run} at commit `{commit}`"
+        if run
+        else "No table comes from a `make bench` run"
+    )
     lines = [
         BEGIN,
         "",
-        f"Generated at commit `{commit}`; each table names the commit it was measured at (`make bench` runs them "
-        "all; one script can be run again alone); the raw figures are in `benchmarks/results/`.",
+        f"{source}: {len(results) - apart} of {len(results)} tables; each other table is labelled with where "
+        "it comes from. The raw figures are in `benchmarks/results/`.",
         "",
         "### Machine",
         "",
@@ -46,11 +88,12 @@ def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) 
     ]
     lines += [f"| {key} | {_cell(value)} |" for key, value in machine.items()]
     for result in results:
+        label = provenance(result, run, commit)
         lines += [
             "",
             f"### {result['title']}",
             "",
-            f"Measured {result['measured_at']} at commit `{result.get('commit', 'not recorded')}`.",
+            f"**Not part of this run: {label}.**" if label else f"Measured {result['measured_at']} in this run.",
             "",
             "| figure | value | baseline (same run) | target | verdict |",
             "|---|---|---|---|---|",
@@ -66,9 +109,15 @@ def render(results: list[dict[str, Any]], machine: dict[str, str], commit: str) 
 
 
 def main() -> None:
-    """Write RESULTS.md's generated block and print the targeted figures."""
+    """Write RESULTS.md's generated block and print the targeted figures and any table's other origin."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=RESULTS, help="the Markdown file whose block is replaced")
+    parser.add_argument(
+        "--raw-dir", type=Path, default=RAW, help="where the raw figures are copied (and stand-ins are read)"
+    )
+    args = parser.parse_args()
     for name in SCRIPTS:
-        fresh, committed = _common.OUT_DIR / f"{name}.json", RAW / f"{name}.json"
+        fresh, committed = _common.OUT_DIR / f"{name}.json", args.raw_dir / f"{name}.json"
         if not fresh.exists() and committed.exists():
             _common.OUT_DIR.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(committed, fresh)
@@ -76,22 +125,28 @@ def main() -> None:
     if missing:
         sys.exit(f"no results from {', '.join(missing)} in {_common.OUT_DIR}: run `make bench`")
     results = [json.loads((_common.OUT_DIR / f"{name}.json").read_text()) for name in SCRIPTS]
-    machine = _common.machine_description()
-    block = render(results, machine, _common.measured_commit())
-    RAW.mkdir(exist_ok=True)
+    block = render(results, _common.machine_description())
+    args.raw_dir.mkdir(parents=True, exist_ok=True)
     for name in SCRIPTS:
-        shutil.copyfile(_common.OUT_DIR / f"{name}.json", RAW / f"{name}.json")
-    text = RESULTS.read_text() if RESULTS.exists() else f"# Benchmark results\n\n{BEGIN}\n{END}\n"
+        shutil.copyfile(_common.OUT_DIR / f"{name}.json", args.raw_dir / f"{name}.json")
+    output: Path = args.output
+    text = output.read_text() if output.exists() else f"# Benchmark results\n\n{BEGIN}\n{END}\n"
     if BEGIN not in text or END not in text:
         text = f"{text.rstrip()}\n\n{BEGIN}\n{END}\n"
     head, rest = text.split(BEGIN, 1)
     tail = rest.split(END, 1)[1]
-    RESULTS.write_text(head + block + tail)
+    output.write_text(head + block + tail)
 
     targeted = [Figure(**raw) for result in results for raw in result["figures"] if raw["target"]]
     _common.print_figures("Summary: every figure with a target", targeted)
     missed = [f for f in targeted if f.ok is False]
-    print(f"\n{len(targeted) - len(missed)} of {len(targeted)} targets met; figures written to {RESULTS}")
+    run, commit = block_source(results)
+    print(f"\nrun {run or 'none'} at commit {commit or 'none'}")
+    for result in results:
+        label = provenance(result, run, commit)
+        if label:
+            print(f"  {result['name']}: not part of this run: {label}")
+    print(f"{len(targeted) - len(missed)} of {len(targeted)} targets met; figures written to {output}")
 
 
 if __name__ == "__main__":

@@ -8,20 +8,21 @@ stdin, submit held + create the log dir + release, write the record), then the b
 same with the OpenSSH client. One warm-up round is not counted. SSH round trips are the commands the
 hook sends (one channel each), connections the hook's logins; both are counted by wrapping the
 hook's internals. The baseline turns Nagle's algorithm off as the hook does (like for like); the
-same command over paramiko's defaults is measured too, for reference. A diagnostic times the first
+same command over paramiko's defaults is measured too, for reference. The ratio is judged on its median
+over the rounds (at least :data:`MIN_ROUNDS`), printed with its min-max spread. A diagnostic times the first
 command on a fresh connection, plain and over a socket that acknowledges every read at once
 (``TCP_QUICKACK``): sshd holds its channel-open confirmation until the client acknowledges the
 packets it sent right after the login, which the client's kernel delays. Every job is cancelled at
 the end and the staged files are removed.
 
-Usage: ``python benchmarks/submit.py [--rounds 7]``.
+Usage: ``python benchmarks/submit.py [--rounds 15]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import _common  # before Airflow: isolated Airflow home and the bench connections
@@ -44,6 +45,10 @@ class Counters:
 
 
 COUNTERS = Counters()
+#: Fewest measured rounds: the ratio's spread over fewer is no figure (7 rounds once spread 1.31-1.91x).
+MIN_ROUNDS = 15
+#: The wall-time ratio operator / bare sbatch may be at most this, judged on the median over the rounds.
+RATIO_TARGET = 2.0
 
 
 def _instrument() -> None:
@@ -72,13 +77,29 @@ def _instrument() -> None:
 
 @dataclass(frozen=True)
 class FakeTaskInstance:
-    """The few task-instance fields ``execute`` reads from its context."""
+    """The few task-instance fields ``execute`` (and ``ResumableJobMixin``) read from its context."""
 
     dag_id: str
     task_id: str
     run_id: str
     map_index: int = -1
     try_number: int = 1
+    stats_tags: dict[str, str] = field(default_factory=dict)
+
+
+class MemoryStateStore:
+    """The task state store in memory: a first try finds no job stored, submits, stores the job id (no API)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def get(self, key: str) -> Any:
+        """The stored value of ``key`` (None when absent)."""
+        return self.values.get(key)
+
+    def set(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key``."""
+        self.values[key] = value
 
 
 def operator_round(image: str, index: int) -> dict[str, Any]:
@@ -98,7 +119,7 @@ def operator_round(image: str, index: int) -> dict[str, Any]:
     ti = FakeTaskInstance(f"bench_submit_{_common.TOKEN}", "train", f"round_{index}")
     # the task runner passes this sentinel; without it execute() warns that it runs outside a task
     sentinel = {f"{SbatchSubmitOperator.__name__}__sentinel": ExecutorSafeguard.sentinel_value}
-    handle = operator.execute({"ti": ti}, **sentinel)
+    handle = operator.execute({"ti": ti, "task_state_store": MemoryStateStore()}, **sentinel)
     wall = time.perf_counter() - started
     operator.hook.close()
     if COUNTERS.round_trips == before.round_trips or COUNTERS.connections == before.connections:
@@ -197,8 +218,10 @@ def openssh_round(script_path: str) -> dict[str, Any]:
 def main() -> None:
     """Run the rounds, print and store the figures, clean up."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=MIN_ROUNDS, help=f"measured rounds, at least {MIN_ROUNDS}")
     args = parser.parse_args()
+    if args.rounds < MIN_ROUNDS:
+        parser.error(f"--rounds must be at least {MIN_ROUNDS}: the ratio is judged on its median over the rounds")
     _instrument()
     image = _common.sqsh_image()
     job_ids: list[str] = []
@@ -231,7 +254,8 @@ def main() -> None:
         _common.cancel_jobs(job_ids)
         _common.remove_remote(paths)
 
-    ratio = _common.median([r["ratio"] for r in rounds])
+    ratios = [r["ratio"] for r in rounds]
+    ratio = _common.median(ratios)
     op_wall = _common.median([r["operator"]["wall_s"] for r in rounds])
     bare_wall = _common.median([r["bare"]["wall_s"] for r in rounds])
     default_wall = _common.median([r["bare_default"]["wall_s"] for r in rounds])
@@ -252,11 +276,12 @@ def main() -> None:
             f"OpenSSH client {openssh_wall:.3f} s)",
         ),
         Figure(
-            "wall-time ratio operator / bare sbatch (same client library and socket options), median of rounds",
-            f"{ratio:.2f}x",
+            f"wall-time ratio operator / bare sbatch (same client library and socket options), median of "
+            f"{len(rounds)} rounds (min-max)",
+            f"{ratio:.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)",
             "",
-            "<= 2.0",
-            ratio <= 2.0,
+            f"<= {RATIO_TARGET:g} (median)",
+            ratio <= RATIO_TARGET,
         ),
         Figure(
             "  for reference: ratio to a bare sbatch over paramiko's defaults (Nagle on)",
