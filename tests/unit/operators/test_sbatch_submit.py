@@ -388,6 +388,25 @@ def test_a_retry_reattaches_to_the_job_its_earlier_try_stored(native: str | None
     assert hook.polls[-1] == [first["slurm_job_id"]]
 
 
+def test_airflows_resumable_job_metrics_count_each_decision(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decisions go through ResumableJobMixin, so Airflow's own ``resumable_job.*`` counters see them."""
+    from airflow.sdk.bases import resumablejobmixin
+
+    counted: list[str] = []
+    monkeypatch.setattr(resumablejobmixin.stats, "incr", lambda name, *args, **kwargs: counted.append(name))
+    hook, store = SubmitHook(), FakeTaskStateStore()
+    first = operator(hook).execute(stored_ctx(store))
+    hook.states[first["slurm_job_id"]] = state_from_native(first["slurm_job_id"], "RUNNING", source="squeue")
+
+    operator(hook).execute(stored_ctx(store, try_number=2))
+
+    assert counted == [
+        "resumable_job.fresh_submit",
+        "resumable_job.reconnect_attempt",
+        "resumable_job.reconnect_success",
+    ]
+
+
 def test_a_retry_after_the_sensor_settled_the_stored_job_submits_a_fresh_one() -> None:
     hook, store = SubmitHook(), FakeTaskStateStore()
     first = operator(hook).execute(stored_ctx(store))
