@@ -60,6 +60,7 @@ bench: venv cluster-up
 	$(BIN)/python benchmarks/logs.py
 	$(BIN)/python benchmarks/markers.py
 	$(BIN)/python benchmarks/shared_streams.py
+	$(BIN)/python benchmarks/storm.py
 	$(BIN)/python benchmarks/report.py
 
 clean: cluster-down

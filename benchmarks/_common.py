@@ -207,7 +207,8 @@ def remove_remote(paths: Sequence[str]) -> None:
 
 # ---------------------------------------------------------------------------- scheduler statistics
 
-_SDIAG_RPC = re.compile(r"^\s+([A-Z_]+)\s+\(\s*\d+\)\s+count:(\d+)")
+#: One line of an sdiag RPC table: a message type (or a user name), its number (or uid), its count.
+_SDIAG_RPC = re.compile(r"^\s+(\S+)\s+\(\s*\d+\)\s+count:(\d+)")
 
 
 def _rpc_table(text: str, header: str) -> dict[str, int]:
@@ -247,6 +248,11 @@ def rpc_counts() -> dict[str, dict[str, int]]:
         "slurmctld": _rpc_table(_admin(["sdiag"]), by_type),
         "slurmdbd": _rpc_table(_admin(["sacctmgr", "show", "stats"]), by_type),
     }
+
+
+def ctld_rpcs_by_user() -> dict[str, int]:
+    """slurmctld's RPC counts by user since its last reset (``sdiag``, read-only): what ``rl_enable`` limits."""
+    return _rpc_table(_admin(["sdiag"]), "Remote Procedure Call statistics by user")
 
 
 #: slurmctld messages that read job state (squeue, scontrol show job) and the slurmdbd one (sacct).

@@ -1,0 +1,437 @@
+"""A sweep's submit storm through a real Airflow, and the RPCs each path sends against SLURM's rate limit.
+
+Issue 35, items 9 and 10.
+
+**The storm** (item 9): ``airflow standalone`` (``tests/cluster/airflow_stack.py``: api-server,
+scheduler with the LocalExecutor, dag-processor, triggerer) with ``parallelism`` :data:`PARALLELISM`
+runs a DAG written here: ONE :class:`SbatchSubmitOperator` mapped over :data:`TASKS` commands
+(``.expand``), tiny jobs (1 CPU, 1 GPU, ``sleep 1``, the one-minute partition, no retries). Its
+``slurm_default`` connection goes to a login sshd of its own, configured as the harness's
+``sshd-limits`` (OpenSSH's default ``MaxStartups 10:30:100``, ``MaxSessions 10``; the harness's one
+serves other benchmarks meanwhile). Figures: the time from the first task's start to the last task's end (its
+job submitted), jobs by name (each task's job exactly once: squeue + sacct), failed tasks (REST API),
+logins and refused connections (its sshd's log: ``Accepted publickey``, ``drop connection``), and the
+cluster user's slurmctld RPCs per submission.
+
+**The RPCs of each path** (item 10): ``sdiag``'s per-user counts, sampled every :data:`SAMPLE_S`
+seconds, give how many slurmctld RPCs the cluster user sent while a path ran, and when: one submission
+(``execute`` in this process, as ``benchmarks/submit.py``), one status poll of :data:`WATCHED` held jobs
+by the hook's ``get_states`` on a hook that polled before (the batched query the shared poller sends per
+interval), and the same on a fresh hook (the first poll after a triggerer restart: the triggers only
+subscribe; their first poll is this query on a new connection). Other work on the cluster runs as the
+same user, and its RPCs only add to a count: each path runs :data:`ROUNDS` times and counts the fewest.
+The storm's RPCs are one submission's spread over each task's run (start to end, REST API); the raw
+count over the storm, less the user's background rate measured just before, is printed beside them.
+Each timeline goes through a simulated default ``rl_enable`` bucket (``benchmarks/ratelimit.py``: 30
+tokens, refilled 2 per second); the storm's RPCs also as one burst, as they would arrive with enough
+workers and cores. The test cluster's SLURM 22.05 has no ``rl_enable``: the bucket is simulated, and
+the figures are indicative while others use the cluster.
+
+Usage: ``python benchmarks/storm.py [--tasks 40] [--parallelism 16] [--watched 1000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import _common  # before Airflow: isolated Airflow home and the bench connections
+from _common import Figure
+from ratelimit import DEFAULT_BUCKET_SIZE, DEFAULT_REFILL_PER_S, Throttling, throttle
+from submit import FakeTaskInstance, MemoryStateStore
+
+sys.path.insert(0, str(_common.REPO / "tests" / "cluster"))
+from airflow.sdk.bases.operator import ExecutorSafeguard
+from airflow_stack import Stack, standalone
+from conftest import ClusterEnv
+from demo import connection_uri_json, free_port
+from harness import DEFAULT_SSHD_LIMITS, sshd_config
+
+from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+TASKS = 40
+#: Rounds of each single path (one submission, one poll): its RPCs are the fewest any round counted, as
+#: the cluster user's other traffic only adds to a count.
+ROUNDS = 5
+#: The LocalExecutor's worker processes: the issue asks for at least 16.
+PARALLELISM = 16
+WATCHED = 1000
+#: Seconds between two ``sdiag`` samples of the per-user RPC counts.
+SAMPLE_S = 0.5
+#: Seconds of the background sample before the storm; the longest the storm may take.
+BACKGROUND_S = 10.0
+STORM_TIMEOUT_S = 600.0
+#: The job: one CPU, one GPU, one second, on the one-minute partition.
+JOB: dict[str, Any] = {
+    "command": "sleep 1",
+    "cpus_per_task": 1,
+    "gpus_per_node": 1,
+    "time_hours": 1 / 60,
+    "timeout_hours": 0.95 / 60,
+}
+#: Seconds allowed for the storm's own login sshd to listen (to write its pid file).
+SSHD_START_S = 10.0
+DAG_ID = f"bench_storm_{_common.TOKEN}"
+
+DAG_FILE = '''"""Written by benchmarks/storm.py: one submit task mapped over {tasks} commands."""
+
+from airflow.sdk import DAG
+
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+with DAG(dag_id={dag_id!r}, schedule=None, catchup=False, max_active_tasks={tasks}):
+    SbatchSubmitOperator.partial(
+        task_id="train",
+        image={image!r},
+        partition={partition!r},
+        cpus_per_task={cpus_per_task!r},
+        gpus_per_node={gpus_per_node!r},
+        time_hours={time_hours!r},
+        timeout_hours={timeout_hours!r},
+        retries=0,
+    ).expand(command=[{command!r} + f" # task {{i}}" for i in range({tasks})])
+'''
+
+
+Sample = tuple[float, int]
+
+
+class RpcSampler(threading.Thread):
+    """Samples the cluster user's slurmctld RPC count (``sdiag``, by user) every :data:`SAMPLE_S` seconds.
+
+    :ivar samples: ``(time.monotonic(), count)`` pairs, oldest first.
+    """
+
+    def __init__(self, user: str) -> None:
+        super().__init__(daemon=True, name="rpc-sampler")
+        self.user = user
+        self.samples: list[Sample] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+
+    def sample(self) -> Sample:
+        """Take one sample now; return it."""
+        with self._lock:
+            taken = (time.monotonic(), _common.ctld_rpcs_by_user().get(self.user, 0))
+            self.samples.append(taken)
+        return taken
+
+    def run(self) -> None:
+        """Sample until :meth:`finish`."""
+        while not self._done.wait(SAMPLE_S):
+            self.sample()
+
+    def finish(self) -> None:
+        """Stop sampling."""
+        self._done.set()
+        self.join()
+
+    def arrivals(self, first: Sample, last: Sample) -> list[float]:
+        """The RPCs between two samples as send times (seconds after ``first``), spread evenly within each sample."""
+        times: list[float] = []
+        window = [s for s in self.samples if first[0] <= s[0] <= last[0]]
+        for (t0, c0), (t1, c1) in itertools.pairwise(window):
+            n = c1 - c0
+            times += [t0 - first[0] + (t1 - t0) * (k + 1) / n for k in range(n)]
+        return times
+
+
+def fewest(sampler: RpcSampler, action: Callable[[int], Any], rounds: int) -> tuple[list[Any], int, list[float]]:
+    """Run ``action(round)`` ``rounds`` times, each between two samples.
+
+    :returns: every round's result, the fewest RPCs of the cluster user a round counted, and that round's timeline.
+    """
+    results, counted = [], []
+    for index in range(rounds):
+        first = sampler.sample()
+        results.append(action(index))
+        last = sampler.sample()
+        counted.append((last[1] - first[1], sampler.arrivals(first, last)))
+    rpcs, timeline = min(counted, key=lambda pair: pair[0])
+    return results, rpcs, timeline
+
+
+def storm_timeline(windows: list[tuple[float, float]], per_submission: int) -> list[float]:
+    """The storm's RPCs as its tasks send them: ``per_submission`` spread evenly over each task's run."""
+    return [start + (end - start) * (k + 1) / per_submission for start, end in windows for k in range(per_submission)]
+
+
+def cluster_env() -> ClusterEnv:
+    """The running cluster as the cluster tests' :class:`ClusterEnv` (what ``standalone`` takes)."""
+    data = {field.name: _common.CLUSTER[field.name] for field in dataclasses.fields(ClusterEnv)}
+    return ClusterEnv(**{**data, "nodes": tuple(data["nodes"]), "cpu_nodes": tuple(data["cpu_nodes"])})
+
+
+def one_submission(image: str, index: int) -> dict[str, Any]:
+    """One ``SbatchSubmitOperator.execute`` in this process (the bench connection, the main login sshd)."""
+    operator = SbatchSubmitOperator(
+        task_id="one",
+        slurm_conn_id=_common.SLURM_CONN_ID,
+        image=image,
+        partition=_common.CLUSTER["short_partition"],
+        **JOB,
+    )
+    ti = FakeTaskInstance(DAG_ID, "one", f"one_submission_{index}")
+    sentinel = {f"{SbatchSubmitOperator.__name__}__sentinel": ExecutorSafeguard.sentinel_value}
+    try:
+        return dict(operator.execute({"ti": ti, "task_state_store": MemoryStateStore()}, **sentinel))
+    finally:
+        operator.hook.close()
+
+
+@contextlib.contextmanager
+def login_sshd(workdir: Path) -> Iterator[tuple[int, Path]]:
+    """A login sshd of the storm's own, configured as the harness's limits sshd (OpenSSH's default limits).
+
+    The harness's ``sshd-limits`` serves other benchmarks at the same time; this one (same host key,
+    user and ``MaxStartups``/``MaxSessions``, its own port and log) sees only the storm's connections.
+
+    :returns: its port and its log.
+    """
+    port = free_port()
+    config, pid_file, log = workdir / "sshd_config", workdir / "sshd.pid", workdir / "sshd.log"
+    config.write_text(sshd_config(port, pid_file, limits=DEFAULT_SSHD_LIMITS))
+    subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True, timeout=30)
+    deadline = time.monotonic() + SSHD_START_S
+    while not pid_file.exists():  # sshd writes it once it listens (no probe: a connection would be counted)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the storm's sshd did not listen on {port} within {SSHD_START_S:.0f} s: {log}")
+        time.sleep(0.1)
+    try:
+        yield port, log
+    finally:
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def sshd_log_counts(text: str) -> dict[str, int]:
+    """Logins, connections refused past ``MaxStartups`` and throttling episodes in a login sshd's log."""
+    lines = text.splitlines()
+    return {
+        "logins": sum("Accepted publickey" in line for line in lines),
+        "refused": sum(line.startswith("drop connection #") for line in lines),
+        "throttling_episodes": sum("beginning MaxStartups throttling" in line for line in lines),
+        "closed_before_login": sum("[preauth]" in line and "Connection" in line for line in lines),
+    }
+
+
+def jobs_named(prefix: str) -> dict[str, set[str]]:
+    """``{job name: {slurm ids}}`` of the cluster user's jobs named ``<prefix>-...`` (squeue + sacct, last hour)."""
+    out = _common.ssh(
+        "squeue -h -t all --me -o '%i|%j' ; sacct -X -n -P -o JobIDRaw,JobName --starttime=now-1hours ; true"
+    )
+    found: dict[str, set[str]] = {}
+    for line in out.splitlines():
+        slurm_id, _, name = line.strip().partition("|")
+        if name.startswith(f"{prefix}-") and slurm_id.isdigit():
+            found.setdefault(name, set()).add(slurm_id)
+    return found
+
+
+def _when(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def storm(stack: Stack, sampler: RpcSampler, tasks: int) -> dict[str, Any]:
+    """Trigger the mapped DAG, wait for every task to end; what the API and the samples say."""
+    quiet = sampler.sample()
+    time.sleep(BACKGROUND_S)
+    first = sampler.sample()
+    background = (first[1] - quiet[1]) / (first[0] - quiet[0])
+    run_id = stack.trigger(DAG_ID, {})
+    path = f"/api/v2/dags/{DAG_ID}/dagRuns/{run_id}/taskInstances"
+    deadline = first[0] + STORM_TIMEOUT_S
+    while True:
+        instances = [ti for ti in stack.get(path, limit=tasks + 10)["task_instances"] if ti["task_id"] == "train"]
+        ended = [ti for ti in instances if ti["state"] in ("success", "failed", "upstream_failed", "skipped")]
+        if len(instances) == tasks and len(ended) == tasks:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the storm did not end within {STORM_TIMEOUT_S:.0f} s: {len(ended)} of {tasks} ended")
+        time.sleep(1)
+    last = sampler.sample()
+    handles = [
+        stack.get(f"{path}/train/xcomEntries/return_value", map_index=ti["map_index"], deserialize="true")["value"]
+        for ti in instances
+        if ti["state"] == "success"
+    ]
+    started = min(_when(ti["start_date"]) for ti in instances if ti["start_date"])
+    finished = max(_when(ti["end_date"]) for ti in instances if ti["end_date"])
+    windows = [
+        ((_when(ti["start_date"]) - started).total_seconds(), (_when(ti["end_date"]) - started).total_seconds())
+        for ti in instances
+        if ti["start_date"] and ti["end_date"]
+    ]
+    return {
+        "run_id": run_id,
+        "states": sorted(ti["state"] for ti in instances),
+        "tries": max(ti["try_number"] for ti in instances),
+        "first_start_to_last_end_s": (finished - started).total_seconds(),
+        "background_rpcs_per_s": background,
+        "rpcs": last[1] - first[1],
+        "rpcs_less_background": last[1] - first[1] - background * (last[0] - first[0]),
+        "task_windows_s": sorted(windows),
+        "handles": [json.loads(h) if isinstance(h, str) else h for h in handles],
+    }
+
+
+def bucket_figure(name: str, result: Throttling) -> Figure:
+    """A path's RPCs through the default bucket, judged: none throttled."""
+    return Figure(
+        f"  {name}: through the default rl_enable bucket ({DEFAULT_BUCKET_SIZE} tokens, +{DEFAULT_REFILL_PER_S:g}/s)",
+        f"{result.throttled} of {result.rpcs} throttled, longest wait {result.max_delay_s:.1f} s",
+        "",
+        "0 throttled",
+        result.throttled == 0,
+    )
+
+
+def main() -> None:
+    """Measure one submission, the storm and the polls; print and store the figures; clean up."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=TASKS, help="mapped submit tasks")
+    parser.add_argument("--parallelism", type=int, default=PARALLELISM, help="the LocalExecutor's parallelism")
+    parser.add_argument("--watched", type=int, default=WATCHED, help="held jobs one status poll asks about")
+    args = parser.parse_args()
+    c = _common.CLUSTER
+    job_prefix = f"tao-{DAG_ID}.train"
+    held_prefix = f"bench-storm-{_common.TOKEN}"
+    image = _common.sqsh_image()
+    sampler = RpcSampler(c["user"])
+    sampler.start()
+    paths: list[str] = [image]
+    try:
+        handles, single_rpcs, single_times = fewest(sampler, lambda i: one_submission(image, i), ROUNDS)
+        for handle in handles:
+            paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
+        _common.cancel_jobs([handle["slurm_job_id"] for handle in handles])
+
+        held = _common.create_held_jobs(held_prefix, args.watched)
+        hooks = [SlurmHook(_common.SLURM_CONN_ID) for _ in range(ROUNDS)]
+        answers, restart_rpcs, restart_times = fewest(sampler, lambda i: hooks[i].get_states(held), ROUNDS)
+        answers_again, poll_rpcs, poll_times = fewest(sampler, lambda i: hooks[i].get_states(held), ROUNDS)
+        for hook in hooks:
+            hook.close()
+        _common.cancel_by_prefix(held_prefix)
+        answered = {len(answer) for answer in answers + answers_again}
+        if answered != {args.watched}:
+            raise RuntimeError(f"get_states answered for {sorted(answered)} of {args.watched} jobs")
+
+        with tempfile.TemporaryDirectory(prefix="tao-bench-storm-") as tmp:
+            dags = Path(tmp) / "dags"
+            dags.mkdir()
+            (dags / "storm.py").write_text(
+                DAG_FILE.format(dag_id=DAG_ID, tasks=args.tasks, image=image, partition=c["short_partition"], **JOB)
+            )
+            with login_sshd(Path(tmp)) as (port, sshd_log):
+                connection = {**json.loads(connection_uri_json(c)), "port": port}
+                settings = {
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                    "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
+                    "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(args.tasks),
+                    "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(connection),
+                }
+                with standalone(cluster_env(), env=settings, prefix="tao-bench-storm-airflow-") as stack:
+                    ran = storm(stack, sampler, args.tasks)
+            sshd = sshd_log_counts(sshd_log.read_text())
+        for job in ran["handles"]:
+            paths += [job["job_dir"], job["results_dir"], job["log_dir"], job["record_path"]]
+        jobs = jobs_named(job_prefix)
+    finally:
+        sampler.finish()
+        _common.cancel_by_prefix(held_prefix)
+        _common.cancel_by_prefix(job_prefix)
+        _common.remove_remote(paths)
+
+    tasks = args.tasks
+    failed = sum(state != "success" for state in ran["states"])
+    ids = sum(len(found) for found in jobs.values())
+    once = len(jobs) == tasks and ids == tasks
+    storm_rpcs = ran["rpcs_less_background"]
+    buckets = {
+        "one submission": throttle(single_times),
+        "storm": throttle(storm_timeline(ran["task_windows_s"], single_rpcs)),
+        "poll": throttle(poll_times),
+        "restart": throttle(restart_times),
+    }
+    at_once = throttle([0.0] * (single_rpcs * tasks))
+    figures = [
+        Figure(
+            f"storm: time from the first task's start to the {tasks}th job submitted (last task's end)",
+            f"{ran['first_start_to_last_end_s']:.1f} s",
+            f"LocalExecutor, parallelism {args.parallelism}, {os.cpu_count()} cores",
+        ),
+        Figure(
+            f"storm: jobs by name (tao-{DAG_ID}.train-*)",
+            f"{ids} jobs, {len(jobs)} names",
+            "",
+            f"{tasks} jobs, each name once",
+            once,
+        ),
+        Figure(
+            "storm: failed tasks (REST API; retries=0)",
+            f"{failed} of {tasks} (highest try {ran['tries']})",
+            "",
+            "0",
+            failed == 0,
+        ),
+        Figure(
+            "storm: logins at its MaxStartups 10:30:100 sshd / connections refused past MaxStartups",
+            f"{sshd['logins']} / {sshd['refused']}",
+            f"throttling episodes {sshd['throttling_episodes']}, closed before login {sshd['closed_before_login']}",
+        ),
+        Figure(
+            "storm: slurmctld RPCs of the cluster user per submission, less the user's background rate",
+            f"{storm_rpcs / tasks:.1f}",
+            f"{ran['rpcs']} in all over the storm, background {ran['background_rpcs_per_s']:.2f}/s before it; "
+            f"one submission alone: {single_rpcs}",
+        ),
+        Figure(f"RPCs (slurmctld, cluster user): one submission, fewest of {ROUNDS}", str(single_rpcs)),
+        bucket_figure("one submission", buckets["one submission"]),
+        Figure(f"RPCs: the storm of {tasks} (one submission's RPCs over each task's run)", str(single_rpcs * tasks)),
+        bucket_figure(f"storm of {tasks}, as its tasks ran", buckets["storm"]),
+        Figure(
+            "  storm: the same RPCs all at once (enough workers and cores), for reference",
+            f"{at_once.throttled} of {at_once.rpcs} throttled, longest wait {at_once.max_delay_s:.1f} s",
+        ),
+        Figure(f"RPCs: {args.watched} watched jobs, one interval (get_states), fewest of {ROUNDS}", str(poll_rpcs)),
+        bucket_figure(f"{args.watched} watched jobs", buckets["poll"]),
+        Figure(
+            f"RPCs: first poll after a restart (get_states, fresh connection), fewest of {ROUNDS}", str(restart_rpcs)
+        ),
+        bucket_figure("restart", buckets["restart"]),
+    ]
+    title = f"Submit storm ({tasks} mapped tasks, real scheduler) and RPC rate limit (benchmarks/storm.py)"
+    _common.print_figures(title, figures)
+    details = {
+        "tasks": tasks,
+        "parallelism": args.parallelism,
+        "watched": args.watched,
+        "storm": {k: v for k, v in ran.items() if k != "handles"},
+        "jobs": {name: sorted(found) for name, found in jobs.items()},
+        "sshd_limits_log": sshd,
+        "rpcs": {"one_submission": single_rpcs, "poll": poll_rpcs, "restart": restart_rpcs},
+        "timelines": {"one_submission": single_times, "poll": poll_times, "restart": restart_times},
+        "bucket": {name: dataclasses.asdict(result) for name, result in buckets.items()},
+        "bucket_storm_at_once": dataclasses.asdict(at_once),
+        "samples": sampler.samples,
+    }
+    _common.write_result("storm", title, figures, details)
+
+
+if __name__ == "__main__":
+    main()
