@@ -2,10 +2,11 @@
 
 Jobs run through the provider as Airflow runs them (see ``tests/cluster/deferral.py``); the faults are
 real: slurmdbd is stopped for longer than the trigger's accounting settle window (30 s) and for longer
-than slurmctld's ``MinJobAge`` (after which squeue forgets a finished job; SLURM's default is 300 s, the
-test sets 30 s), and a login host
-loses slurmctld (and slurmdbd) while its sshd stays up (the harness's "cut" login sshd, whose SLURM
-tools read a slurm.conf naming a port nothing listens on; slurmd and slurmctld keep talking).
+than slurmctld's ``MinJobAge`` (after which squeue forgets a finished job): lowered to 30 s in the normal
+suite, and for 6 minutes with SLURM's default 300 s in the ``long_outage`` case (deselected by default;
+``make reliability`` runs it); and a login host loses slurmctld (and slurmdbd) while its sshd stays up
+(the harness's "cut" login sshd, whose SLURM tools read a slurm.conf naming a port nothing listens on;
+slurmd and slurmctld keep talking).
 
 What the provider promises through such outages: a failed query is "unanswered", never "gone"; squeue's
 terminal state decides the outcome, sacct only adds the exit code, so a task settles on squeue's state
@@ -39,7 +40,7 @@ from clusterkit import (
     submit,
     submit_op,
 )
-from deferral import context, defer, resume, run_async, wait_until
+from deferral import context, defer, full_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import mint_job_id
@@ -66,11 +67,18 @@ ENDED = ("COMPLETED", "FAILED")
 EXPECTED = {"ok": (0, "COMPLETED"), "fails": (3, "FAILED")}
 #: The late sensors poll this long with slurmdbd still down before it is started again.
 LATE_POLLS_S = 6.0
-#: slurmctld's MinJobAge during the long outage (the harness's ``min-job-age``; SLURM's default is 300 s).
+#: slurmctld's MinJobAge in the fast case of the long outage (the harness's ``min-job-age``).
 MIN_JOB_AGE_S = 30
-#: The long outage waits at most this long (from the stop) for squeue to forget the finished jobs: slurmctld
-#: purges jobs older than MinJobAge once a minute, 30-90 s after their end.
-PURGE_WAIT_CAP_S = 150.0
+#: SLURM's default MinJobAge (the harness's, unless a test lowers it): the real long outage's.
+DEFAULT_MIN_JOB_AGE_S = 300
+#: slurmctld purges jobs older than MinJobAge once a minute: the MinJobAge cases wait at most MinJobAge and
+#: this long after the jobs ended for squeue to forget them.
+PURGE_SLACK_S = 120
+#: squeue shows a job ended at most this long after its end time (the ``ended`` wait's polls over SSH).
+ENDED_SEEN_SLACK_S = 10
+#: The real long outage: slurmdbd down at least this long (6 minutes), and the test's own time limit.
+LONG_OUTAGE_S = 360.0
+LONG_OUTAGE_TIMEOUT_S = 900
 #: How long the cut login host stays cut after the job ended (several failed polls of the trigger).
 CUT_AFTER_END_S = 20.0
 
@@ -238,7 +246,7 @@ def test_slurmdbd_down_past_the_settle_window(
     )
     assert still_down, "slurmdbd came back before the sensors settled: the outage was not what this case needs"
     for name, (_, event) in events.items():
-        state = event.payload["state"]
+        state = full_event(jobs[name].trigger, event)["state"]
         assert (state["native"], state["source"], state["exit_code"]) == (EXPECTED[name][1], "squeue", None), name
         assert waited[name] >= ACCOUNTING_SETTLE_S, f"{name} settled {waited[name]:.0f} s after the stop"
     assert result["terminal_state"] == "COMPLETE"
@@ -247,6 +255,16 @@ def test_slurmdbd_down_past_the_settle_window(
     record = record_of(ssh_run, jobs["fails"].handle["record_path"])
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {})
     assert "finished" in remote_text(ssh_run, f"{jobs['ok'].handle['log_dir']}/main.out")
+
+
+def min_job_age(ssh_run: SshRun) -> int | None:
+    """slurmctld's ``MinJobAge`` in seconds, as ``scontrol show config`` reports it (None when it does not)."""
+    _, out, _ = ssh_run(join(["scontrol", "show", "config"]))
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "MinJobAge" and value.split()[:1] and value.split()[0].isdigit():
+            return int(value.split()[0])
+    return None
 
 
 @pytest.fixture
@@ -259,28 +277,38 @@ def short_min_job_age() -> Iterator[int]:
         harness("min-job-age", "default")
 
 
-def test_slurmdbd_down_past_min_job_age(
-    conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any, short_min_job_age: int
+@pytest.fixture
+def default_min_job_age(ssh_run: SshRun) -> int:
+    """SLURM's default MinJobAge, checked on slurmctld (changing it would disturb the tests beside this one)."""
+    shown = min_job_age(ssh_run)
+    if shown != DEFAULT_MIN_JOB_AGE_S:
+        pytest.fail(
+            f"slurmctld's MinJobAge is {shown} s, not SLURM's default {DEFAULT_MIN_JOB_AGE_S} s: run "
+            "`python3 tests/cluster/harness.py min-job-age default` once no test lowers it",
+            pytrace=False,
+        )
+    return DEFAULT_MIN_JOB_AGE_S
+
+
+def accounting_down_past_min_job_age(
+    image: str, dag_id: str, ssh_run: SshRun, record_property: Any, age: int, down_at_least: float
 ) -> None:
-    """Two jobs (one succeeds, one exits 3) ran; slurmdbd was stopped while both ran and stayed down for
-    minutes: both ended with accounting down, and slurmctld forgot them (MinJobAge set to 30 s; it purges
-    once a minute), so squeue no longer knew them and sacct could not answer. Then what each job's own end
-    marker and exit-code file show was read (what the sensor settles a job on that neither knows any more,
-    as when slurmdbd lags past the vanished-job grace). Only then did their sensors start and defer (a busy
-    scheduler, or a triggerer restarted during the outage); their triggers polled for 6 s with slurmdbd
-    still down, then it was started again. Expected: the jobs' files show COMPLETED 0 and FAILED 3; while
-    nobody can speak for the jobs the triggers warn and wait (never "gone", never UNKNOWN); once accounting
-    is back each sends one event with sacct's state and exit code (COMPLETED 0, FAILED 3); the tasks end
-    COMPLETE and ERROR/ERR_PROGRAM with exit code 3; the records agree with sacct; one SLURM job each,
-    nothing cancelled or resubmitted."""
+    """The story of both MinJobAge cases (their docstrings tell it), with slurmctld's MinJobAge ``age``.
+
+    Two jobs (one succeeds, one exits 3) end with slurmdbd stopped; it stays down until squeue has forgotten
+    them (it keeps a finished job ``age`` s, then purges it at its next once-a-minute pass) and at least
+    ``down_at_least`` s in all. Checks what the jobs' files show, that late triggers wait through the outage
+    and settle on sacct once it is back, and that the records agree with sacct.
+    """
     jobs = submit_pair(image, dag_id, seconds=6)
     wait_until(lambda: running(ssh_run, jobs), "both jobs RUNNING", 120)
-    harness("stop-slurmdbd")
-    stopped, stopped_epoch = time.monotonic(), time.time()
     marks: dict[str, float] = {}
 
     def forgotten() -> bool:
         return all(squeue_field(ssh_run, job.slurm_id, "%T") == "" for job in jobs.values())
+
+    def named_once() -> bool:
+        return all(jobs_named(ssh_run, job.handle["job_id"]) == [job.slurm_id] for job in jobs.values())
 
     async def late_watch() -> dict[str, list[tuple[float, TriggerEvent]]]:
         watches = {name: asyncio.ensure_future(all_events(job.trigger, 180)) for name, job in jobs.items()}
@@ -292,39 +320,48 @@ def test_slurmdbd_down_past_min_job_age(
         return {name: await watch for name, watch in watches.items()}
 
     try:
+        harness("stop-slurmdbd")
+        stopped, stopped_epoch = time.monotonic(), time.time()
         wait_until(lambda: all(squeue_field(ssh_run, j.slurm_id, "%T") in ENDED for j in jobs.values()), "ended", 60)
         ended = time.monotonic()
-        while not forgotten() and time.monotonic() - stopped < PURGE_WAIT_CAP_S:
+        while not forgotten() and time.monotonic() - ended < age + PURGE_SLACK_S:
             time.sleep(2)
         purged = forgotten()
-        forgot = time.monotonic() - ended
+        kept = time.monotonic() - ended
         # What settles a job both squeue and sacct do not know (slurmdbd lagging past the grace): its own files.
         evidence = {
             name: job.sensor.lifecycle.end_evidence(JobHandle.from_dict(job.handle)) for name, job in jobs.items()
         }
+        time.sleep(max(0.0, stopped + down_at_least - LATE_POLLS_S - time.monotonic()))
         for job in jobs.values():
             job.deferred = defer(job.sensor, job.ctx)
         with LogCapture() as logs:
             seen = run_async(late_watch())
     finally:
         harness("start-slurmdbd")
-    outage = marks.get("restarted", time.monotonic()) - stopped
+    outage = marks["restarted"] - stopped
     events = {name: only_event(name, seen[name]) for name in jobs}
     result, failed = settle(jobs, {name: event for name, (_, event) in events.items()})
     warnings = [line for line in logs.lines if POLL_FAILED in line]
+    # After minutes of queued accounting, sacct finds a job by id before it finds it by name.
+    wait_until(named_once, "each job found once by name in sacct", 120)
+    named = time.monotonic() - marks["restarted"]
 
     figures = check_agreement(ssh_run, dag_id, jobs, stopped_epoch)
     after = {name: at - marks["restarted"] for name, (at, _) in events.items()}
     record_property(
         "detail",
-        f"slurmdbd down {outage:.0f} s; squeue {'forgot the jobs' if purged else 'still knew the jobs'} "
-        f"{forgot:.0f} s after they ended; late triggers: {len(warnings)} poll warnings, events "
-        f"{', '.join(f'{n} {a:.1f} s' for n, a in after.items())} after the restart, from sacct; " + "; ".join(figures),
+        f"MinJobAge {age} s; slurmdbd down {outage:.0f} s; squeue "
+        f"{'forgot the jobs' if purged else 'still knew the jobs'} {kept:.0f} s after they ended; late triggers: "
+        f"{len(warnings)} poll warnings, events {', '.join(f'{n} {a:.1f} s' for n, a in after.items())} after the "
+        f"restart, from sacct; sacct found both by name {named:.0f} s after the restart; " + "; ".join(figures),
     )
     record_property("purged", purged)
     assert marks["still_down"], "sacct answered before slurmdbd was started again: the outage was cut short"
-    assert purged, f"squeue still knew the jobs {forgot:.0f} s after they ended (MinJobAge {short_min_job_age} s)"
-    assert outage > short_min_job_age, f"the outage lasted only {outage:.0f} s"
+    assert purged, f"squeue still knew the jobs {kept:.0f} s after they ended (MinJobAge {age} s)"
+    assert kept >= age - ENDED_SEEN_SLACK_S, f"squeue forgot the jobs {kept:.0f} s after they ended (MinJobAge {age} s)"
+    assert outage > age, f"the outage lasted only {outage:.0f} s"
+    assert outage >= down_at_least, f"the outage lasted only {outage:.0f} s, not {down_at_least:.0f} s"
     assert marks["fired_while_down"] == 0, "a trigger fired while neither squeue nor sacct could answer"
     for name, state in evidence.items():
         assert state is not None, f"{name}: its end marker and exit-code file were not evidence of its end"
@@ -332,7 +369,7 @@ def test_slurmdbd_down_past_min_job_age(
     assert warnings, "no poll warning while squeue had forgotten the jobs and sacct could not answer"
     assert all("sacct exited" in line for line in warnings), warnings[:3]
     for name, (_, event) in events.items():
-        state = event.payload["state"]
+        state = full_event(jobs[name].trigger, event)["state"]
         expected = (EXPECTED[name][1], "sacct", EXPECTED[name][0])
         assert (state["native"], state["source"], state["exit_code"]) == expected, (name, state)
     assert result["terminal_state"] == "COMPLETE"
@@ -340,6 +377,49 @@ def test_slurmdbd_down_past_min_job_age(
     assert failed.err_class == "ERR_PROGRAM"
     record = record_of(ssh_run, jobs["fails"].handle["record_path"])
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
+
+
+def test_slurmdbd_down_past_a_lowered_min_job_age(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any, short_min_job_age: int
+) -> None:
+    """The long accounting outage made short: MinJobAge lowered to 30 s, so slurmctld forgets a finished job
+    within 30-90 s instead of SLURM's default 5-6 minutes. Two jobs (one succeeds, one exits 3) ran; slurmdbd
+    was stopped while both ran and stayed down past MinJobAge: both ended with accounting down, and
+    slurmctld forgot them (it purges once a minute), so squeue no longer knew them and sacct could not
+    answer. Then what each job's own end marker and exit-code file show was read (what the sensor settles a
+    job on that neither knows any more, as when slurmdbd lags past the vanished-job grace). Only then did
+    their sensors start and defer (a busy scheduler, or a triggerer restarted during the outage); their
+    triggers polled for 6 s with slurmdbd still down, then it was started again. Expected: squeue kept the
+    ended jobs at least MinJobAge, then forgot them; the jobs' files show COMPLETED 0 and FAILED 3; while
+    nobody can speak for the jobs the triggers warn and wait (never "gone", never UNKNOWN); once accounting
+    is back each sends one event with sacct's state and exit code (COMPLETED 0, FAILED 3); the tasks end
+    COMPLETE and ERROR/ERR_PROGRAM with exit code 3; the records agree with sacct; one SLURM job each,
+    nothing cancelled or resubmitted. MinJobAge is SLURM's default again afterwards."""
+    accounting_down_past_min_job_age(image, dag_id, ssh_run, record_property, short_min_job_age, down_at_least=0)
+
+
+@pytest.mark.long_outage
+@pytest.mark.timeout(LONG_OUTAGE_TIMEOUT_S)
+def test_slurmdbd_down_six_minutes_past_the_default_min_job_age(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any, default_min_job_age: int
+) -> None:
+    """The long accounting outage as it happens (about 7 minutes, so only ``make reliability`` runs it):
+    slurmdbd down 6 minutes with SLURM's default MinJobAge (300 s, checked on slurmctld, left as found).
+    Two jobs (one succeeds, one exits 3) ran; slurmdbd was stopped while both ran; both ended with
+    accounting down, squeue kept their terminal states for the 5 minutes of MinJobAge, then slurmctld forgot
+    them (at its next once-a-minute purge), so squeue no longer knew them and sacct could not answer. Then
+    what each job's own end marker and exit-code file show was read. Only then, 6 minutes into the outage,
+    did their sensors start and defer (a triggerer restarted during a long accounting outage); their
+    triggers polled for 6 s with slurmdbd still down, then it was started again. Expected: squeue kept the
+    ended jobs at least 300 s, then forgot them; the outage lasted at least 6 minutes; the jobs' files show
+    COMPLETED 0 and FAILED 3; while nobody can speak for the jobs the triggers warn and wait (never "gone",
+    never UNKNOWN); once accounting is back, with 6 minutes of slurmctld's queued accounting messages to
+    take in, each sends one event with sacct's state and exit code (COMPLETED 0, FAILED 3); the tasks end
+    COMPLETE and ERROR/ERR_PROGRAM with exit code 3; the records agree with sacct; one SLURM job each,
+    nothing cancelled or resubmitted."""
+    accounting_down_past_min_job_age(
+        image, dag_id, ssh_run, record_property, default_min_job_age, down_at_least=LONG_OUTAGE_S
+    )
 
 
 def cut_port(cluster: ClusterEnv) -> int:
@@ -410,6 +490,7 @@ def test_slurmctld_unreachable_from_the_login_host(
         harness("restore-login")
     at, event = only_event("train", seen)
     result = resume(sensor, ctx, deferred, event)
+    state = full_event(deferred.trigger, event)["state"]
     warned = [line for line in logs.lines[: int(marks["head_lines"])] if POLL_FAILED in line]
     ctld_only = [line for line in logs.lines[: int(marks["ctld_lines"])] if POLL_FAILED in line]
     left_jobs = jobs_named(ssh_run, blocked)
@@ -425,8 +506,8 @@ def test_slurmctld_unreachable_from_the_login_host(
         f"cut {marks['restored'] - marks['cut']:.0f} s "
         f"({len(ctld_only)} poll warnings with slurmctld only cut, sacct answering; {len(warned) - len(ctld_only)} "
         f"with both cut); event {at - marks['restored']:.1f} s after the restore, "
-        f"{event.payload['state']['native']} exit {event.payload['state']['exit_code']} "
-        f"from {event.payload['state']['source']}; the failed try left its record "
+        f"{event.payload['native']} exit {state['exit_code']} "
+        f"from {state['source']}; the failed try left its record "
         f"({'opened' if left_record else 'none'}) "
         f"and secret sidecar ({left_sidecar}) for the next try, which submitted {retry['slurm_job_id']} once",
     )
@@ -443,7 +524,6 @@ def test_slurmctld_unreachable_from_the_login_host(
     assert marks["fired_while_cut"] == 0, "the trigger fired while the login host could not reach the scheduler"
     assert warned, "no poll warning while neither squeue nor sacct could answer"
     assert any(NO_CONTROLLER in line for line in warned), warned[:3]
-    state = event.payload["state"]
     assert (state["native"], state["source"], state["exit_code"]) == ("COMPLETED", "sacct", 0)
     assert at > marks["restored"]
     assert result["terminal_state"] == "COMPLETE"
