@@ -3,8 +3,8 @@
 Pure: :func:`tail_script` builds one POSIX shell script (sent over stdin, so a thousand paths never
 reach argv) that reads, for every watched file, the bytes appended since an offset;
 :func:`parse_tail_output` reads its framed answer; a :class:`LineStream` per file turns the bytes
-into bounded, redacted, unforgeable lines, and :func:`progress_line` turns a TAO ``status.json``
-entry into a readable one.
+into bounded, redacted, unforgeable lines, :func:`progress_line` turns a TAO ``status.json``
+entry into a readable one, and :func:`show_lines` logs lines a few per record.
 
 Offsets survive a triggerer restart: the script writes each file's new offset to a small cursor
 file beside the logs, and a stream that starts without an offset reads it from there. A job that
@@ -19,7 +19,7 @@ import re
 import secrets as _random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, AnyStr, Generic
+from typing import Any, AnyStr, Generic, Protocol
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_BYTES_PER_POLL
 from airflow_provider_tao_slurm.core.secrets import redact_line
@@ -30,6 +30,8 @@ from airflow_provider_tao_slurm.exceptions import RemoteCommandError, Validation
 MAX_LINE_CHARS = 2000
 #: A line still unfinished after this many bytes is shown (cut) rather than held back.
 MAX_PENDING_BYTES = 8 * MAX_LINE_CHARS
+#: Most characters of live lines in one log record (:func:`show_lines`); more go into the next record.
+MAX_RECORD_CHARS = 64 * 1024
 #: Label of the TAO progress stream (``status.json``).
 PROGRESS = "status.json"
 
@@ -68,6 +70,12 @@ _READER = r"""_t() {
   return 0
 }
 """
+
+
+#: Gathers the script's answer into 64 KiB writes: each ``printf`` and ``dd`` of :data:`_READER` would
+#: otherwise be its own write, hence its own SSH packet (thousands per poll, each one decrypted and
+#: verified by the triggerer's SSH client); the answer is read whole anyway.
+_COALESCE = "dd ibs=65536 obs=65536 status=none"
 
 
 @dataclass(frozen=True)
@@ -160,12 +168,14 @@ def tail_script(requests: Sequence[TailRequest], nonce: str | None = None) -> tu
         cursor = _absolute(request.cursor_path, "log cursor path") if request.cursor_path else "-"
         path = quote(_absolute(request.path, "log path"))
         calls.append((path, f"_t {index} {path} {'-' if offset is None else offset} {budget} {quote(cursor)}"))
+    lines.append("{")
     for first in range(0, len(calls), STAT_BATCH):
         batch = calls[first : first + STAT_BATCH]
         lines.append(f"stat -L --printf '%s %n\\n' -- {' '.join(path for path, _ in batch)} 2>/dev/null | {{")
         lines.append("IFS= read -r l || l=")
         lines += [call for _, call in batch]
         lines.append("}")
+    lines.append(f"}} | {_COALESCE}")
     return "\n".join(lines) + "\n", token
 
 
@@ -251,6 +261,33 @@ def progress_line(entry: Mapping[str, Any]) -> str:
     if message:
         text = f"{text}: {message}" if text else str(message)
     return text or json.dumps(entry, sort_keys=True)
+
+
+class InfoLog(Protocol):
+    """What :func:`show_lines` logs to: a stdlib logger, or the structlog-style logger of an Airflow task or trigger."""
+
+    def info(self, msg: str, /, *args: Any) -> Any:
+        """Log ``msg % args`` at INFO."""
+
+
+def show_lines(log: InfoLog, lines: Iterable[str]) -> None:
+    """Log live lines (cleaned and prefixed ``label | `` by a :class:`LineStream`) in order, a few per record.
+
+    The lines of one read share a record, joined by newlines (the UI shows each on its own line, prefix
+    first, under the record's time), up to :data:`MAX_RECORD_CHARS` per record: each record costs the
+    log pipeline (the triggerer's especially) far more than its characters do. The trigger, the
+    sensor's poke and the sensor's end of log all print live lines with this.
+    """
+    batch: list[str] = []
+    size = 0
+    for line in lines:
+        if batch and size + len(line) > MAX_RECORD_CHARS:
+            log.info("%s", "\n".join(batch))
+            batch, size = [], 0
+        batch.append(line)
+        size += len(line) + 1
+    if batch:
+        log.info("%s", "\n".join(batch))
 
 
 @dataclass

@@ -32,9 +32,10 @@ not credential-named. A single-quoted value is a literal even if it starts with 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 from urllib.parse import quote, quote_plus
 
@@ -249,8 +250,12 @@ def redact_line(line: str, secrets: Iterable[str] = (), in_key: bool = False) ->
     return shown + redact_text(line, secrets), still_open
 
 
-def _encoded_forms(secret: str) -> set[str]:
-    """Return the secret and the forms it takes when a program encodes it (base64, URL, JSON string)."""
+@functools.lru_cache(maxsize=256)
+def _encoded_forms(secret: str) -> frozenset[str]:
+    """Return the secret and the forms it takes when a program encodes it (base64, URL, JSON string).
+
+    Cached: a live stream redacts every line with the same few secrets.
+    """
     raw = secret.encode()
     forms = {
         secret,
@@ -260,7 +265,7 @@ def _encoded_forms(secret: str) -> set[str]:
         base64.b64encode(raw).decode().rstrip("="),
         base64.urlsafe_b64encode(raw).decode().rstrip("="),
     }
-    return {form for form in forms if len(form) >= MIN_SECRET_LENGTH}
+    return frozenset(form for form in forms if len(form) >= MIN_SECRET_LENGTH)
 
 
 def redact_obj(obj: Any, secrets: Iterable[str] = ()) -> Any:
@@ -298,8 +303,11 @@ def _text_spans(text: str) -> Iterator[tuple[str, str, int, int]]:
 
     Lines joined by a backslash-newline are read as one; a span that crosses the splice covers it.
     """
-    where = [index for index, char in enumerate(text) if not _spliced(text, index)]
-    logical = "".join(text[index] for index in where)
+    where: Sequence[int] = range(len(text))
+    logical = text
+    if _SPLICE in text:  # most text has no splice: no walk over its characters
+        where = [index for index, char in enumerate(text) if not _spliced(text, index)]
+        logical = "".join(text[index] for index in where)
     offset = 0
     lines = logical.splitlines(keepends=True)
     for number, line in enumerate(lines):

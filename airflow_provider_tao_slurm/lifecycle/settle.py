@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tao_slurm.core.continuation import ends_slice
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
-from airflow_provider_tao_slurm.core.logstream import clean_stream_line
+from airflow_provider_tao_slurm.core.logstream import clean_stream_line, show_lines
 from airflow_provider_tao_slurm.core.records import mark
 from airflow_provider_tao_slurm.core.secrets import redact_obj
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
@@ -289,7 +289,7 @@ class Settlement:
         return "\n".join(self.show_log(name, f"{handle.log_dir}/{name}", secrets, shown.get(name)) for name in LOGS)
 
     def show_log(self, label: str, path: str, secrets: Sequence[str], shown: int | None) -> str:
-        """Log the part of ``path`` after ``shown`` (or its end), line by line as the live lines are; return its end.
+        """Log the part of ``path`` after ``shown`` (or its end) as live lines are shown; return its end.
 
         Each line is cleaned like a live line (bounded, no escapes, redacted, a private key over many lines
         too, prefixed with the label), so a job's output cannot forge task-log lines.
@@ -304,10 +304,12 @@ class Settlement:
             heading = "after the live lines"
         if rest.strip():
             self.log.info("---- %s (%s) ----", path, heading)
+            lines: list[str] = []
             in_key = False
             for line in rest.splitlines():
                 cleaned, in_key = clean_stream_line(line, secrets, in_key)
-                self.log.info("%s | %s", label, cleaned)
+                lines.append(f"{label} | {cleaned}")
+            show_lines(self.log, lines)
         return tail
 
     def _exit_codes(self, handle: JobHandle, job_code: int | None) -> dict[str, Any] | None:

@@ -329,6 +329,8 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
 
     def _follow(self) -> None:
         """Poke path: show the new lines of the job's logs (one batched read)."""
+        from airflow_provider_tao_slurm.core.logstream import show_lines
+
         if not self._streams:
             return
         try:
@@ -336,9 +338,9 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         except Exception as exc:  # the next poke reads the same bytes again
             self.log.warning("Reading the job's logs failed (read again next poke): %s", exc)
             return
-        for stream, chunk in zip(self._streams, chunks, strict=True):
-            for line in stream.feed(chunk):
-                self.log.info("%s", line)
+        show_lines(
+            self.log, [line for stream, chunk in zip(self._streams, chunks, strict=True) for line in stream.feed(chunk)]
+        )
 
     def _shown_offsets(self) -> dict[str, int]:
         shown = {stream.label: stream.shown_offset for stream in self._streams}

@@ -21,7 +21,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream
+from airflow_provider_tao_slurm.core.logstream import DEFAULT_BYTES_PER_POLL, LineStream, show_lines
 from airflow_provider_tao_slurm.exceptions import TaoSlurmError
 from airflow_provider_tao_slurm.lifecycle.events import (
     DEFAULT_NOT_FOUND_GRACE_S,
@@ -162,8 +162,7 @@ class SlurmJobTrigger(BaseTrigger):
         try:
             while True:
                 update = await queue.get()
-                for line in update.lines:
-                    self.log.info("%s", line)
+                show_lines(self.log, update.lines)
                 step = observe(
                     watch,
                     rules,

@@ -54,20 +54,23 @@ def test_a_finished_jobs_cost_and_timing_come_from_accounting(
 
 # ---------------------------------------------------------------------- live lines
 
-#: ``<structlog timestamp> [info ...] <label> | <text>  [logger] ...`` as the trigger's lines are printed.
+#: ``<structlog timestamp> [info ...] <label> | <text>  [logger] ...`` as the trigger's lines are printed; a record
+#: holds all lines of one read, each on a line of its own starting with its label.
 LIVE_LINE = re.compile(
     r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z \[info\s*\] "
     r"((?:main\.out|main\.err|status\.json|stdout) \| .*?)\s+\[airflow_provider",
-    re.M,
+    re.M | re.S,
 )
 TICKS = 6
 
 
 def live_lines(output: str) -> list[tuple[float, str]]:
-    """Every live line the trigger or the sensor logged, with the time it was logged."""
+    """Every live line the trigger or the sensor logged, with the time it was logged (a record holds a read's lines,
+    one per line)."""
     return [
-        (datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp(), text)
+        (datetime.fromisoformat(stamp).replace(tzinfo=UTC).timestamp(), line)
         for stamp, text in LIVE_LINE.findall(output)
+        for line in text.split("\n")
     ]
 
 

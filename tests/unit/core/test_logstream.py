@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,6 +14,7 @@ import pytest
 from airflow_provider_tao_slurm.core.logstream import (
     MAX_LINE_CHARS,
     MAX_PENDING_BYTES,
+    MAX_RECORD_CHARS,
     PROGRESS,
     LineStream,
     TailChunk,
@@ -19,6 +22,7 @@ from airflow_provider_tao_slurm.core.logstream import (
     clean_line,
     parse_tail_output,
     progress_line,
+    show_lines,
     tail_script,
 )
 from airflow_provider_tao_slurm.core.secrets import REDACTED
@@ -163,6 +167,27 @@ def test_job_output_cannot_forge_the_framing(tmp_path: Path) -> None:
     chunks = read([TailRequest(str(tmp_path / "a"), 0, 1000), TailRequest(str(tmp_path / "b"), 0, 1000)])
     assert chunks[0].data == evil
     assert chunks[1].data == b"fine\n"
+
+
+def test_the_answer_for_many_files_comes_in_few_writes(tmp_path: Path) -> None:
+    """Each file's header, bytes and trailer are gathered into big writes (each write would be an SSH packet)."""
+    requests = []
+    for index in range(200):
+        (tmp_path / f"{index}.out").write_bytes(f"line {index}\n".encode())
+        requests.append(TailRequest(str(tmp_path / f"{index}.out"), 0, 1000))
+    script, nonce = tail_script(requests)
+    shell = subprocess.Popen(["sh", "-s"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert shell.stdin is not None
+    assert shell.stdout is not None
+    shell.stdin.write(script.encode())
+    shell.stdin.close()
+    reads = []
+    while block := os.read(shell.stdout.fileno(), 1 << 20):
+        reads.append(block)
+    assert shell.wait() == 0
+    assert len(reads) <= 2  # under 64 KiB: one write (the pipe may split it once)
+    chunks = parse_tail_output(b"".join(reads), len(requests), nonce)
+    assert [chunk.data for chunk in chunks] == [f"line {index}\n".encode() for index in range(200)]
 
 
 def test_an_incomplete_answer_is_an_error() -> None:
@@ -313,3 +338,26 @@ def test_a_truncated_file_ends_the_key_block_of_the_run_before() -> None:
     assert stream.feed(TailChunk(False, 0, 0, first)) == [f"main.out | {REDACTED}"] * 2
     lines = stream.feed(TailChunk(False, 0, 0, b"rerun\n"))
     assert lines[1:] == ["main.out | rerun"]
+
+
+# ---------------------------------------------------------------------- show_lines
+
+
+def test_a_reads_lines_share_one_record_in_order(caplog: pytest.LogCaptureFixture) -> None:
+    """Every line shows, prefixed and in order, one per line of a single record."""
+    lines = [f"main.out | epoch {number}" for number in range(1, 501)] + ["status.json | RUNNING epoch 1/3"]
+    with caplog.at_level(logging.INFO, logger="live"):
+        show_lines(logging.getLogger("live"), lines)
+    assert [record.getMessage().split("\n") for record in caplog.records] == [lines]
+
+
+def test_lines_beyond_a_records_budget_go_into_the_next_record(caplog: pytest.LogCaptureFixture) -> None:
+    """No record holds more than MAX_RECORD_CHARS of lines; none is dropped, cut or reordered."""
+    lines = [f"main.out | {number:05d} " + "x" * MAX_LINE_CHARS for number in range(100)]
+    with caplog.at_level(logging.INFO, logger="live"):
+        show_lines(logging.getLogger("live"), lines)
+        show_lines(logging.getLogger("live"), [])
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) > 1
+    assert all(len(message) <= MAX_RECORD_CHARS for message in messages)
+    assert [line for message in messages for line in message.split("\n")] == lines

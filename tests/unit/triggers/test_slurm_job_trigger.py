@@ -535,8 +535,9 @@ class WritingHook(TriggerHook):
 
 
 def live_lines(output: str) -> list[str]:
-    """The live lines in the trigger's log output (structlog's console rendering)."""
-    return [match.group(1).rstrip() for match in re.finditer(r"\] (main\.out \| .*?)\s+\[airflow_provider", output)]
+    """The live lines in the trigger's log output (structlog's console rendering; a record holds a poll's lines)."""
+    records = re.finditer(r"\] (main\.out \| .*?)\s+\[airflow_provider", output, re.DOTALL)
+    return [line.rstrip() for match in records for line in match.group(1).split("\n")]
 
 
 def test_live_lines_reach_the_task_log_in_order_once_redacted(
