@@ -1582,24 +1582,6 @@ def test_extract_tar_checks_the_directories_of_files_and_directory_members() -> 
     assert "_b /r; _c /r/jobs /r/logs /r/records /r/results /r/jobs/j /r/results/j; _st=$(mktemp -d" in command
 
 
-def _tree_archive(files: dict[str, tuple[bytes | None, int]]) -> bytes:
-    import io
-    import tarfile
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, (content, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.mode = mode
-            if content is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
-    return buffer.getvalue()
-
-
 #: A job's staged tree: two files and two directory members (mode 755, as the hook stages them).
 TREE: dict[str, tuple[bytes | None, int]] = {
     "jobs/j/specs/spec.yaml": (b"epochs: 2\n", 0o644),
@@ -1609,9 +1591,11 @@ TREE: dict[str, tuple[bytes | None, int]] = {
 }
 
 
-def _unpack_tree(base: Path) -> str:
-    files = [name for name, (content, _) in TREE.items() if content is not None]
-    return commands.extract_tar(str(base), files, [name for name, (content, _) in TREE.items() if content is None])
+def _unpack_tree(base: Path) -> tuple[str, bytes]:
+    """The hook's own staging of :data:`TREE` under ``base``: the unpack command and the archive it reads."""
+    from airflow_provider_tao_slurm.hooks.slurm import _staging
+
+    return _staging(str(base), TREE)
 
 
 def test_extract_tar_places_files_and_directories_with_their_modes_and_replaces_a_link(tmp_path: Path) -> None:
@@ -1624,7 +1608,8 @@ def test_extract_tar_places_files_and_directories_with_their_modes_and_replaces_
     target.write_text("theirs")
     (base / "jobs/j/.secrets.env").symlink_to(target)
 
-    result = run_shell("bash", _unpack_tree(base), tmp_path, stdin=_tree_archive(TREE))
+    command, archive = _unpack_tree(base)
+    result = run_shell("bash", command, tmp_path, stdin=archive)
 
     assert result.returncode == 0, result.stderr
     assert (base / "jobs/j/specs/spec.yaml").read_bytes() == b"epochs: 2\n"
@@ -1642,8 +1627,7 @@ def test_two_tries_staging_the_same_files_at_once_both_succeed(tmp_path: Path) -
     on the test cluster (``test_faults_concurrency.py`` forces them); here the window is rarely hit, so this
     checks the renames under concurrency rather than proving the old failure."""
     base = tmp_path / "base"
-    archive = _tree_archive(TREE)
-    command = _unpack_tree(base)
+    command, archive = _unpack_tree(base)
     for _ in range(40):
         procs = [
             subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)
