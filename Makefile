@@ -47,13 +47,15 @@ reliability: venv cluster-up
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py
 
-# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 25 minutes on 2 cores.
+# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 25 minutes on 2 cores, plus
+# about 17 for restart.py (real triggerers SIGKILLed 5 times per mode at N = 1000).
 # BENCH_RUN (the run's start, UTC) is exported once for the whole run: each script records it beside the
 # commit it measured, and report.py labels every table that does not come from this run and commit.
 bench: export BENCH_RUN := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 bench: venv cluster-up
 	rm -rf "$${BENCH_OUT:-/tmp/tao-slurm-bench}"
 	$(BIN)/python benchmarks/poller.py
+	$(BIN)/python benchmarks/restart.py
 	$(BIN)/python benchmarks/submit.py
 	$(BIN)/python benchmarks/import_parse.py
 	$(BIN)/python benchmarks/detect.py

@@ -28,7 +28,7 @@ trigger then polls until the task's timeout: a job cancelled while pending or he
 or time limit before the step starts (the TERM trap exits 143), SIGKILL after ``KillWait`` (a step that
 ignores SIGTERM), a node failure, the batch shell killed for memory; a requeued job removes the file when it
 starts again and the trigger cannot tell a rerun from a wait. So it measures the cost of watching N jobs
-per job (connections, commands, CPU, the login node, the restart storm: its loop does not depend on what the
+per job (connections, commands, CPU, the login node, the start storm: its loop does not depend on what the
 files hold), and the latency of the ends it can see: the held jobs here never run, so when the end phase
 cancels a batch it writes their exit-code files the way the script does, and latency is measured from that
 write. Its jobs' logs are empty (a running job that wrote nothing since the last poll): its cheapest poll, two
@@ -39,10 +39,10 @@ Both talk to the test cluster's login sshd with OpenSSH's default limits (``MaxS
 and peak memory of sshd, its sessions and the commands they run are measured apart from
 everything else on the machine.
 
-Each measured worker is a restart: a first worker process (a triggerer) brings every trigger to its
-first answer, is killed with SIGKILL, and the measured one starts at once (the restart storm): the
-time until every job's state is known again, connection attempts, and attempts the login host refused
-(a baseline trigger gives up after more than 5 failures in a row, so its job's state is then never known).
+Each worker starts its N triggers at once (the start storm): the time until every job's state is known,
+connection attempts, and attempts the login host refused (a baseline trigger gives up after more than 5
+failures in a row, so its job's state is then never known). Recovery after a real triggerer restart
+(``airflow triggerer`` SIGKILLed and a new one started) is measured by ``benchmarks/restart.py``.
 
 Per mode and N: after every trigger has its first answer, a window of :data:`WINDOWS` poll
 intervals measures scheduler queries (slurmctld ``sdiag`` and slurmdbd ``sacctmgr show stats``
@@ -111,7 +111,7 @@ FLAT_LIMIT = 1.25
 PER_JOB_COSTS = (
     ("triggerer CPU per interval", "cpu_s_per_interval", 1e6, "us"),
     ("login node CPU per interval", "login_cpu_s_per_interval", 1e6, "us"),
-    ("restart storm: time until every state is known", "warmup_s", 1e3, "ms"),
+    ("start storm: time until every state is known", "warmup_s", 1e3, "ms"),
     ("RSS growth", "rss_growth_bytes", 1 / 1024, "KB"),
 )
 
@@ -263,14 +263,10 @@ async def _warm_connection() -> None:
     await conn.wait_closed()
 
 
-async def measure(
-    mode: str, job_ids: list[str], interval: float, files: str | None = None, primed: Path | None = None
-) -> dict[str, Any]:
+async def measure(mode: str, job_ids: list[str], interval: float, files: str | None = None) -> dict[str, Any]:
     """Run N triggers of ``mode`` over ``job_ids`` and return the raw measurements.
 
     :param files: baseline: the directory of the jobs' exit-code files and logs (:func:`job_files`).
-    :param primed: run as the triggerer that gets killed: once every trigger has its first answer,
-        write this file and wait to be killed.
     """
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
     from airflow_provider_tao_slurm.triggers.poller import active_pollers
@@ -367,9 +363,6 @@ async def measure(
             warmup_attempts = COUNTERS.connections + COUNTERS.connect_failures
             warmup_refused = COUNTERS.connect_failures
         warmup_unknown = COUNTERS.gave_up
-        if primed is not None:
-            await asyncio.to_thread(primed.write_text, json.dumps({"warmup_s": warmup_s}))
-            await asyncio.sleep(3600)  # killed with SIGKILL by the orchestrator
         gc.collect()
         rss1 = _common.rss_bytes()
 
@@ -476,45 +469,18 @@ async def measure(
     }
 
 
-def worker(mode: str, interval: float, output: Path, primed: bool = False) -> None:
-    """Read the job ids (and the baseline's files directory) from stdin, measure, write the measurements as JSON.
-
-    :param primed: be the triggerer that gets killed (``output`` is written once it is warm).
-    """
+def worker(mode: str, interval: float, output: Path) -> None:
+    """Read the job ids (and the baseline's files directory) from stdin, measure, write the measurements as JSON."""
     import logging
 
     for name in ("asyncssh", "airflow_provider_tao_slurm", "airflow.providers.ssh"):
         logging.getLogger(name).setLevel(logging.WARNING)
     jobs = json.loads(sys.stdin.read())
-    result = asyncio.run(measure(mode, jobs["job_ids"], interval, jobs["files"], output if primed else None))
+    result = asyncio.run(measure(mode, jobs["job_ids"], interval, jobs["files"]))
     output.write_text(json.dumps(result))
 
 
 # ------------------------------------------------------------------------------ orchestrator side
-
-
-def _kill_when_warm(mode: str, n: int, interval: float, jobs: str, log: Any) -> float:
-    """Run the first triggerer until every trigger has its first answer, then SIGKILL it; its warm-up, s."""
-    primed = _common.OUT_DIR / f"poller-{mode}-{n}.primed.json"
-    primed.unlink(missing_ok=True)
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--worker", mode, "--primed", "--interval", str(interval), "--output", str(primed)],
-        stdin=subprocess.PIPE,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    assert proc.stdin is not None
-    proc.stdin.write(jobs)
-    proc.stdin.close()
-    deadline = time.monotonic() + WARMUP_TIMEOUT_S + 120
-    while not primed.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    proc.kill()
-    proc.wait()
-    if not primed.exists():
-        raise RuntimeError(f"the first {mode} triggerer for N={n} never got every first answer")
-    return float(json.loads(primed.read_text())["warmup_s"])
 
 
 def _create_job_files(directory: str, job_ids: list[str]) -> None:
@@ -531,7 +497,7 @@ def _create_job_files(directory: str, job_ids: list[str]) -> None:
 
 
 def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
-    """Create N held jobs; warm one triggerer over them, SIGKILL it, measure the next; cancel what is left."""
+    """Create N held jobs, measure one worker over them, cancel what is left."""
     job_ids = _common.create_held_jobs(f"bench-{_common.TOKEN}-{mode}{n}", n)
     files = f"{_common.CLUSTER['results_dir']}/bench-{_common.TOKEN}-files{n}" if mode == "baseline" else None
     jobs = json.dumps({"job_ids": job_ids, "files": files})
@@ -542,7 +508,6 @@ def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
         if files is not None:
             _create_job_files(files, job_ids)
         with log_path.open("w") as log:
-            first_warmup_s = _kill_when_warm(mode, n, interval, jobs, log)
             proc = subprocess.run(
                 [sys.executable, __file__, "--worker", mode, "--interval", str(interval), "--output", str(out_path)],
                 input=jobs,
@@ -559,7 +524,7 @@ def run_mode(mode: str, n: int, interval: float) -> dict[str, Any]:
     if proc.returncode != 0 or not out_path.exists():
         tail = log_path.read_text()[-3000:]
         raise RuntimeError(f"{mode} worker for N={n} failed (rc {proc.returncode}); {log_path}:\n{tail}")
-    return {**json.loads(out_path.read_text()), "killed_triggerer_warmup_s": first_warmup_s}
+    return dict(json.loads(out_path.read_text()))
 
 
 def _kb(value: float) -> str:
@@ -671,7 +636,7 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
             f"{shared['poll_failures']} / {shared['scancel_max_s']:.2f}",
             f"{base['poll_failures']} / {base['scancel_max_s']:.2f}",
         ),
-        *restart_and_login_figures(n, shared, base),
+        *start_and_login_figures(n, shared, base),
     ]
 
 
@@ -683,9 +648,11 @@ def _storm(run: dict[str, Any]) -> str:
     return f"{run['warmup_connection_attempts']} / {run['warmup_refused']}"
 
 
-def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any] | None) -> list[Figure]:
-    """The restart storm (previous triggerer SIGKILLed) and the login node's own cost; time target at N = 1000."""
-    at_target = n == 1000
+def start_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any] | None) -> list[Figure]:
+    """The start storm (N triggers started at once by one process) and the login node's own cost.
+
+    The time to every state after a real triggerer restart, and its target, are ``benchmarks/restart.py``'s.
+    """
 
     def pair(key: str, fmt: str) -> tuple[str, str]:
         ours = format(shared[key], fmt)
@@ -695,26 +662,21 @@ def restart_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, An
     login_target = LOGIN_CPU_SHARE * shared["interval_s"]
     login_cpu = shared["login_cpu_s_per_interval"]
     return [
+        Figure(f"N={n} start storm: time until every job's state is known, s", *pair("warmup_s", ".2f")),
         Figure(
-            f"N={n} restart storm: time until every job's state is known again, s",
-            *pair("warmup_s", ".2f"),
-            "<= 1" if at_target else "",
-            shared["warmup_s"] <= 1 if at_target else None,
-        ),
-        Figure(
-            f"N={n} restart storm: connection attempts / refused or failed (login sshd MaxStartups 10:30:100)",
+            f"N={n} start storm: connection attempts / refused or failed (login sshd MaxStartups 10:30:100)",
             _storm(shared),
             "" if base is None else _storm(base),
         ),
         Figure(
-            f"N={n} restart storm: jobs whose state was never known (trigger gave up)",
+            f"N={n} start storm: jobs whose state was never known (trigger gave up)",
             f"{unknown}",
             "" if base is None else f"{base['warmup_states_never_known']}",
             "0",
             unknown == 0,
         ),
         Figure(
-            f"N={n} restart storm: login node CPU s (sshd + commands, own cgroup)", *pair("warmup_login_cpu_s", ".2f")
+            f"N={n} start storm: login node CPU s (sshd + commands, own cgroup)", *pair("warmup_login_cpu_s", ".2f")
         ),
         Figure(
             f"N={n} login node CPU s/interval (sshd + commands, own cgroup)",
@@ -781,7 +743,7 @@ def scale_figures(n: int, shared: dict[str, Any], reference: dict[str, Any] | No
             "< 50 KB",
             shared["rss_per_trigger_bytes"] < 50 * 1024,
         ),
-        *restart_and_login_figures(n, shared, None),
+        *start_and_login_figures(n, shared, None),
         Figure(
             f"N={n} latency job end (scancel) -> event, p95 s",
             f"{shared['latency_p95_s']:.2f}",
@@ -803,10 +765,9 @@ def main() -> None:
     )
     parser.add_argument("--worker", choices=("shared", "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
-    parser.add_argument("--primed", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.interval, args.output, args.primed)
+        worker(args.worker, args.interval, args.output)
         return
     _common.OUT_DIR.mkdir(parents=True, exist_ok=True)
     sizes = [int(s) for s in args.sizes.split(",")]

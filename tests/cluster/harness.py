@@ -181,7 +181,8 @@ BASTION_PORT = 22024
 ROTATING_PORT = 22025
 #: A login host that accepts TCP on the login port and never speaks (see :data:`BLACK_HOLE_SOURCE`).
 BLACK_HOLE_HOST = "127.0.0.3"
-#: A login sshd with OpenSSH's default connection limits (``MaxStartups 10:30:100``, ``MaxSessions 10``).
+#: A login sshd like a real one: OpenSSH's default connection limits (``MaxStartups 10:30:100``,
+#: ``MaxSessions 10``) and PAM on (``UsePAM yes``, Debian's ``/etc/pam.d/sshd``).
 LIMITS_PORT = 22027
 DEFAULT_SSHD_LIMITS = ("10:30:100", "10")
 #: PostgreSQL for Airflow's metadata database in the high-availability tests (two triggerers need a real
@@ -683,11 +684,14 @@ def sshd_config(
     extra: Sequence[str] = (),
     host_key: Path = HOST_KEY,
     limits: tuple[str, str] = ("100:30:200", "100"),
+    use_pam: bool = False,
 ) -> str:
     """Return the config of a key-only loopback sshd for the cluster user.
 
     ``limits`` are ``MaxStartups`` and ``MaxSessions`` (sshd takes a keyword's first value, so they
-    cannot be overridden through ``extra``); the default is raised for the benchmarks.
+    cannot be overridden through ``extra``); the default is raised for the benchmarks. ``use_pam`` runs
+    Debian's sshd PAM stack (``/etc/pam.d/sshd``: account and session modules, as on a real login node;
+    key authentication does not ask PAM for a password).
     """
     return (
         "\n".join(
@@ -702,7 +706,7 @@ def sshd_config(
                 "AuthorizedKeysFile .ssh/authorized_keys",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
-                "UsePAM no",
+                f"UsePAM {'yes' if use_pam else 'no'}",
                 "X11Forwarding no",
                 "PrintMotd no",
                 f"MaxStartups {limits[0]}",
@@ -808,7 +812,7 @@ def write_configs() -> list[str]:
         ),
         (
             SSH_DIR / "sshd_limits_config",
-            sshd_config(LIMITS_PORT, RUN / "sshd-limits.pid", limits=DEFAULT_SSHD_LIMITS),
+            sshd_config(LIMITS_PORT, RUN / "sshd-limits.pid", limits=DEFAULT_SSHD_LIMITS, use_pam=True),
             0o600,
             "root",
         ),
