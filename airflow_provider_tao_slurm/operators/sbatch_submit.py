@@ -172,9 +172,10 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         checkpoint_glob: str | Sequence[str] | None = None,
         checkpoint_signal: str | None = None,
         signal_grace_seconds: int | None = None,
+        durable: bool = True,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(durable=durable, **kwargs)
         self.image, self.command, self.spec, self.action = image, command, spec, action
         self.network_arch, self.execution, self.bundle_root = network_arch, execution, bundle_root
         self.num_nodes, self.gpus_per_node, self.total_gpus = num_nodes, gpus_per_node, total_gpus
