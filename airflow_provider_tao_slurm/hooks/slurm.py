@@ -18,14 +18,16 @@ What tests, benchmarks and older code import from this module stays importable h
 
 from __future__ import annotations
 
+import asyncio
 import io
 import os
 import re
 import shlex
 import tarfile
 import time
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -91,6 +93,26 @@ PARTITION_CACHE_S = 600
 #: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
 #: cached by a version that asked sinfo for other fields is never read as this one's.
 PARTITION_CACHE_NAME = "partitions-a-gres"
+
+
+#: Seconds the hooks of one event loop share a read of a connection's settings (:meth:`SlurmHook.a_settings`);
+#: an edited connection reaches the triggers started this long after the edit.
+ASYNC_SETTINGS_TTL_S = 30.0
+
+#: event loop -> connection id -> (expiry on the monotonic clock, the read); a new loop reads afresh.
+_SHARED_SETTINGS: weakref.WeakKeyDictionary[
+    asyncio.AbstractEventLoop, dict[str, tuple[float, asyncio.Future[ClusterSettings]]]
+] = weakref.WeakKeyDictionary()
+
+
+def _forget_failed_read(
+    shared: dict[str, tuple[float, asyncio.Future[ClusterSettings]]], key: str, read: asyncio.Future[ClusterSettings]
+) -> None:
+    """Drop a failed or cancelled read of ``key`` from ``shared`` (its error stays its awaiters' own)."""
+    if read.cancelled() or read.exception() is not None:
+        entry = shared.get(key)
+        if entry is not None and entry[1] is read:
+            del shared[key]
 
 
 class SlurmHook(BaseHook):
@@ -562,28 +584,40 @@ class SlurmHook(BaseHook):
     async def a_settings(self) -> ClusterSettings:
         """Read the settings with the async connection API (safe inside the triggerer's event loop), once.
 
+        The hooks of one event loop share a read of the same connection for :data:`ASYNC_SETTINGS_TTL_S`
+        seconds: a triggerer starting hundreds of triggers asks its supervisor once, not once per trigger
+        (one at a time, about 10 ms each). A read that failed is not shared: the next hook reads again.
+
         :raises ConnectionConfigError: as :attr:`settings`.
         """
         if self._explicit_settings is not None:
             return self._explicit_settings
-        if self._async_settings is not None:
-            return self._async_settings
+        if self._async_settings is None:
+            shared = _SHARED_SETTINGS.setdefault(asyncio.get_running_loop(), {})
+            entry = shared.get(self.slurm_conn_id)
+            if entry is None or entry[0] <= time.monotonic():
+                read = asyncio.ensure_future(self._read_async_settings())
+                entry = shared[self.slurm_conn_id] = (time.monotonic() + ASYNC_SETTINGS_TTL_S, read)
+                read.add_done_callback(partial(_forget_failed_read, shared, self.slurm_conn_id))
+            self._async_settings = await asyncio.shield(entry[1])
+        return self._async_settings
+
+    async def _read_async_settings(self) -> ClusterSettings:
+        """Read the settings of :attr:`slurm_conn_id` through the async connection API."""
         from airflow.providers.common.compat.connection import get_async_connection, get_async_extra_dejson
 
         try:
             conn = await get_async_connection(self.slurm_conn_id)
         except AirflowNotFoundException:
-            self._async_settings = self._settings_without_connection()
-            return self._async_settings
+            return self._settings_without_connection()
         extra = await get_async_extra_dejson(conn)
-        self._async_settings = settings_from_connection(
+        return settings_from_connection(
             host=conn.host,
             login=conn.login,
             port=conn.port,
             extra=extra,
             source=f"connection {self.slurm_conn_id!r}",
         )
-        return self._async_settings
 
     async def a_get_states(self, job_ids: Iterable[str], *, since: str = DEFAULT_SACCT_WINDOW) -> dict[str, JobState]:
         """Async twin of :meth:`get_states`."""

@@ -59,6 +59,10 @@ MAX_LOG_BYTES_PER_POLL = 32 << 20
 #: ... but never below this many bytes per file.
 MIN_LOG_BYTES_PER_FILE = 1024
 
+#: Seconds a job that just subscribed waits before its first status query: the triggers a triggerer starts
+#: together (hundreds after a restart) are answered by one query each such moment, not one per trigger,
+#: and only the new jobs are asked (the others wait for the interval's query).
+FIRST_ANSWER_GATHER_S = 0.25
 #: Seconds between two reads of the end markers while some subscriber has an ends directory.
 END_MARKER_INTERVAL_S = 2.0
 #: Markers up to this many seconds older than the newest one seen are listed again (a marker written
@@ -184,6 +188,7 @@ class StatusPoller:
         self._streams: dict[asyncio.Queue[PollUpdate], tuple[str, tuple[LineStream, ...]]] = {}
         self._sent: dict[asyncio.Queue[PollUpdate], JobState] = {}
         self._seen: dict[str, float] = {}
+        self._answered: set[str] = set()
         self._end_dirs: dict[asyncio.Queue[PollUpdate], str] = {}
         self._ends_since: dict[str, float] = {}
         self._next_run: dict[asyncio.Queue[PollUpdate], int] = {}
@@ -247,6 +252,7 @@ class StatusPoller:
         if not queues:
             del self._subscribers[job_id]
             self._seen.pop(job_id, None)
+            self._answered.discard(job_id)
         if not self._subscribers and self._task is not None:
             self._task.cancel()
             self._task = None
@@ -258,17 +264,21 @@ class StatusPoller:
         backoff = self.interval
         next_status = next_ends = time.monotonic()
         read_at = next_ends - END_MARKER_INTERVAL_S
-        polled: list[str] = []
         while self._subscribers and self._task is me:
             self._wake.clear()
             failing = backoff > self.interval
-            if time.monotonic() >= next_status or (not failing and set(self._subscribers) - set(polled)):
-                polled = list(self._subscribers)
-                if await self._poll_status(polled):
+            due = time.monotonic() >= next_status
+            if due or (not failing and self._unanswered()):
+                if not due:  # new jobs only: the ones subscribing meanwhile join this query
+                    await asyncio.sleep(FIRST_ANSWER_GATHER_S)
+                ids = list(self._subscribers) if due else self._unanswered()
+                self._answered.update(ids)
+                if await self._poll_status(ids):
                     backoff = self.interval
                 else:
                     backoff = min(max(backoff, self.interval) * 2, MAX_BACKOFF_S)
-                next_status = time.monotonic() + backoff
+                if due or backoff > self.interval:
+                    next_status = time.monotonic() + backoff
                 failing = backoff > self.interval
             deadline = next_status
             if self._end_dirs and self._read_ends is not None and self._confirm_ends is not None:
@@ -291,7 +301,7 @@ class StatusPoller:
                 async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
                     if failing:  # a failing cluster is not asked early, not even for a new job
                         await asyncio.sleep(backoff)
-                    await self._sleep_until_new_subscriber(polled)
+                    await self._sleep_until_new_subscriber()
 
     async def _poll_status(self, ids: list[str]) -> bool:
         """One batched status query for ``ids``, published; False when it failed as a whole."""
@@ -325,11 +335,15 @@ class StatusPoller:
         self._publish([i for i in ids if i not in unanswered], states, lines=lines)
         return True
 
-    async def _sleep_until_new_subscriber(self, polled: list[str]) -> None:
-        """Return early when a job that was not in the last poll subscribes (first answer comes fast)."""
+    def _unanswered(self) -> list[str]:
+        """Return the watched jobs no status query asked about yet (they subscribed since the last one)."""
+        return [job_id for job_id in self._subscribers if job_id not in self._answered]
+
+    async def _sleep_until_new_subscriber(self) -> None:
+        """Return early when a job no query asked about yet subscribes (first answer comes fast)."""
         while True:
             await self._wake.wait()
-            if set(self._subscribers) - set(polled):
+            if self._unanswered():
                 return
             self._wake.clear()
 

@@ -40,6 +40,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
+from airflow_provider_tao_slurm.hooks import slurm as slurm_module
 from airflow_provider_tao_slurm.hooks.slurm import (
     STAGING_FAILED,
     CommandResult,
@@ -199,6 +200,62 @@ def test_async_settings_are_read_once(monkeypatch: pytest.MonkeyPatch) -> None:
     first = asyncio.run(hook.a_settings())
     monkeypatch.delenv("AIRFLOW_CONN_UNIT_SLURM")
     assert asyncio.run(hook.a_settings()) is first
+
+
+def _counting_connection_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Count the async connection reads (the triggerer's supervisor round trips) of the hooks."""
+    from airflow.providers.common.compat import connection as compat
+
+    reads: list[str] = []
+    real = compat.get_async_connection
+
+    async def counting(conn_id: str) -> Any:
+        reads.append(conn_id)
+        await asyncio.sleep(0.01)  # a supervisor round trip: the other triggers start meanwhile
+        return await real(conn_id)
+
+    monkeypatch.setattr(compat, "get_async_connection", counting)
+    return reads
+
+
+def test_hooks_of_one_event_loop_share_a_connection_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hundreds of triggers starting together: one read of their connection, every hook the same settings."""
+    monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
+    reads = _counting_connection_reads(monkeypatch)
+
+    async def many() -> list[ClusterSettings]:
+        return list(await asyncio.gather(*(SlurmHook("unit_slurm").a_settings() for _ in range(300))))
+
+    got = asyncio.run(many())
+    assert reads == ["unit_slurm"]
+    assert {id(one) for one in got} == {id(got[0])}
+    assert got[0].user == CONNECTION["login"]
+
+
+@pytest.mark.parametrize("ttl", [0.0, 30.0], ids=["expired", "fresh"])
+def test_a_shared_read_expires(monkeypatch: pytest.MonkeyPatch, ttl: float) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
+    monkeypatch.setattr(slurm_module, "ASYNC_SETTINGS_TTL_S", ttl)
+    reads = _counting_connection_reads(monkeypatch)
+
+    async def one_after_another() -> None:
+        await SlurmHook("unit_slurm").a_settings()
+        await SlurmHook("unit_slurm").a_settings()
+
+    asyncio.run(one_after_another())
+    assert len(reads) == (2 if ttl == 0 else 1)
+
+
+def test_a_failed_read_is_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection missing at the first read and created before the next: the next hook reads it afresh."""
+
+    async def before_and_after() -> ClusterSettings:
+        with pytest.raises(ConnectionConfigError, match="connection 'unit_slurm' does not exist"):
+            await SlurmHook("unit_slurm").a_settings()
+        monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
+        return await SlurmHook("unit_slurm").a_settings()
+
+    assert asyncio.run(before_and_after()).user == CONNECTION["login"]
 
 
 # ---------------------------------------------------------------------- private key file

@@ -18,7 +18,13 @@ from airflow_provider_tao_slurm.core.logstream import LineStream, TailChunk, Tai
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.triggers import poller as poller_module
-from airflow_provider_tao_slurm.triggers.poller import PollUpdate, StatusPoller, active_pollers, get_poller
+from airflow_provider_tao_slurm.triggers.poller import (
+    FIRST_ANSWER_GATHER_S,
+    PollUpdate,
+    StatusPoller,
+    active_pollers,
+    get_poller,
+)
 
 T = TypeVar("T")
 INTERVAL = 0.05
@@ -262,7 +268,31 @@ def test_new_job_is_polled_at_once_not_after_the_interval() -> None:
         return waited
 
     assert run(scenario()) < 1
-    assert [sorted(ids) for ids, _, _ in fetch.calls] == [["1"], ["1", "2"]]
+    assert [sorted(ids) for ids, _, _ in fetch.calls] == [["1"], ["2"]]  # the watched job waits for the interval
+
+
+def test_jobs_subscribing_together_share_one_first_query() -> None:
+    """A triggerer (re)starting hundreds of triggers: the ones that subscribe within the gather share a query."""
+    fetch = FakeFetch()
+
+    async def scenario() -> None:
+        poller = StatusPoller("u@c", fetch, 30)
+        first = poller.subscribe("1", 30)
+        await first.get()
+        queues = []
+        for job_id in ("2", "3", "4"):
+            queues.append(poller.subscribe(job_id, 30))
+            await asyncio.sleep(FIRST_ANSWER_GATHER_S / 10)
+        late = [await queue.get() for queue in queues]
+        assert [update.job_id for update in late] == ["2", "3", "4"]
+        queues.append(poller.subscribe("5", 30))
+        await queues[-1].get()
+        poller.unsubscribe("1", first)
+        for job_id, queue in zip(("2", "3", "4", "5"), queues, strict=True):
+            poller.unsubscribe(job_id, queue)
+
+    run(scenario())
+    assert [sorted(ids) for ids, _, _ in fetch.calls] == [["1"], ["2", "3", "4"], ["5"]]
 
 
 def test_interval_is_the_smallest_of_the_current_subscribers() -> None:
