@@ -129,6 +129,17 @@ def get_provider_info() -> dict[str, Any]:
                         "Seconds one remote command (sbatch, squeue, ...) may take (default 120).",
                         kind="number",
                     ),
+                    "rpc_bucket_size": _conn_field(
+                        "RPC budget: burst",
+                        "slurmctld RPCs the provider may send at once for this user (default 24, 4/5 of "
+                        "SLURM's rl_enable default); submissions past it wait for the refill.",
+                        kind="number",
+                    ),
+                    "rpc_refill_rate": _conn_field(
+                        "RPC budget: refill per second",
+                        "RPCs per second the budget refills (default 1.6); 0 turns the pacing off.",
+                        kind="number",
+                    ),
                     "log_url_template": _conn_field(
                         "Log URL template",
                         "Extra links of submitted jobs, e.g. https://ondemand.example.org/files{path}; "

@@ -8,7 +8,8 @@ runs a DAG written here: ONE :class:`SbatchSubmitOperator` mapped over :data:`TA
 (``.expand``), tiny jobs (1 CPU, 1 GPU, ``sleep 1``, the one-minute partition, no retries). Its
 ``slurm_default`` connection goes to a login sshd of its own, configured as the harness's
 ``sshd-limits`` (OpenSSH's default ``MaxStartups 10:30:100``, ``MaxSessions 10``; the harness's one
-serves other benchmarks meanwhile). Figures: the time from the first task's start to the last task's end (its
+serves other benchmarks meanwhile) and has no ``rpc_*`` extras: the provider paces the submissions with
+its default RPC budget, as users run it. Figures: the time from the first task's start to the last task's end (its
 job submitted), jobs by name (each task's job exactly once: squeue + sacct), failed tasks (REST API),
 logins and refused connections (its sshd's log: ``Accepted publickey``, ``drop connection``), and the
 cluster user's slurmctld RPCs per submission.
@@ -20,8 +21,8 @@ by the hook's ``get_states`` on a hook that polled before (the batched query the
 interval), and the same on a fresh hook (the first poll after a triggerer restart: the triggers only
 subscribe; their first poll is this query on a new connection). Other work on the cluster runs as the
 same user, and its RPCs only add to a count: each path runs :data:`ROUNDS` times and counts the fewest.
-The storm's RPCs are one submission's spread over each task's run (start to end, REST API); the raw
-count over the storm, less the user's background rate measured just before, is printed beside them.
+The storm's RPCs are the cluster user's RPCs as the samples saw them arrive, from the trigger to the
+last task's end; the count less the user's background rate measured just before is printed beside them.
 Each timeline goes through a simulated default ``rl_enable`` bucket (``benchmarks/ratelimit.py``: 30
 tokens, refilled 2 per second); the storm's RPCs also as one burst, as they would arrive with enough
 workers and cores. The test cluster's SLURM 22.05 has no ``rl_enable``: the bucket is simulated, and
@@ -58,7 +59,7 @@ sys.path.insert(0, str(_common.REPO / "tests" / "cluster"))
 from airflow.sdk.bases.operator import ExecutorSafeguard
 from airflow_stack import Stack, standalone
 from conftest import ClusterEnv
-from demo import connection_uri_json, free_port
+from demo import SUITE_RPC_BUDGET, connection_uri_json, free_port
 from harness import DEFAULT_SSHD_LIMITS, sshd_config
 
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -164,11 +165,6 @@ def fewest(sampler: RpcSampler, action: Callable[[int], Any], rounds: int) -> tu
         counted.append((last[1] - first[1], sampler.arrivals(first, last)))
     rpcs, timeline = min(counted, key=lambda pair: pair[0])
     return results, rpcs, timeline
-
-
-def storm_timeline(windows: list[tuple[float, float]], per_submission: int) -> list[float]:
-    """The storm's RPCs as its tasks send them: ``per_submission`` spread evenly over each task's run."""
-    return [start + (end - start) * (k + 1) / per_submission for start, end in windows for k in range(per_submission)]
 
 
 def cluster_env() -> ClusterEnv:
@@ -285,6 +281,7 @@ def storm(stack: Stack, sampler: RpcSampler, tasks: int) -> dict[str, Any]:
         "rpcs": last[1] - first[1],
         "rpcs_less_background": last[1] - first[1] - background * (last[0] - first[0]),
         "task_windows_s": sorted(windows),
+        "arrivals": sampler.arrivals(first, last),
         "handles": [json.loads(h) if isinstance(h, str) else h for h in handles],
     }
 
@@ -339,6 +336,8 @@ def main() -> None:
             )
             with login_sshd(Path(tmp)) as (port, sshd_log):
                 connection = {**json.loads(connection_uri_json(c)), "port": port}
+                for key in SUITE_RPC_BUDGET:  # the provider's default budget, as users run it
+                    del connection["extra"][key]
                 settings = {
                     "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
                     "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
@@ -364,7 +363,7 @@ def main() -> None:
     storm_rpcs = ran["rpcs_less_background"]
     buckets = {
         "one submission": throttle(single_times),
-        "storm": throttle(storm_timeline(ran["task_windows_s"], single_rpcs)),
+        "storm": throttle(ran["arrivals"]),
         "poll": throttle(poll_times),
         "restart": throttle(restart_times),
     }
@@ -402,8 +401,8 @@ def main() -> None:
         ),
         Figure(f"RPCs (slurmctld, cluster user): one submission, fewest of {ROUNDS}", str(single_rpcs)),
         bucket_figure("one submission", buckets["one submission"]),
-        Figure(f"RPCs: the storm of {tasks} (one submission's RPCs over each task's run)", str(single_rpcs * tasks)),
-        bucket_figure(f"storm of {tasks}, as its tasks ran", buckets["storm"]),
+        Figure(f"RPCs: the storm of {tasks}, as sampled (sdiag every {SAMPLE_S:g} s)", str(len(ran["arrivals"]))),
+        bucket_figure(f"storm of {tasks}, as its RPCs arrived (paced by the provider)", buckets["storm"]),
         Figure(
             "  storm: the same RPCs all at once (enough workers and cores), for reference",
             f"{at_once.throttled} of {at_once.rpcs} throttled, longest wait {at_once.max_delay_s:.1f} s",

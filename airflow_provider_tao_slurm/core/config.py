@@ -16,6 +16,11 @@ from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
 DEFAULT_CONN_TIMEOUT = 10.0
 DEFAULT_CMD_TIMEOUT = 120.0
+#: The provider's own budget of slurmctld RPCs per cluster user
+#: (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`): four fifths of SLURM's default
+#: ``rl_enable`` bucket (30 tokens, 2 per second), the rest left to the user's other commands.
+DEFAULT_RPC_BUCKET_SIZE = 24
+DEFAULT_RPC_REFILL_RATE = 1.6
 
 #: The environment variables users of the TAO SLURM workflow already have.
 ENV_VARS = (
@@ -96,6 +101,8 @@ class ClusterSettings:
     conn_timeout: float = DEFAULT_CONN_TIMEOUT
     cmd_timeout: float = DEFAULT_CMD_TIMEOUT
     proxy_command: str | None = None
+    rpc_bucket_size: int = DEFAULT_RPC_BUCKET_SIZE
+    rpc_refill_rate: float = DEFAULT_RPC_REFILL_RATE
 
     @property
     def pool_key(self) -> str:
@@ -134,6 +141,7 @@ def settings_from_connection(
     auth = _auth_fields(extra, field_names["key_file"], problems)
     names_ = _name_fields(extra, problems)
     numbers = _number_fields(extra, problems)
+    pacing = _pacing_fields(extra, problems)
     port_number = _port(port, problems)
     if problems:
         raise ConnectionConfigError(f"{source} is not usable: " + "; ".join(problems))
@@ -147,6 +155,7 @@ def settings_from_connection(
         cluster_name=str(extra.get("cluster_name") or hosts[0]).strip(),
         conn_timeout=numbers["conn_timeout"] or DEFAULT_CONN_TIMEOUT,
         cmd_timeout=numbers["cmd_timeout"] or DEFAULT_CMD_TIMEOUT,
+        **pacing,
     )
 
 
@@ -219,6 +228,29 @@ def _number_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, f
         if value is not None and not value > 0:
             problems.append(f"{key} must be greater than 0")
     return numbers
+
+
+def _pacing_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+    """``rpc_bucket_size`` (a whole number >= 1) and ``rpc_refill_rate`` (tokens per second, 0: no pacing)."""
+    size, rate = extra.get("rpc_bucket_size"), extra.get("rpc_refill_rate")
+    fields: dict[str, Any] = {"rpc_bucket_size": DEFAULT_RPC_BUCKET_SIZE, "rpc_refill_rate": DEFAULT_RPC_REFILL_RATE}
+    if size not in (None, ""):
+        try:
+            fields["rpc_bucket_size"] = int(str(size))
+        except ValueError:
+            problems.append(f"rpc_bucket_size={size!r} is not a whole number")
+        else:
+            if fields["rpc_bucket_size"] < 1:
+                problems.append("rpc_bucket_size must be at least 1")
+    if rate not in (None, ""):
+        try:
+            fields["rpc_refill_rate"] = float(rate)
+        except (TypeError, ValueError):
+            problems.append(f"rpc_refill_rate={rate!r} is not a number")
+        else:
+            if not 0 <= fields["rpc_refill_rate"] < float("inf"):
+                problems.append("rpc_refill_rate must be 0 (no pacing) or more tokens per second")
+    return fields
 
 
 def _port(port: int | None, problems: list[str]) -> int:

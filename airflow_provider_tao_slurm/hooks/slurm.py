@@ -318,8 +318,12 @@ class SlurmHook(BaseHook):
         """Submit a staged batch script in one round trip and return its SLURM job id.
 
         The job is submitted held, checked to be the only live job of its name (an older twin wins), its
-        log directory ``<log_dir>/<job_name>-<id>`` created, then released. This is one try: what to do
-        when its outcome is unknown is :func:`~airflow_provider_tao_slurm.lifecycle.submission.submit_job`'s.
+        log directory ``<log_dir>/<job_name>-<id>`` created, then released. First it takes its RPCs from
+        the user's budget (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`; the connection's
+        ``rpc_bucket_size`` and ``rpc_refill_rate``), waiting up to
+        :data:`~airflow_provider_tao_slurm.core.commands.MAX_PACING_WAIT_S` seconds when a storm spent it.
+        This is one try: what to do when its outcome is unknown is
+        :func:`~airflow_provider_tao_slurm.lifecycle.submission.submit_job`'s.
 
         :param stage: ``(base, files)`` as :meth:`stage_files` takes them, staged in the same round
             trip right before sbatch.
@@ -340,8 +344,15 @@ class SlurmHook(BaseHook):
         if stage is not None:
             staging, archive = _staging(*stage)
             command = f"{{ {staging}; }} || {{ rc=$?; echo {shlex.quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
+        settings = self.settings
+        pacing = commands.rpc_pacing(commands.SUBMISSION_RPCS, settings.rpc_bucket_size, settings.rpc_refill_rate)
         try:
-            result = self.run(command, stdin=archive, what="sbatch")
+            result = self.run(
+                pacing + command,
+                stdin=archive,
+                timeout=settings.cmd_timeout + (commands.MAX_PACING_WAIT_S if pacing else 0.0),
+                what="sbatch",
+            )
         except (ConnectionLostError, CommandTimeoutError) as exc:
             raise SubmissionOutcomeUnknownError(f"sbatch of {job_name}: {exc}") from exc
         return self._sbatch_reply(result, script_path, job_name)

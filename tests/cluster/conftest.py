@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
+from demo import SUITE_RPC_BUDGET
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection
 
@@ -177,6 +178,7 @@ def connection_fields(cluster: ClusterEnv) -> dict[str, Any]:
             "container_mounts": f"{cluster.shared_dir}:{cluster.shared_dir}",
             "conversion_partition": cluster.cpu_partition,
             "cluster_name": cluster.cluster_name,
+            **SUITE_RPC_BUDGET,
         },
     }
 

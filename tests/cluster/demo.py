@@ -118,6 +118,12 @@ def stage_assets(cluster: Mapping[str, Any]) -> None:
         raise DemoError(f"staging the demo assets in {DEMO_DIR} as {cluster['user']} failed (rc {rc}): {output}")
 
 
+#: The test cluster's connections pace their RPCs (every submission runs the pacing) with a budget no test
+#: spends: the suite is one cluster user submitting hundreds of jobs back to back. The pacing's own tests
+#: and the benchmarks (a sweep's storm, as users run it) use budgets of their own.
+SUITE_RPC_BUDGET = {"rpc_bucket_size": 100000, "rpc_refill_rate": 1000}
+
+
 def connection_uri_json(cluster: Mapping[str, Any]) -> str:
     """The ``slurm_default`` connection for the test cluster, as ``AIRFLOW_CONN_SLURM_DEFAULT`` JSON."""
     return json.dumps(
@@ -135,6 +141,7 @@ def connection_uri_json(cluster: Mapping[str, Any]) -> str:
                 "container_mounts": f"{cluster['shared_dir']}:{cluster['shared_dir']}",
                 "conversion_partition": cluster["cpu_partition"],
                 "cluster_name": cluster["cluster_name"],
+                **SUITE_RPC_BUDGET,
             },
         }
     )

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from deferral import wait_until
 
+from airflow_provider_tao_slurm.core.commands import SUBMISSION_RPCS
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
@@ -372,6 +373,36 @@ def test_fifty_jobs_are_polled_with_one_squeue(
     assert set(cancels[0].split()[3:]) == set(ids)
     _, out, _ = ssh_run(join(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%T"]))
     assert set(out.split()) == {"CANCELLED"}
+
+
+def test_submissions_past_the_rpc_budget_wait_for_it(
+    slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun
+) -> None:
+    """A budget of one submission (5 RPCs, 1 per second): the second submission takes its tokens on credit
+    and waits until they are refilled before it sends anything; both jobs are submitted once."""
+    bucket = "$HOME/.tao-slurm/rpc-bucket"
+    assert ssh_run(f'rm -f "{bucket}"')[0] == 0
+    hook = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=SUBMISSION_RPCS, rpc_refill_rate=1.0))
+    ids: list[str] = []
+    try:
+        took: list[float] = []
+        for k in range(2):
+            started = time.monotonic()
+            name = f"hook_{TOKEN}_paced{k}"
+            ids.append(hook.submit(sleep_script, name, log_dir=f"{run_dir}/logs", extra_args=["--begin=now+1hour"]))
+            took.append(time.monotonic() - started)
+        rc, out, err = ssh_run(f'cat "{bucket}"')
+        assert rc == 0, err
+        tokens = float(out.split()[0])
+        assert tokens < 0, out  # the second submission's tokens were taken before the refill ...
+        assert took[1] >= -tokens / 1.0 - 0.2, (took, out)  # ... and it waited for them
+        assert len(set(ids)) == 2
+        _, listed, _ = ssh_run(join(["squeue", "-h", "-j", ",".join(ids), "-o", "%j %T"]))
+        assert sorted(listed.splitlines()) == [f"hook_{TOKEN}_paced{k} PENDING" for k in range(2)]
+    finally:
+        hook.cancel(ids)
+        hook.close()
+        ssh_run(f'rm -f "{bucket}"')
 
 
 def test_cancel_is_idempotent_and_ends_cancelled(

@@ -19,6 +19,7 @@ The builders live in one module per subject and are all importable from here:
 - :mod:`.enroot`: registry credentials and squashfs image checks;
 - :mod:`.preflight`: srun's options and the node probe;
 - :mod:`.markers`: the end markers batch scripts leave;
+- :mod:`.pacing`: the provider's own budget of slurmctld RPCs;
 - :mod:`.values`: the validation every builder shares.
 """
 
@@ -57,6 +58,7 @@ from airflow_provider_tao_slurm.core.commands.markers import (
     parse_end_markers,
     remove_end_markers,
 )
+from airflow_provider_tao_slurm.core.commands.pacing import MAX_PACING_WAIT_S, SUBMISSION_RPCS, rpc_pacing
 from airflow_provider_tao_slurm.core.commands.preflight import (
     NodeProbe,
     missing_srun_options,
@@ -91,10 +93,12 @@ from airflow_provider_tao_slurm.core.commands.slurm import (
 __all__ = [
     "ENROOT_CREDENTIALS",
     "IDS_ON_COMMAND_LINE",
+    "MAX_PACING_WAIT_S",
     "MISSING_FILE_STATUS",
     "NGC_MACHINES",
     "SHOW_JOB_KEYS",
     "SQUASHFS_MAGIC_HEX",
+    "SUBMISSION_RPCS",
     "UNSAFE_PATH_RE",
     "UNSAFE_PATH_STATUS",
     "Association",
@@ -129,6 +133,7 @@ __all__ = [
     "remove_end_markers",
     "remove_files",
     "rename",
+    "rpc_pacing",
     "sacct_states",
     "sacctmgr_assoc",
     "sbatch_submit",

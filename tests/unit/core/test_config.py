@@ -65,6 +65,9 @@ def from_connection(host: Any = "login1", login: Any = "alice", port: Any = None
         ({"max_time_hours": ""}, MINIMAL),
         ({"conn_timeout": 3, "cmd_timeout": "30"}, dataclasses.replace(MINIMAL, conn_timeout=3.0, cmd_timeout=30.0)),
         ({"cluster_name": " polaris "}, dataclasses.replace(MINIMAL, cluster_name="polaris")),
+        ({"rpc_bucket_size": "30", "rpc_refill_rate": 2},
+         dataclasses.replace(MINIMAL, rpc_bucket_size=30, rpc_refill_rate=2.0)),
+        ({"rpc_refill_rate": "0"}, dataclasses.replace(MINIMAL, rpc_refill_rate=0.0)),
     ],
     ids=[
         "minimal",
@@ -95,6 +98,8 @@ def from_connection(host: Any = "login1", login: Any = "alice", port: Any = None
         "max-time-blank",
         "timeouts",
         "cluster-name",
+        "rpc-budget",
+        "no-pacing",
     ],
 )  # fmt: skip
 def test_valid_connection(fields: dict[str, Any], expected: ClusterSettings) -> None:
@@ -154,6 +159,11 @@ def test_defaults() -> None:
         ({"cmd_timeout": "nan"}, "cmd_timeout must be greater than 0"),
         ({"cmd_timeout": [1]}, "cmd_timeout=[1] is not a number"),
         ({"port": "ssh"}, "port 'ssh' is not a number"),
+        ({"rpc_bucket_size": "2.5"}, "rpc_bucket_size='2.5' is not a whole number"),
+        ({"rpc_bucket_size": 0}, "rpc_bucket_size must be at least 1"),
+        ({"rpc_refill_rate": "fast"}, "rpc_refill_rate='fast' is not a number"),
+        ({"rpc_refill_rate": -1}, "rpc_refill_rate must be 0 (no pacing) or more tokens per second"),
+        ({"rpc_refill_rate": "nan"}, "rpc_refill_rate must be 0 (no pacing) or more tokens per second"),
     ],
     ids=[
         "no-host",
@@ -178,6 +188,11 @@ def test_defaults() -> None:
         "nan-timeout",
         "list-timeout",
         "named-port",
+        "fractional-bucket",
+        "empty-bucket",
+        "rate-text",
+        "negative-rate",
+        "nan-rate",
     ],
 )  # fmt: skip
 def test_invalid_connection_names_the_problem(fields: dict[str, Any], problem: str) -> None:
