@@ -378,7 +378,7 @@ def test_fifty_jobs_are_polled_with_one_squeue(
 def test_submissions_past_the_rpc_budget_wait_for_it(
     slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun
 ) -> None:
-    """A budget of one submission (5 RPCs, 1 per second): the second submission takes its tokens on credit
+    """A budget of one submission (SUBMISSION_RPCS tokens, 1 per second): the second submission takes its tokens on credit
     and waits until they are refilled before it sends anything; both jobs are submitted once."""
     bucket = "$HOME/.tao-slurm/rpc-bucket"
     assert ssh_run(f'rm -f "{bucket}"')[0] == 0

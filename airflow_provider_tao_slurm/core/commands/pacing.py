@@ -18,10 +18,12 @@ used (a read-only home, no ``flock``) the submission goes at once.
 
 from __future__ import annotations
 
-#: slurmctld RPCs one submission sends, counted with ``sdiag`` on the test cluster: the partition check
-#: (``REQUEST_PARTITION_INFO``), sbatch (``REQUEST_FED_INFO``, ``REQUEST_SUBMIT_BATCH_JOB``), the
-#: duplicate check (``REQUEST_JOB_USER_INFO``) and the release (``REQUEST_UPDATE_JOB``).
-SUBMISSION_RPCS = 5
+#: slurmctld RPCs of the cluster user that one submission causes, counted with ``sdiag`` on the test
+#: cluster: the submitting round trip sends 5 (sbatch: ``REQUEST_FED_INFO``, ``REQUEST_PARTITION_INFO``,
+#: ``REQUEST_SUBMIT_BATCH_JOB``; the duplicate check: ``REQUEST_JOB_USER_INFO``; the release:
+#: ``REQUEST_UPDATE_JOB``), and the job's container step, once the job starts, 2 more as the same user
+#: (srun: ``REQUEST_HET_JOB_ALLOC_INFO``, ``REQUEST_JOB_STEP_CREATE``). The submission pays for all 7.
+SUBMISSION_RPCS = 7
 
 #: The longest one submission waits for its tokens; past it, it goes (and a site's own limiter paces it).
 MAX_PACING_WAIT_S = 120.0
