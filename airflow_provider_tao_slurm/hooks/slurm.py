@@ -19,6 +19,7 @@ What tests, benchmarks and older code import from this module stays importable h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import os
 import re
@@ -355,7 +356,16 @@ class SlurmHook(BaseHook):
             )
         except (ConnectionLostError, CommandTimeoutError) as exc:
             raise SubmissionOutcomeUnknownError(f"sbatch of {job_name}: {exc}") from exc
-        return self._sbatch_reply(result, script_path, job_name)
+        waited, stderr = commands.parse_paced(result.stderr)
+        if waited:
+            self.log.info(
+                "%s waited %.1f s for the cluster user's RPC budget (rpc_bucket_size %d, rpc_refill_rate %g/s)",
+                job_name,
+                waited,
+                settings.rpc_bucket_size,
+                settings.rpc_refill_rate,
+            )
+        return self._sbatch_reply(dataclasses.replace(result, stderr=stderr), script_path, job_name)
 
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
         """Create the log directory ``<log_dir>/<job_name>-<job_id>`` of an adopted job and release it if held.

@@ -376,10 +376,10 @@ def test_fifty_jobs_are_polled_with_one_squeue(
 
 
 def test_submissions_past_the_rpc_budget_wait_for_it(
-    slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun
+    slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    """A budget of one submission (SUBMISSION_RPCS tokens, 1 per second): the second submission takes its tokens on credit
-    and waits until they are refilled before it sends anything; both jobs are submitted once."""
+    """A budget of one submission (its tokens, refilled 1 per second): the second submission takes its tokens
+    on credit, waits until they are refilled before it sends anything, and says so; both jobs go once."""
     bucket = "$HOME/.tao-slurm/rpc-bucket"
     assert ssh_run(f'rm -f "{bucket}"')[0] == 0
     hook = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=SUBMISSION_RPCS, rpc_refill_rate=1.0))
@@ -396,6 +396,10 @@ def test_submissions_past_the_rpc_budget_wait_for_it(
         tokens = float(out.split()[0])
         assert tokens < 0, out  # the second submission's tokens were taken before the refill ...
         assert took[1] >= -tokens / 1.0 - 0.2, (took, out)  # ... and it waited for them
+        captured = capfd.readouterr()  # the hook logs through Airflow's structlog, to the process's output
+        waits = [line for line in (captured.out + captured.err).splitlines() if "RPC budget" in line]
+        assert len(waits) == 1, waits
+        assert f"hook_{TOKEN}_paced1 waited " in waits[0], waits
         assert len(set(ids)) == 2
         _, listed, _ = ssh_run(join(["squeue", "-h", "-j", ",".join(ids), "-o", "%j %T"]))
         assert sorted(listed.splitlines()) == [f"hook_{TOKEN}_paced{k} PENDING" for k in range(2)]

@@ -58,7 +58,13 @@ from airflow_provider_tao_slurm.core.commands.markers import (
     parse_end_markers,
     remove_end_markers,
 )
-from airflow_provider_tao_slurm.core.commands.pacing import MAX_PACING_WAIT_S, SUBMISSION_RPCS, rpc_pacing
+from airflow_provider_tao_slurm.core.commands.pacing import (
+    MAX_PACING_WAIT_S,
+    PACED_PREFIX,
+    SUBMISSION_RPCS,
+    parse_paced,
+    rpc_pacing,
+)
 from airflow_provider_tao_slurm.core.commands.preflight import (
     NodeProbe,
     missing_srun_options,
@@ -96,6 +102,7 @@ __all__ = [
     "MAX_PACING_WAIT_S",
     "MISSING_FILE_STATUS",
     "NGC_MACHINES",
+    "PACED_PREFIX",
     "SHOW_JOB_KEYS",
     "SQUASHFS_MAGIC_HEX",
     "SUBMISSION_RPCS",
@@ -122,6 +129,7 @@ __all__ = [
     "parse_enroot_credentials_present",
     "parse_node_probe",
     "parse_node_states",
+    "parse_paced",
     "parse_sacctmgr_assoc",
     "parse_show_job",
     "parse_sqsh_check",

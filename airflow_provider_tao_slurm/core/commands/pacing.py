@@ -28,6 +28,9 @@ SUBMISSION_RPCS = 7
 #: The longest one submission waits for its tokens; past it, it goes (and a site's own limiter paces it).
 MAX_PACING_WAIT_S = 120.0
 
+#: The stderr line a paced command prints when it waited: this prefix, then the seconds.
+PACED_PREFIX = "#paced "
+
 #: The bucket's file and lock, under the cluster user's home.
 PACING_DIR = ".tao-slurm"
 PACING_FILE = "rpc-bucket"
@@ -50,6 +53,8 @@ def rpc_pacing(cost: int, bucket_size: int, refill_rate: float, max_wait: float 
     """Shell that takes ``cost`` tokens from the cluster user's RPC bucket and sleeps until they are there.
 
     Put it first in the round trip whose RPCs it pays for. It always succeeds (see the module's text).
+    When it waited, it prints :data:`PACED_PREFIX` and the seconds on stderr (read them with
+    :func:`parse_paced`).
 
     :param cost: the RPCs the paced command sends (e.g. :data:`SUBMISSION_RPCS`).
     :param bucket_size: tokens the bucket holds: the RPCs that may go at once.
@@ -70,4 +75,19 @@ def rpc_pacing(cost: int, bucket_size: int, refill_rate: float, max_wait: float 
         f'{{ _pd="$HOME/{PACING_DIR}"; mkdir -p -- "$_pd" && '
         f'_pw=$( ( flock -w 30 9 || exit 1; cat -- "$_pd/{PACING_FILE}" 2>/dev/null | {take} ) '
         f'9>>"$_pd/{PACING_FILE}.lock" ) && sleep "$_pw"; }} 2>/dev/null || true; '
+        f"case ${{_pw:-0}} in 0|0.000) ;; *) printf '%s%s\\n' '{PACED_PREFIX}' \"$_pw\" >&2;; esac; "
     )
+
+
+def parse_paced(stderr: str) -> tuple[float, str]:
+    """Split a paced command's stderr: the seconds it waited for its tokens (0: none), and the rest."""
+    waited, rest = 0.0, []
+    for line in stderr.splitlines(keepends=True):
+        if line.startswith(PACED_PREFIX):
+            try:
+                waited = float(line[len(PACED_PREFIX) :])
+            except ValueError:
+                rest.append(line)
+        else:
+            rest.append(line)
+    return waited, "".join(rest)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tao_slurm.core.commands import SUBMISSION_RPCS, rpc_pacing
+from airflow_provider_tao_slurm.core.commands import PACED_PREFIX, SUBMISSION_RPCS, parse_paced, rpc_pacing
 
 SHELLS = ["bash", "dash"]
 
@@ -31,13 +31,18 @@ def login(tmp_path: Path) -> Path:
 
 def take(login: Path, shell: str, now: float, fragment: str, *, home: str | None = None) -> str:
     """Run ``fragment`` then ``echo sent`` at time ``now``; return what the command printed."""
+    return take_both(login, shell, now, fragment, home=home)[0]
+
+
+def take_both(login: Path, shell: str, now: float, fragment: str, *, home: str | None = None) -> tuple[str, str]:
+    """As :func:`take`: stdout and stderr."""
     (login / "now").write_text(f"{now:.6f}\n")
     env = {"HOME": home or str(login / "home"), "PATH": f"{login / 'bin'}:/usr/bin:/bin"}
     proc = subprocess.run(
         [shell, "-c", fragment + "echo sent"], env=env, capture_output=True, text=True, timeout=30, check=False
     )
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout
+    return proc.stdout, proc.stderr
 
 
 def slept(login: Path) -> list[float]:
@@ -94,3 +99,26 @@ def test_no_refill_means_no_pacing() -> None:
 def test_bad_pacing_is_refused(cost: int, size: int, rate: float, wait: float) -> None:
     with pytest.raises(ValueError, match="bad pacing"):
         rpc_pacing(cost, size, rate, max_wait=wait)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_take_that_waited_says_so_on_stderr(login: Path, shell: str) -> None:
+    fragment = rpc_pacing(5, 5, 2.0)
+    assert take_both(login, shell, 0, fragment) == ("sent\n", "")
+    out, err = take_both(login, shell, 0, fragment)
+    assert (out, err) == ("sent\n", f"{PACED_PREFIX}2.500\n")
+    assert parse_paced(err) == (2.5, "")
+
+
+@pytest.mark.parametrize(
+    ("stderr", "parsed"),
+    [
+        ("", (0.0, "")),
+        ("sbatch: error: Invalid partition\n", (0.0, "sbatch: error: Invalid partition\n")),
+        (f"{PACED_PREFIX}12.5\nsbatch: warning\n", (12.5, "sbatch: warning\n")),
+        (f"{PACED_PREFIX}soon\n", (0.0, f"{PACED_PREFIX}soon\n")),
+    ],
+    ids=["empty", "other-lines-kept", "paced-line-taken-out", "unreadable-kept"],
+)
+def test_parse_paced(stderr: str, parsed: tuple[float, str]) -> None:
+    assert parse_paced(stderr) == parsed
