@@ -96,24 +96,20 @@ PARTITION_CACHE_S = 600
 PARTITION_CACHE_NAME = "partitions-a-gres"
 
 
-#: Seconds the hooks of one event loop share a read of a connection's settings (:meth:`SlurmHook.a_settings`);
-#: an edited connection reaches the triggers started this long after the edit.
-ASYNC_SETTINGS_TTL_S = 30.0
-
-#: event loop -> connection id -> (expiry on the monotonic clock, the read); a new loop reads afresh.
-_SHARED_SETTINGS: weakref.WeakKeyDictionary[
-    asyncio.AbstractEventLoop, dict[str, tuple[float, asyncio.Future[ClusterSettings]]]
-] = weakref.WeakKeyDictionary()
+#: event loop -> connection id -> the read of its settings in flight; a finished read is dropped at once.
+_READS_IN_FLIGHT: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, asyncio.Future[ClusterSettings]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
-def _forget_failed_read(
-    shared: dict[str, tuple[float, asyncio.Future[ClusterSettings]]], key: str, read: asyncio.Future[ClusterSettings]
+def _read_done(
+    reads: dict[str, asyncio.Future[ClusterSettings]], key: str, read: asyncio.Future[ClusterSettings]
 ) -> None:
-    """Drop a failed or cancelled read of ``key`` from ``shared`` (its error stays its awaiters' own)."""
-    if read.cancelled() or read.exception() is not None:
-        entry = shared.get(key)
-        if entry is not None and entry[1] is read:
-            del shared[key]
+    """Drop the finished ``read`` of ``key`` (its outcome stays its awaiters' own; a later hook reads anew)."""
+    if not read.cancelled():
+        read.exception()  # retrieved here too: a read whose awaiters were all cancelled logs nothing
+    if reads.get(key) is read:
+        del reads[key]
 
 
 class SlurmHook(BaseHook):
@@ -605,22 +601,24 @@ class SlurmHook(BaseHook):
     async def a_settings(self) -> ClusterSettings:
         """Read the settings with the async connection API (safe inside the triggerer's event loop), once.
 
-        The hooks of one event loop share a read of the same connection for :data:`ASYNC_SETTINGS_TTL_S`
-        seconds: a triggerer starting hundreds of triggers asks its supervisor once, not once per trigger
-        (one at a time, about 10 ms each). A read that failed is not shared: the next hook reads again.
+        The hooks of one event loop that need the same connection while a read of it is in flight share
+        that read: a triggerer starting hundreds of triggers at once asks its supervisor a few times, not
+        once per trigger (one request at a time, about 10 ms each: the 1000th trigger waited 10 s). A read
+        is never reused once it finished, so a hook always sees the connection as it was when it asked
+        (an edited host key applies to the next trigger), and a failed read is the failure of its
+        awaiters only.
 
         :raises ConnectionConfigError: as :attr:`settings`.
         """
         if self._explicit_settings is not None:
             return self._explicit_settings
         if self._async_settings is None:
-            shared = _SHARED_SETTINGS.setdefault(asyncio.get_running_loop(), {})
-            entry = shared.get(self.slurm_conn_id)
-            if entry is None or entry[0] <= time.monotonic():
-                read = asyncio.ensure_future(self._read_async_settings())
-                entry = shared[self.slurm_conn_id] = (time.monotonic() + ASYNC_SETTINGS_TTL_S, read)
-                read.add_done_callback(partial(_forget_failed_read, shared, self.slurm_conn_id))
-            self._async_settings = await asyncio.shield(entry[1])
+            reads = _READS_IN_FLIGHT.setdefault(asyncio.get_running_loop(), {})
+            read = reads.get(self.slurm_conn_id)
+            if read is None:
+                read = reads[self.slurm_conn_id] = asyncio.ensure_future(self._read_async_settings())
+                read.add_done_callback(partial(_read_done, reads, self.slurm_conn_id))
+            self._async_settings = await asyncio.shield(read)
         return self._async_settings
 
     async def _read_async_settings(self) -> ClusterSettings:

@@ -40,7 +40,6 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
-from airflow_provider_tao_slurm.hooks import slurm as slurm_module
 from airflow_provider_tao_slurm.hooks.slurm import (
     STAGING_FAILED,
     CommandResult,
@@ -219,7 +218,7 @@ def _counting_connection_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_hooks_of_one_event_loop_share_a_connection_read(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hundreds of triggers starting together: one read of their connection, every hook the same settings."""
+    """Hundreds of triggers starting together: one read of their connection in flight, shared by every hook."""
     monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
     reads = _counting_connection_reads(monkeypatch)
 
@@ -232,18 +231,18 @@ def test_hooks_of_one_event_loop_share_a_connection_read(monkeypatch: pytest.Mon
     assert got[0].user == CONNECTION["login"]
 
 
-@pytest.mark.parametrize("ttl", [0.0, 30.0], ids=["expired", "fresh"])
-def test_a_shared_read_expires(monkeypatch: pytest.MonkeyPatch, ttl: float) -> None:
+def test_a_finished_read_is_not_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection edited between two hooks of one event loop (a re-pinned host key): the second sees the edit."""
     monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps(CONNECTION))
-    monkeypatch.setattr(slurm_module, "ASYNC_SETTINGS_TTL_S", ttl)
     reads = _counting_connection_reads(monkeypatch)
 
-    async def one_after_another() -> None:
-        await SlurmHook("unit_slurm").a_settings()
-        await SlurmHook("unit_slurm").a_settings()
+    async def before_and_after_an_edit() -> tuple[ClusterSettings, ClusterSettings]:
+        first = await SlurmHook("unit_slurm").a_settings()
+        monkeypatch.setenv("AIRFLOW_CONN_UNIT_SLURM", json.dumps({**CONNECTION, "login": "bob"}))
+        return first, await SlurmHook("unit_slurm").a_settings()
 
-    asyncio.run(one_after_another())
-    assert len(reads) == (2 if ttl == 0 else 1)
+    first, second = asyncio.run(before_and_after_an_edit())
+    assert (first.user, second.user, len(reads)) == (CONNECTION["login"], "bob", 2)
 
 
 def test_a_failed_read_is_not_shared(monkeypatch: pytest.MonkeyPatch) -> None:
