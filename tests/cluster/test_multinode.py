@@ -90,13 +90,18 @@ def drive(op: NcclProbeOperator, ctx: dict[str, Any]) -> tuple[dict[str, str], l
 
 
 def sacct_row(ssh_run: SshRun, slurm_id: str) -> dict[str, str]:
-    """``sacct -X`` State, ExitCode, NodeList, AllocTRES and QOS of one job (waits for accounting to have it)."""
+    """``sacct -X`` State, ExitCode, NodeList, AllocTRES and QOS of one job (waits for accounting to have it).
+
+    slurmdbd may show a job's end before its QOS (seen under load: ``Unknown`` for a moment): a row counts
+    once its state is final and its QOS known.
+    """
     fields = ("State", "ExitCode", "NodeList", "AllocTRES", "QOS")
     deadline = time.monotonic() + 30
     while True:
         _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", ",".join(fields)]))
         rows = [line.split("|") for line in out.splitlines() if line.strip()]
-        if (rows and rows[0][0].split()[0] not in LIVE) or time.monotonic() > deadline:
+        known = bool(rows) and rows[0][0].split()[0] not in LIVE and rows[0][4] not in ("", "Unknown")
+        if known or time.monotonic() > deadline:
             return dict(zip(fields, rows[0], strict=True)) if rows else {}
         time.sleep(1)
 
