@@ -94,6 +94,14 @@ def _setup_airflow_env() -> None:
 _setup_airflow_env()
 
 
+def set_slurm_extra(changes: dict[str, Any]) -> None:
+    """Change extras of the bench's ``tao_slurm`` connection (before its first use)."""
+    variable = f"AIRFLOW_CONN_{SLURM_CONN_ID.upper()}"
+    connection = json.loads(os.environ[variable])
+    connection["extra"].update(changes)
+    os.environ[variable] = json.dumps(connection)
+
+
 def point_connections_at(port: int) -> None:
     """Point both bench connections at the login sshd listening on ``port`` (same host, keys and user)."""
     for conn_id in (SLURM_CONN_ID, SSH_CONN_ID):
