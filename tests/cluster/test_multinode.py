@@ -319,8 +319,14 @@ def test_nccl_required_on_a_cluster_without_cuda_fails_at_once(
     assert "--container-image" in message
     assert "backend='gloo' is only for a CPU test cluster" in message
     names = [mint_job_id(f"nccl{TOKEN}-nocuda", "nccl_probe", "run1", -1, try_number=1)]
-    _, listed, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={names[0]}", "-o", "JobID"]))
-    (slurm_id,) = listed.split()  # one probe job: no other NCCL candidate was tried
+    query = join(["sacct", "-X", "-n", "-P", "-S", "now-1hours", f"--name={names[0]}", "-o", "JobID"])
+    deadline = time.monotonic() + 30  # slurmdbd may list a job a moment after it ended (seen under load)
+    while True:
+        listed = ssh_run(query)[1].split()
+        if listed or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    (slurm_id,) = listed  # one probe job: no other NCCL candidate was tried
     log = read_remote(ssh_run, f"{results_dir}/logs/{names[0]}-{slurm_id}/main.out")
     assert log.count("TAO_NCCL_PROBE_NO_CUDA: rank ") == 2  # both nodes said it
     assert "TAO_NCCL_PROBE_OK" not in log
