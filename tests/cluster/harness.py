@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -86,6 +87,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+import releases
 
 HERE = Path(__file__).resolve().parent
 
@@ -118,6 +121,7 @@ ETC_SLURM = Path("/etc/slurm")
 SLURM_CONF = ETC_SLURM / "slurm.conf"
 GRES_CONF = ETC_SLURM / "gres.conf"
 SLURMDBD_CONF = ETC_SLURM / "slurmdbd.conf"
+CGROUP_CONF = ETC_SLURM / "cgroup.conf"
 PLUGSTACK_CONF = ETC_SLURM / "plugstack.conf.d" / "fakepyxis.conf"
 PLUGIN_SO = Path("/usr/local/lib/slurm/fakepyxis.so")
 ENROOT_BIN = Path("/usr/local/bin/enroot")
@@ -135,6 +139,8 @@ TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
 TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
 FAULT_VAR = "SLURMTEST_FAULT"
 TORCH_VENV = Path("/opt/tao-slurm/venv")
+#: Copies of interpreters the cluster user could not run where they are (see :func:`python_for_cluster_user`).
+TORCH_PYTHONS = Path("/opt/tao-slurm/python")
 TORCH_FAULTS_MODULE = "slurmtest_faults"
 TORCH_REQUIREMENT = "torch==2.13.0"
 
@@ -219,6 +225,7 @@ PACKAGES = (
     "libc6-dev",
     "faketime",
     "postgresql",
+    "patchelf",
 )
 READY_TIMEOUT = 30.0
 STOP_GRACE = 10.0
@@ -487,9 +494,77 @@ def ensure_hosts() -> None:
     step("hosts: node block written to /etc/hosts")
 
 
-def ensure_torch_venv() -> None:
-    """Install CPU PyTorch for jobs in a venv everyone can read (pip finds the wheel via the machine's pip config).
+def local_torch_wheels() -> list[Path]:
+    """The CPU wheels of :data:`TORCH_REQUIREMENT` in the machine's pip ``find-links`` folders.
 
+    The folders come from ``PIP_FIND_LINKS`` and the ``find-links`` of pip's site and global config
+    files, as pip itself reads them.
+    """
+    import configparser
+
+    folders = os.environ.get("PIP_FIND_LINKS", "").split()
+    for config_file in (Path("/etc/pip.conf"), Path("/etc/xdg/pip/pip.conf"), Path.home() / ".config/pip/pip.conf"):
+        parser = configparser.ConfigParser()
+        try:
+            parser.read(config_file)
+        except configparser.Error:
+            continue
+        folders += parser.get("global", "find-links", fallback="").split()
+    version = TORCH_REQUIREMENT.split("==")[1]
+    found = {wheel for folder in folders for wheel in Path(folder.removeprefix("file://")).glob(f"torch-{version}+cpu-*.whl")}
+    return sorted(found)
+
+
+def python_for(tag: str) -> str | None:
+    """A CPython interpreter on this machine for a wheel's Python tag (``cp311`` → a ``python3.11``).
+
+    Debian's own (``/usr/bin``) first, then ``/usr/local`` and pyenv's versions (a Debian 13 machine's
+    system Python is 3.13, while the CPU wheel on disk may be for 3.11).
+    """
+    version = f"{tag[2]}.{tag[3:]}"
+    candidates = [Path(f"/usr/bin/python{version}"), Path(f"/usr/local/bin/python{version}")]
+    candidates += sorted(Path("/root/.pyenv/versions").glob(f"{version}.*/bin/python{version}"), reverse=True)
+    found = next((path for path in candidates if os.access(path, os.X_OK)), None)
+    return str(found) if found else None
+
+
+def python_for_cluster_user(python: str) -> str:
+    """``python``, or a copy of its installation the cluster user can run (jobs run as that user).
+
+    An interpreter under a folder the user cannot enter (pyenv's under ``/root``) is copied, standard
+    library and shared library without ``site-packages`` and tests, to :data:`TORCH_PYTHONS` once.
+    """
+    user = pwd.getpwnam(USER)
+    if run(["runuser", "-u", user.pw_name, "--", python, "-c", "pass"], check=False).returncode == 0:
+        return python
+    prefix = Path(run([python, "-c", "import sys; print(sys.base_prefix)"]).stdout.strip())
+    name = Path(python).name
+    target = TORCH_PYTHONS / f"{name}-{sha256(str(prefix).encode())[:8]}"
+    if not (target / "bin" / name).exists():
+        shutil.rmtree(target, ignore_errors=True)
+        TORCH_PYTHONS.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        (partial / "bin").mkdir(parents=True)
+        shutil.copy2(prefix / "bin" / name, partial / "bin" / name)
+        stdlib = f"lib/{name}"
+        shutil.copytree(prefix / stdlib, partial / stdlib, symlinks=True, ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__"))
+        (partial / stdlib / "site-packages").mkdir()
+        for library in (prefix / "lib").glob("libpython*.so*"):
+            shutil.copy2(library, partial / "lib" / library.name, follow_symlinks=False)
+        # The interpreter finds libpython through its RUNPATH, an absolute path into the original prefix.
+        run(["patchelf", "--set-rpath", "$ORIGIN/../lib", str(partial / "bin" / name)])
+        run(["chmod", "-R", "a+rX", str(partial)])
+        partial.rename(target)
+        step(f"torch: copied {prefix} ({name}) to {target} for {USER}")
+    return str(target / "bin" / name)
+
+
+def ensure_torch_venv() -> None:
+    """Install CPU PyTorch for jobs in a venv everyone can read, from the machine's CPU wheel.
+
+    The venv is made with a Python the wheel fits (:func:`python_for`), and torch is installed from the
+    wheel file itself: pip never goes to the index for torch (where only CUDA builds of several GB are).
     Skipped when the venv holds a completed install of :data:`TORCH_REQUIREMENT` (stamp file).
     """
     stamp = TORCH_VENV / ".harness-installed"
@@ -497,11 +572,20 @@ def ensure_torch_venv() -> None:
         step(f"torch: {TORCH_REQUIREMENT} present in {TORCH_VENV}")
         return
     started = time.monotonic()
-    run(["/usr/bin/python3", "-m", "venv", "--clear", str(TORCH_VENV)], timeout=300)
-    run([str(TORCH_VENV / "bin" / "pip"), "install", "-q", TORCH_REQUIREMENT], timeout=1800)
+    wheels = local_torch_wheels()
+    fitting = [(wheel, python) for wheel in wheels if (python := python_for(wheel.name.split("-")[2]))]
+    if not fitting:
+        fail(
+            f"no CPU wheel of {TORCH_REQUIREMENT} on this machine fits a Python here (wheels: "
+            f"{', '.join(w.name for w in wheels) or 'none in pip find-links'}); the job venv is never made from "
+            "the index, which serves only CUDA builds: put the CPU wheel in a find-links folder or install its Python"
+        )
+    wheel, python = fitting[0]
+    run([python_for_cluster_user(python), "-m", "venv", "--clear", str(TORCH_VENV)], timeout=300)
+    run([str(TORCH_VENV / "bin" / "pip"), "install", "-q", str(wheel)], timeout=1800)
     run(["chmod", "-R", "a+rX", str(TORCH_VENV.parent)])
     write_file(stamp, TORCH_REQUIREMENT)
-    step(f"torch: installed {TORCH_REQUIREMENT} in {TORCH_VENV} ({time.monotonic() - started:.1f} s)")
+    step(f"torch: installed {wheel.name} with {python} in {TORCH_VENV} ({time.monotonic() - started:.1f} s)")
 
 
 def ensure_torch_faults() -> None:
@@ -557,6 +641,39 @@ def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
 
+@functools.cache
+def slurm_release() -> tuple[int, int]:
+    """The installed SLURM's release, ``(24, 11)`` for ``slurm-wlm 24.11.5`` (``slurmctld -V``)."""
+    words = run(["/usr/sbin/slurmctld", "-V"]).stdout.split()
+    major, minor = words[-1].split(".")[:2] if words else ("", "")
+    if not (major.isdigit() and minor.isdigit()):
+        fail(f"`slurmctld -V` printed {' '.join(words)!r}, not a release")
+    return int(major), int(minor)
+
+
+def release_settings() -> list[str]:
+    """slurm.conf lines that keep newer releases behaving as the tests expect of every release.
+
+    - ``PriorityType=priority/basic``: the default became multifactor in 23.11 (set on every release).
+    - ``requeue_delay`` (25.11 and later, default 120 s): a requeued job waits as long as the step
+      credential lives, :data:`CRED_EXPIRE_S`, as on the releases before.
+    """
+    settings = ["PriorityType=priority/basic"]
+    if slurm_release() >= (25, 11):
+        settings.append(f"SlurmctldParameters=requeue_delay={CRED_EXPIRE_S}")
+    return settings
+
+
+def cgroup_conf() -> str:
+    """Return cgroup.conf: slurmd 24.05 and later always start their cgroup plugin; there is none to use here.
+
+    Older releases do not know ``CgroupPlugin=disabled`` and get an empty file (no cgroup plugin is
+    configured: ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``).
+    """
+    lines = ["CgroupPlugin=disabled"] if slurm_release() >= (24, 5) else []
+    return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "".join(f"{line}\n" for line in lines)
+
+
 def slurm_conf() -> str:
     """Return slurm.conf for the two-node cluster."""
     host = short_hostname()
@@ -574,6 +691,7 @@ def slurm_conf() -> str:
         "CredType=cred/munge",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
+        *release_settings(),
         *(["CommunicationParameters=NoCtldInAddrAny"] if loopback_name else []),
         f"StateSaveLocation={STATE}/spool/ctld",
         f"SlurmdSpoolDir={STATE}/spool/%n",
@@ -672,6 +790,9 @@ def mariadb_cnf() -> str:
                 "innodb_log_file_size=64M",
                 "innodb_lock_wait_timeout=900",
                 "performance_schema=OFF",
+                # MariaDB 11.8 (Debian 13) defaults it ON: slurmdbd's transactions can abort with ER_CHECKREAD.
+                # ``loose-``: releases without the option ignore it.
+                "loose-innodb_snapshot_isolation=OFF",
             ]
         )
         + "\n"
@@ -780,6 +901,7 @@ def write_configs() -> list[str]:
     files: list[tuple[Path, str, int, str]] = [
         (SLURM_CONF, slurm_conf(), 0o644, "root"),
         (GRES_CONF, gres_conf(), 0o644, "root"),
+        (CGROUP_CONF, cgroup_conf(), 0o644, "root"),
         (SLURMDBD_CONF, slurmdbd_conf(), 0o600, "slurm"),
         (MYSQL_CNF, mariadb_cnf(), 0o644, "root"),
         (SSH_DIR / "sshd_config", sshd_config(SSH_PORT, RUN / "sshd.pid"), 0o600, "root"),
@@ -942,11 +1064,13 @@ class Daemon:
 
 
 def postgres_bin(tool: str) -> str:
-    """A PostgreSQL server program (``initdb``, ``pg_ctl``) of the installed major version."""
+    """A PostgreSQL server program (``initdb``, ``pg_ctl``) of the installed major version.
+
+    Before the postgresql package is installed (``up`` installs it), the bare name: the daemon table is
+    built first, and running the program then fails as "not installed".
+    """
     found = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{tool}"))
-    if not found:
-        fail(f"{tool} not found under /usr/lib/postgresql/*/bin: install the postgresql package")
-    return str(found[-1])
+    return str(found[-1]) if found else tool
 
 
 def prepare_postgres() -> None:
@@ -1130,7 +1254,7 @@ def daemons() -> dict[str, Daemon]:
                     *("unshare", "--uts", "--mount", "--propagation", "slave"),
                     *("/bin/sh", "-c", f"hostname {node} && exec /usr/sbin/slurmd -N {node}"),
                 ),
-                configs=(SLURM_CONF, GRES_CONF, PLUGSTACK_CONF, PLUGIN_SO),
+                configs=(SLURM_CONF, GRES_CONF, CGROUP_CONF, PLUGSTACK_CONF, PLUGIN_SO),
                 logs=(LOG / "slurm" / f"slurmd-{node}.log",),
                 ready=lambda pidfile=pidfile: pidfile.exists(),
                 ports=(port,),
@@ -1680,6 +1804,7 @@ def write_env() -> None:
 def cmd_up() -> int:
     """Bring the cluster up (idempotent) and print the environment JSON."""
     started = time.monotonic()
+    releases.stop_all()
     ensure_packages()
     user = ensure_user()
     ensure_user(OTHER_USER, OTHER_PREFERRED_UID)
