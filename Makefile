@@ -3,7 +3,7 @@
 # installs the SLURM, MariaDB, munge, OpenSSH, PostgreSQL and faketime packages it needs.
 
 PYTHON ?= python3
-VENV   := .venv
+VENV   ?= .venv
 BIN    := $(VENV)/bin
 HARNESS := $(PYTHON) tests/cluster/harness.py
 

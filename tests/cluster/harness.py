@@ -944,8 +944,10 @@ def write_configs() -> list[str]:
                 SKEWED_PORT,
                 RUN / "sshd-skewed.pid",
                 [
+                    # NO_FAKE_STAT: the files' times stay the storage's (Debian 13's libfaketime shifts
+                    # what stat() returns too, unless told not to).
                     f"SetEnv LD_PRELOAD={libfaketime()} FAKETIME={LOGIN_CLOCK_SKEW} FAKETIME_DONT_FAKE_MONOTONIC=1 "
-                    f'FAKETIME_NO_CACHE=1 "FAKETIME_SHARED={FAKETIME_SEM} {FAKETIME_SHM}"'
+                    f'FAKETIME_NO_CACHE=1 NO_FAKE_STAT=1 "FAKETIME_SHARED={FAKETIME_SEM} {FAKETIME_SHM}"'
                 ],
             ),
             0o600,
@@ -1566,12 +1568,15 @@ def node_pyxis(node: str, *, on: bool) -> None:
     if pid is None:
         fail(f"pyxis: slurmd-{node} is not running")
     target = str(PLUGSTACK_CONF.parent)
+    # ``--root``: the slurmd's root directory too (a release tree's: entering only the mount namespace
+    # would resolve the paths from the machine's root and hide nothing the node reads).
+    enter = ["nsenter", f"--target={pid}", "--mount", "--root", "--wd", "--"]
     hidden = any(line.split()[4] == target for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines())
     if on and hidden:
-        run(["nsenter", f"--target={pid}", "--mount", "--", "umount", target])
+        run([*enter, "umount", target])
     elif not on and not hidden:
         NO_PYXIS_DIR.mkdir(mode=0o755, exist_ok=True)
-        run(["nsenter", f"--target={pid}", "--mount", "--", "mount", "--bind", str(NO_PYXIS_DIR), target])
+        run([*enter, "mount", "--bind", str(NO_PYXIS_DIR), target])
     step(f"node {node}: Pyxis {'loaded' if on else 'hidden'} in its job steps")
 
 

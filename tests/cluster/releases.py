@@ -224,9 +224,14 @@ def unmount(tree: Path) -> None:
         run(["umount", "-R", "-l", str(tree)], check=False)
 
 
-def tree_env() -> dict[str, str]:
-    """The environment of commands in a tree: the tree's PATH and HOME, and what the run needs from here."""
+def tree_env(rel: Release) -> dict[str, str]:
+    """The environment of commands in a tree: the tree's PATH and HOME, and what the run needs from here.
+
+    ``VENV`` (the Makefile's) names the tree's own provider venv in the shared checkout: its Python is
+    the tree's.
+    """
     env = {"PATH": TREE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root", "LOGNAME": "root"}
+    env["VENV"] = f".venv-{rel.suite}"
     for key, value in os.environ.items():
         if key in PASSED_ENV or key.startswith(PASSED_ENV_PREFIXES):
             env[key] = value
@@ -236,7 +241,7 @@ def tree_env() -> dict[str, str]:
 def in_tree(rel: Release, argv: list[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in the checkout inside the release's tree."""
     command = ["chroot", str(rel.tree), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(CHECKOUT), *argv]
-    return subprocess.run(command, env=tree_env(), check=False, text=True, capture_output=capture)
+    return subprocess.run(command, env=tree_env(rel), check=False, text=True, capture_output=capture)
 
 
 def harness_down_here() -> None:
@@ -256,7 +261,7 @@ def stop_tree(rel: Release) -> None:
         if (tree / harness.relative_to("/")).is_file():
             step(f"stopping the {rel.slurm} cluster in {tree}")
             command = ["chroot", str(tree), "python3", str(harness), "down"]
-            subprocess.run(command, env=tree_env(), check=False)
+            subprocess.run(command, env=tree_env(rel), check=False)
     unmount(tree)
 
 
