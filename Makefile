@@ -6,8 +6,29 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 HARNESS := $(PYTHON) tests/cluster/harness.py
+RELEASES := $(PYTHON) tests/cluster/releases.py
 
-.PHONY: venv cluster-up cluster-down lint docs unit test reliability demo bench clean
+# SLURM=24.11 or SLURM=26.05 (or 22.05 on a Debian 13 machine): the same target on that SLURM release, in a
+# Debian tree of the suite that ships it (tests/cluster/releases.py builds it once per machine). Unset: the
+# machine's own release.
+SLURM ?=
+# `make test` also runs the cluster tests that touch what SLURM prints or decides (MATRIX_TESTS) on this
+# release, after the full suite on the machine's own (nothing more where the machine runs it itself).
+MATRIX_RELEASE ?= 26.05
+MATRIX_TESTS := \
+	tests/cluster/test_submit_watch.py \
+	tests/cluster/test_watch_live.py \
+	tests/cluster/test_long_trainings.py \
+	tests/cluster/test_long_trainings_script.py \
+	tests/cluster/test_site_neutral.py \
+	tests/cluster/test_example_dags.py \
+	tests/cluster/test_job_script_rules.py \
+	tests/cluster/faults/test_faults_scheduler.py \
+	tests/cluster/faults/test_faults_outages.py \
+	tests/cluster/faults/test_faults_clock_and_limits.py \
+	tests/cluster/faults/test_faults_connection.py
+
+.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability demo bench clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -19,6 +40,13 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+ifneq ($(SLURM),)
+demo test unit lint docs reliability bench matrix-here:
+	$(RELEASES) run $(SLURM) -- make $@
+
+cluster-up cluster-down:
+	$(RELEASES) $(subst cluster-,,$@) $(SLURM)
+else
 cluster-up:
 	$(HARNESS) up
 
@@ -38,6 +66,14 @@ unit: venv
 
 test: venv lint docs cluster-up
 	$(BIN)/pytest
+	$(MAKE) matrix
+
+# The release-sensitive cluster tests on MATRIX_RELEASE, alone on the machine (its own cluster is stopped).
+matrix:
+	$(RELEASES) run --not-on-host $(MATRIX_RELEASE) -- make matrix-here
+
+matrix-here: venv cluster-up
+	$(BIN)/pytest $(MATRIX_TESTS)
 
 # RELIABILITY.md from the fault and security suites and the tests they cite, about 15 minutes
 # (make test regenerates it too, from the same tests in its full run).
@@ -67,3 +103,4 @@ bench: venv cluster-up
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site
+endif

@@ -511,7 +511,9 @@ def local_torch_wheels() -> list[Path]:
             continue
         folders += parser.get("global", "find-links", fallback="").split()
     version = TORCH_REQUIREMENT.split("==")[1]
-    found = {wheel for folder in folders for wheel in Path(folder.removeprefix("file://")).glob(f"torch-{version}+cpu-*.whl")}
+    found = {
+        wheel for folder in folders for wheel in Path(folder.removeprefix("file://")).glob(f"torch-{version}+cpu-*.whl")
+    }
     return sorted(found)
 
 
@@ -548,7 +550,12 @@ def python_for_cluster_user(python: str) -> str:
         (partial / "bin").mkdir(parents=True)
         shutil.copy2(prefix / "bin" / name, partial / "bin" / name)
         stdlib = f"lib/{name}"
-        shutil.copytree(prefix / stdlib, partial / stdlib, symlinks=True, ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__"))
+        shutil.copytree(
+            prefix / stdlib,
+            partial / stdlib,
+            symlinks=True,
+            ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__"),
+        )
         (partial / stdlib / "site-packages").mkdir()
         for library in (prefix / "lib").glob("libpython*.so*"):
             shutil.copy2(library, partial / "lib" / library.name, follow_symlinks=False)
@@ -671,7 +678,9 @@ def cgroup_conf() -> str:
     configured: ``ProctrackType=proctrack/linuxproc``, ``TaskPlugin=task/none``).
     """
     lines = ["CgroupPlugin=disabled"] if slurm_release() >= (24, 5) else []
-    return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "".join(f"{line}\n" for line in lines)
+    return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "".join(
+        f"{line}\n" for line in lines
+    )
 
 
 def slurm_conf() -> str:
@@ -799,6 +808,27 @@ def mariadb_cnf() -> str:
     )
 
 
+@functools.cache
+def openssh_release() -> tuple[int, int]:
+    """The installed OpenSSH's release, ``(10, 0)`` for ``OpenSSH_10.0p2`` (``ssh -V``)."""
+    text = run(["ssh", "-V"]).stderr.strip()
+    version = text.removeprefix("OpenSSH_").split("p")[0].split(",")[0]
+    major, _, minor = version.partition(".")
+    if not (major.isdigit() and minor.isdigit()):
+        fail(f"`ssh -V` printed {text!r}, not an OpenSSH release")
+    return int(major), int(minor)
+
+
+def openssh_release_settings() -> list[str]:
+    """sshd_config lines for newer OpenSSH releases.
+
+    ``PerSourcePenalties no`` (9.8 and later): every client of the test cluster, the provider's and the
+    fault tests' refused logins alike, comes from 127.0.0.1; with the penalties on, a test's refused
+    login shuts every later one out for a while.
+    """
+    return ["PerSourcePenalties no"] if openssh_release() >= (9, 8) else []
+
+
 def sshd_config(
     port: int,
     pidfile: Path,
@@ -833,6 +863,7 @@ def sshd_config(
                 f"MaxStartups {limits[0]}",
                 f"MaxSessions {limits[1]}",
                 "AcceptEnv LANG LC_*",
+                *openssh_release_settings(),
                 "Subsystem sftp /usr/lib/openssh/sftp-server",
                 *extra,
             ]

@@ -57,6 +57,8 @@ PASSED_ENV = {"CI", "TERM", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_
 TREE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 STAMP = ".tao-slurm-tree.json"
 CHECKOUT_MARK = ".tao-slurm-checkout"
+#: Set in a tree's commands to its release (a tree's os-release may not name its suite: sid's says forky).
+TREE_MARK_VAR = "TAO_SLURM_RELEASE_TREE"
 
 
 @dataclass(frozen=True)
@@ -100,13 +102,17 @@ def run(argv: list[str], *, timeout: float = 1800, check: bool = True) -> subpro
     return proc
 
 
-def host_suite() -> str:
-    """This machine's Debian codename (``VERSION_CODENAME`` of os-release)."""
+def own_release() -> Release | None:
+    """The release this machine runs itself: a tree's own (:data:`TREE_MARK_VAR`), else the one its Debian
+    codename ships (``VERSION_CODENAME`` of os-release); None for a suite not in :data:`RELEASES`."""
+    inside = os.environ.get(TREE_MARK_VAR)
+    if inside:
+        return release(inside)
     for line in Path("/etc/os-release").read_text().splitlines():
         key, _, value = line.partition("=")
         if key == "VERSION_CODENAME":
-            return value.strip('"')
-    fail("/etc/os-release names no VERSION_CODENAME: this harness needs Debian")
+            return next((rel for rel in RELEASES.values() if rel.suite == value.strip('"')), None)
+    return None
 
 
 def release(name: str) -> Release:
@@ -232,6 +238,7 @@ def tree_env(rel: Release) -> dict[str, str]:
     """
     env = {"PATH": TREE_PATH, "HOME": "/root", "LANG": "C.UTF-8", "USER": "root", "LOGNAME": "root"}
     env["VENV"] = f".venv-{rel.suite}"
+    env[TREE_MARK_VAR] = rel.slurm
     for key, value in os.environ.items():
         if key in PASSED_ENV or key.startswith(PASSED_ENV_PREFIXES):
             env[key] = value
@@ -287,14 +294,22 @@ def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=("run", "up", "down", "shell"))
+    parser.add_argument(
+        "--not-on-host", action="store_true", help="run: do nothing when RELEASE is the machine's own release"
+    )
     parser.add_argument("release", help=f"one of {', '.join(RELEASES)}")
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="for run: the command, after --")
     args = parser.parse_args(argv)
     rel = release(args.release)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-    if rel.suite == host_suite():
+    if rel == own_release():
+        if args.command == "run" and args.not_on_host:
+            step(f"{rel.slurm} is this machine's own release: its tests ran on it already")
+            return 0
         if args.command == "run":
-            return subprocess.run(command, check=False).returncode
+            # Without SLURM: make's SLURM=<this release> would hand the command back here.
+            env = {key: value for key, value in os.environ.items() if key != "SLURM"}
+            return subprocess.run(command, check=False, env=env).returncode
         if args.command in ("up", "down"):
             return subprocess.run([sys.executable, str(HERE / "harness.py"), args.command], check=False).returncode
         fail(f"{rel.slurm} is this machine's own release: there is no tree to open a shell in")

@@ -215,6 +215,7 @@ def test_the_skewed_and_limited_login_hosts_are_what_they_claim(cluster: Cluster
         text=True,
         check=True,
     ).stdout
-    settings = dict(line.split(" ", 1) for line in config.splitlines() if " " in line)
+    # Keywords in lower case up to OpenSSH 10.0, as written in sshd_config from 10.6.
+    settings = {key.lower(): value for key, _, value in (line.partition(" ") for line in config.splitlines())}
     assert (settings["maxstartups"], settings["maxsessions"]) == ("10:30:100", "10")
     assert cluster.login_clock_skew == "+10m"
