@@ -658,19 +658,6 @@ def slurm_release() -> tuple[int, int]:
     return int(major), int(minor)
 
 
-def release_settings() -> list[str]:
-    """slurm.conf lines that keep newer releases behaving as the tests expect of every release.
-
-    - ``PriorityType=priority/basic``: the default became multifactor in 23.11 (set on every release).
-    - ``requeue_delay`` (25.11 and later, default 120 s): a requeued job waits as long as the step
-      credential lives, :data:`CRED_EXPIRE_S`, as on the releases before.
-    """
-    settings = ["PriorityType=priority/basic"]
-    if slurm_release() >= (25, 11):
-        settings.append(f"SlurmctldParameters=requeue_delay={CRED_EXPIRE_S}")
-    return settings
-
-
 def cgroup_conf() -> str:
     """Return cgroup.conf: slurmd 24.05 and later always start their cgroup plugin; there is none to use here.
 
@@ -700,7 +687,9 @@ def slurm_conf() -> str:
         "CredType=cred/munge",
         "PreemptType=preempt/partition_prio",
         "PreemptMode=REQUEUE",
-        *release_settings(),
+        # Multifactor became the default in 23.11. (25.11's requeue_delay, a requeued job's wait, follows
+        # cred_expire: a minute here, as on the releases before.)
+        "PriorityType=priority/basic",
         *(["CommunicationParameters=NoCtldInAddrAny"] if loopback_name else []),
         f"StateSaveLocation={STATE}/spool/ctld",
         f"SlurmdSpoolDir={STATE}/spool/%n",
