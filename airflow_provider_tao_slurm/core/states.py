@@ -1,7 +1,9 @@
 """SLURM job states: the TAO state vocabulary and parsers for ``squeue``, ``sacct`` and ``sbatch`` output.
 
-Every native SLURM state (squeue and sacct, 22.05) maps to one :class:`TaoState`. A state this
-module does not know becomes ``UNKNOWN`` with the raw text kept: never success, never pending.
+Every native SLURM state (squeue and sacct, 22.05 to 26.05) maps to one :class:`TaoState`. A state
+this module does not know becomes ``UNKNOWN`` with the raw text kept: never success, never pending.
+A row these parsers cannot read (a job id followed by too few columns, an exit code that is not
+``status:signal``) is an error naming the command and the text, never a guess.
 
 The format constants below are the only place the hook and the parsers agree on columns::
 
@@ -21,7 +23,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Literal
 
-from airflow_provider_tao_slurm.exceptions import JobLookupError
+from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError
 
 #: Who reported a state: the scheduler, accounting, or the job's own end marker and exit-code file
 #: (:func:`state_from_end_evidence`, for a job neither of the others knows any more).
@@ -60,6 +62,10 @@ _NATIVE: dict[str, tuple[TaoState, str]] = {
     "CONFIGURING": (TaoState.PENDING, "nodes are being configured"),
     "REQUEUED": (TaoState.PENDING, "requeued; the same job id will run again"),
     "REQUEUE_FED": (TaoState.PENDING, "requeued by the federation"),
+    "EXPEDITING": (
+        TaoState.PENDING,
+        "requeued for an expedited restart (--requeue=expedite); the same job id runs again ahead of the queue",
+    ),
     "REQUEUE_HOLD": (TaoState.PENDING, "held after requeue; release it with `scontrol release <id>`"),
     "RESV_DEL_HOLD": (
         TaoState.PENDING,
@@ -313,31 +319,43 @@ def state_from_end_evidence(
     )
 
 
-def _row(line: str, columns: tuple[str, ...]) -> dict[str, str] | None:
+def _unreadable(command: str, line: str, expected: str) -> RemoteCommandError:
+    """Return the error for a reply line that cannot be read: it names the command, the text and what was expected."""
+    return RemoteCommandError(
+        f"{command} printed {line.strip()[:300]!r}, which this provider cannot read (expected {expected}); "
+        "nothing is guessed from it: report the SLURM release and this line to the provider maintainers"
+    )
+
+
+def _row(line: str, columns: tuple[str, ...], command: str) -> dict[str, str] | None:
     """One ``|``-separated row as a dict (a ``|`` inside the job name is kept in the name).
 
-    ``None`` for a line that is not a job row: blank, a step row (``12.batch``, ``12.0``), too few
-    columns, or no job id first (e.g. noise from shell start-up files).
+    ``None`` for a line that is not a job row: blank, a step row (``12.batch``, ``12.0``), or no job
+    id first (e.g. noise from shell start-up files, a header).
+
+    :raises RemoteCommandError: for a job id followed by too few columns.
     """
     parts = line.split("|")
+    if not _JOB_ID.fullmatch(parts[0].strip()):
+        return None
     extra = len(parts) - len(columns)
     if extra < 0:
-        return None
+        raise _unreadable(command, line, f"{len(columns)} '|'-separated columns: {'|'.join(columns)}")
     name_at = columns.index("name")
     parts[name_at : name_at + extra + 1] = ["|".join(parts[name_at : name_at + extra + 1])]
-    row = dict(zip(columns, (part.strip() for part in parts), strict=True))
-    return row if _JOB_ID.fullmatch(row["job_id"]) else None
+    return dict(zip(columns, (part.strip() for part in parts), strict=True))
 
 
-def _rows(text: str, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    """Every job row of ``text`` (see :func:`_row`)."""
-    return [row for line in text.splitlines() if (row := _row(line, columns)) is not None]
+def _exit_status(text: str, line: str) -> tuple[int | None, int | None]:
+    """Read sacct's ``ExitCode`` as ``(status, signal)``; ``(None, None)`` when blank (accounting has none).
 
-
-def _exit_status(text: str) -> tuple[int | None, int | None]:
+    :raises RemoteCommandError: for text that is not ``status[:signal]``.
+    """
+    if not text.strip():
+        return None, None
     match = _EXIT_CODE.fullmatch(text.strip())
     if match is None:
-        return None, None
+        raise _unreadable("sacct", line, "ExitCode as status:signal, e.g. 0:0 or 137:0")
     signal = match.group(2)
     return int(match.group(1)), None if signal is None else int(signal)
 
@@ -350,6 +368,7 @@ def parse_squeue(text: str) -> dict[str, JobState]:
 
     :param text: squeue's stdout.
     :returns: job id -> state; the last row wins when an id repeats.
+    :raises RemoteCommandError: for a job row that cannot be read (see :func:`_row`).
     """
     states = {}
     for line in text.splitlines():
@@ -366,7 +385,7 @@ SQUEUE_LINE_CACHE = 8192
 @functools.lru_cache(maxsize=SQUEUE_LINE_CACHE)
 def _squeue_line(line: str) -> JobState | None:
     """Return the state one squeue line gives (``None`` for a line that is no job row); states are immutable."""
-    row = _row(line, _SQUEUE_COLUMNS)
+    row = _row(line, _SQUEUE_COLUMNS, "squeue")
     if row is None:
         return None
     return state_from_native(
@@ -387,12 +406,21 @@ def parse_sacct(text: str) -> dict[str, JobState]:
     With ``-D`` (or a requeued job's history) an id repeats; the last row, the newest
     incarnation, wins. Step rows (``12.batch``, ``12.extern``, ``12.0``) are ignored.
 
+    ``ExitCode`` is kept as printed. A status above 128 is a signal: SLURM 25.11 and later print it as
+    is (``137:0`` for a program killed by SIGKILL), older releases subtract 128 (``9:0``). Nothing in
+    this provider decides on a status above 124, so both forms classify the same.
+
     :param text: sacct's stdout.
     :returns: job id -> state.
+    :raises RemoteCommandError: for a job row that cannot be read (too few columns, an ``ExitCode``
+        that is not ``status:signal``).
     """
     states = {}
-    for row in _rows(text, _SACCT_COLUMNS):
-        exit_code, signal = _exit_status(row["exit_code"])
+    for line in text.splitlines():
+        row = _row(line, _SACCT_COLUMNS, "sacct")
+        if row is None:
+            continue
+        exit_code, signal = _exit_status(row["exit_code"], line)
         states[row["job_id"]] = state_from_native(
             row["job_id"],
             row["state"],
@@ -487,6 +515,10 @@ def parse_jobs_by_name(stdout: str, user: str, stderr: str = "") -> NameLookup:
     return NameLookup(mine, foreign)
 
 
+_TOPOLOGY_WAIT = (
+    "no topology unit (switch, block) has enough free nodes together yet; it starts when one has, or ask for fewer "
+    "nodes"
+)
 #: What a user can do about the common pending reasons (``squeue`` ``%r``), by reason prefix.
 PENDING_HINTS: Mapping[str, str] = MappingProxyType(
     {
@@ -506,12 +538,26 @@ PENDING_HINTS: Mapping[str, str] = MappingProxyType(
         "JobHeldAdmin": "held by an administrator; ask them",
         "Dependency": "waiting for the jobs it depends on",
         "DependencyNeverSatisfied": "its dependency can never be satisfied; cancel it",
+        # SLURM 26.05 names the topology constraint where older releases said Resources.
+        "Required nodes lack available resources": _TOPOLOGY_WAIT,
+        "Required nodes do not fit topology": "the nodes it requires do not fit the cluster's topology; drop the node "
+        "constraints",
+        "No suitable topology unit found": _TOPOLOGY_WAIT,
+        "Insufficient resources in topology unit": _TOPOLOGY_WAIT,
+        "Weight-based selection could not satisfy": _TOPOLOGY_WAIT,
+        "Exceeded maximum node limit during topology allocation": "the job asks for more nodes than one topology "
+        "unit may give; ask for fewer nodes",
+        "No available nodes in topology": _TOPOLOGY_WAIT,
     }
 )
 
 
 def pending_hint(reason: str | None) -> str | None:
-    """Explain a pending reason (``None`` for a reason without a hint); the longest matching prefix wins."""
+    """Explain a pending reason (``None`` for a reason without a hint); the longest matching prefix wins.
+
+    Any text is accepted: a reason a newer SLURM invents (26.05 names topology constraints, e.g.
+    ``No suitable topology unit found``) has no hint unless one is listed, and never an error.
+    """
     if not reason:
         return None
     matches = [key for key in PENDING_HINTS if reason.startswith(key)]

