@@ -9,7 +9,9 @@ field or log line that decided as evidence.
 
 Order of the decision:
 
-1. TIMEOUT decides alone: a program failure.
+1. TIMEOUT decides alone: a program failure. NODE_FAIL with ``Reason=PartitionDown`` decides alone
+   too: SLURM (25.11 and later) ends so the jobs of a partition removed from the cluster; that is
+   the infrastructure's doing, but a resubmission to the same partition cannot start.
 2. Infrastructure evidence anywhere in the tail decides for infrastructure, retryable: hardware
    Xids (48, 63, 64, 74, 79, 92, 94, 95), "GPU has fallen off the bus", uncorrectable ECC, a network
    or NVLink link down, "CUDA driver initialization failed", SLURM's own
@@ -176,6 +178,13 @@ _TIMEOUT = (
     ErrClass.ERR_PROGRAM,
     "wall-time limit reached (TIMEOUT): keep timeout_hours below time_hours and checkpoint",
 )
+#: NODE_FAIL with this reason: the job's partition was removed from the cluster (SLURM 25.11 and later).
+PARTITION_REMOVED_REASON = "PartitionDown"
+_PARTITION_REMOVED = (
+    ErrClass.ERR_INFRA,
+    "the job's partition was removed from the cluster (NODE_FAIL, Reason=PartitionDown); not resubmitted, "
+    "as the same partition cannot run it: choose a partition that exists (sinfo -a) and rerun",
+)
 #: The verdict of a state whose log tail shows no infrastructure evidence (never retryable).
 _WITHOUT_EVIDENCE = {
     "NODE_FAIL": (
@@ -259,6 +268,8 @@ def classify(state: JobState, log_tail: str = "", max_lines: int = DEFAULT_MAX_L
         )
     if state.native == "TIMEOUT":
         return _verdict(*_TIMEOUT, _state_evidence(state), retryable=False)
+    if state.native == "NODE_FAIL" and state.reason == PARTITION_REMOVED_REASON:
+        return _verdict(*_PARTITION_REMOVED, f"{_state_evidence(state)} Reason={state.reason}", retryable=False)
 
     all_lines = log_tail.splitlines()
     first_number = max(len(all_lines) - max_lines, 0) + 1
