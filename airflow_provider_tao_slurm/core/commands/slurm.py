@@ -222,12 +222,22 @@ _SHOW_JOB_PAIR_RE = re.compile(r"(?:^|\s)(" + "|".join(SHOW_JOB_KEYS) + r")=(.*?
 
 
 def parse_show_job(stdout: str) -> dict[str, str]:
-    """Return the :data:`SHOW_JOB_KEYS` of :func:`show_job`'s line (empty when the job is not known).
+    """Return the :data:`SHOW_JOB_KEYS` of :func:`show_job`'s line (empty for an empty reply).
 
     ``UserId`` reads ``name(uid)``; only the name is kept. A value holding a space followed by
-    ``Word=`` is cut there (scontrol does not quote values).
+    ``Word=`` is cut there (scontrol does not quote values). Keys are found by name wherever they
+    stand, so every release's line reads the same: ``TRES=`` (22.05) or ``ReqTRES=``/``AllocTRES=``
+    (23.02 and later), job flags run together, comma- or space-separated (25.11 and later), and a
+    blank ``StdErr=`` (25.11 and later, when the job did not set one).
+
+    :raises RemoteCommandError: for a reply with text but no ``JobId=`` line.
     """
     line = next((row for row in stdout.splitlines() if row.startswith("JobId=")), "")
+    if not line and stdout.strip():
+        raise RemoteCommandError(
+            f"scontrol show job printed {stdout.strip()[:300]!r}, expected one line of Key=Value pairs starting "
+            "with JobId=; nothing is guessed from it"
+        )
     found = {key: value.strip() for key, value in _SHOW_JOB_PAIR_RE.findall(line)}
     if "UserId" in found:
         found["UserId"] = found["UserId"].split("(", 1)[0]
@@ -387,11 +397,19 @@ class NodeRow:
 
     @property
     def usable(self) -> bool:
-        """Whether the scheduler can start a job on it (not down, drained, failing, in maintenance or silent)."""
-        return not self.state.endswith("*") and not self.state.startswith(_UNUSABLE_NODE_STATES)
+        """Whether the node is healthy: a state of :data:`HEALTHY_NODE_STATES` and answering (no ``*``).
+
+        Down, drained, failing (``fail``, ``failg``), in maintenance, booting, powered off, unknown
+        or silent nodes are not; neither is a state this provider does not know (never read as healthy).
+        """
+        return not self.state.endswith("*") and self.state.rstrip(_NODE_STATE_FLAGS) in HEALTHY_NODE_STATES
 
 
-_UNUSABLE_NODE_STATES = ("down", "drain", "drng", "fail", "maint", "unk", "inval", "futr", "boot", "powered", "pow")
+#: sinfo's short node states (``%t``) of a healthy node, flags removed; BLOCK (24.05 and later): idle but
+#: held for an exclusive topology job.
+HEALTHY_NODE_STATES = frozenset({"idle", "mix", "alloc", "comp", "resv", "plnd", "npc", "block", "cloud", "resm"})
+#: The one-character flags sinfo appends to a short state (``*`` = not responding).
+_NODE_STATE_FLAGS = "*$^@#%~!+-"
 
 
 def parse_node_states(stdout: str) -> list[NodeRow]:
