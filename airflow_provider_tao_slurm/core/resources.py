@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -425,8 +425,29 @@ _DEDICATED = {
     "cpus-per-task": "cpus_per_task", "time": "time_hours", "exclude": "exclude_nodes", "mem": "mem_mb",
     "requeue": "requeue", "no-requeue": "requeue", "exclusive": "gpus_per_node=8",
 }  # fmt: skip
+#: Why a dedicated parameter is the only way, where more than ownership is at stake.
+_WHY = {
+    "gpus-per-node": "the job script asks for its GPUs with --gres=gpu:N, and sbatch (SLURM 26.05 and later) "
+    "refuses --gres=gpu together with --gpus-per-node",
+}
 _OPTION_NAME = re.compile(r"(?:--)?([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
 _OPTION_VALUE = re.compile(r"[A-Za-z0-9_.,:/@%+=&|*\[\]-]+")
+
+
+def reserved_option(option: str, reserved: Collection[str]) -> str | None:
+    """Return the reserved long option that ``--option`` sets in sbatch: itself, or the one it abbreviates.
+
+    sbatch reads long options with ``getopt_long``, on ``#SBATCH`` lines too, and that takes any
+    unambiguous start of a name: ``--gpus-per-n=2`` is ``--gpus-per-node=2``. So a name that starts a
+    reserved name counts as that name (the first in sorted order when it starts several).
+
+    :param option: a long option name without ``--``.
+    :param reserved: the long option names that are refused.
+    :returns: the reserved name, or ``None`` for an option that sets none of them.
+    """
+    if option in reserved:
+        return option
+    return min((name for name in reserved if name.startswith(option)), default=None)
 
 
 def _option_value(option: str, value: object) -> str:
@@ -437,6 +458,27 @@ def _option_value(option: str, value: object) -> str:
             "digits and _ . , : / @ % + = & | * [ ] - (no spaces or quotes)"
         )
     return text
+
+
+def _check_site_option(option: str) -> None:
+    """Refuse an ``sbatch_options`` name the provider owns, or one sbatch reads as such (an abbreviation).
+
+    :raises ValidationError: naming the option, why, and the parameter to use instead.
+    """
+    meant = "container" if option.startswith("container") else reserved_option(option, FORBIDDEN_SBATCH_OPTIONS)
+    if meant is None:
+        return
+    shown = f"--{option}" + (f" (sbatch takes it for --{meant})" if meant not in (option, "container") else "")
+    instead = _DEDICATED.get(meant)
+    why = f" ({_WHY[meant]})" if meant in _WHY else ""
+    raise ValidationError(
+        f"sbatch_options may not set {shown}{why}: "
+        + (
+            f"use the operator's {instead} parameter"
+            if instead
+            else "the provider sets it or it would break the job's isolation, naming or accounting; remove it"
+        )
+    )
 
 
 def site_options(
@@ -453,7 +495,8 @@ def site_options(
     :param reservation: ``--reservation`` (comma separated names allowed).
     :param sbatch_options: more options as ``{long-name: value}``; ``True`` for a flag. Long names
         only (``"mail-type"`` or ``"--mail-type"``); options the provider sets or that would break
-        isolation (``--uid``, ``--output``, ``--job-name``, ``--export``, ``--wrap`` ...) are refused.
+        isolation (``--uid``, ``--output``, ``--job-name``, ``--export``, ``--wrap`` ...) are refused,
+        and so is any abbreviation sbatch would read as one of them (:func:`reserved_option`).
     :returns: ``("--qos=high", "--constraint=h100", "--mail-type=END", ...)``.
     :raises ValidationError: naming the option and the fix.
     """
@@ -477,16 +520,7 @@ def site_options(
                 "(short options like '-x' are not accepted)"
             )
         option = match.group(1)
-        if option in FORBIDDEN_SBATCH_OPTIONS or option.startswith("container"):
-            instead = _DEDICATED.get(option)
-            raise ValidationError(
-                f"sbatch_options may not set --{option}: "
-                + (
-                    f"use the operator's {instead} parameter"
-                    if instead
-                    else "the provider sets it or it would break the job's isolation, naming or accounting; remove it"
-                )
-            )
+        _check_site_option(option)
         if value is True:
             lines.append(f"--{option}")
         elif value is False or value is None:

@@ -42,7 +42,7 @@ from airflow_provider_tao_slurm.core.continuation import (
     check_checkpoint_signal,
     find_names,
 )
-from airflow_provider_tao_slurm.core.resources import Resources, parse_slurm_time
+from airflow_provider_tao_slurm.core.resources import Resources, parse_slurm_time, reserved_option
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import (
     ImageReferenceError,
@@ -68,7 +68,7 @@ _LEFTOVER = re.compile(r"@@\s*([A-Za-z_][A-Za-z0-9_]*)\s*@@")
 _MANAGED_SBATCH_OPTIONS = frozenset(
     {
         "job-name", "output", "error", "open-mode", "partition", "account", "nodes", "ntasks",
-        "ntasks-per-node", "gres", "gpus", "gpus-per-node", "cpus-per-task", "time", "requeue",
+        "ntasks-per-node", "gres", "gpus", "gpus-per-node", "gpus-per-task", "cpus-per-task", "time", "requeue",
         "no-requeue", "exclusive", "exclude", "wait-all-nodes", "export", "mem", "mem-per-cpu", "mem-per-gpu",
     }
 )  # fmt: skip
@@ -418,7 +418,7 @@ def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:
 
 
 def check_sbatch_option(option: str) -> None:
-    """Refuse an ``#SBATCH`` option that is unsafe, or that the provider sets itself."""
+    """Refuse an ``#SBATCH`` option that is unsafe, or that the provider sets itself (abbreviated or not)."""
     match = _SBATCH_OPTION.fullmatch(option) if isinstance(option, str) else None
     if match is None:
         raise ValidationError(
@@ -426,7 +426,9 @@ def check_sbatch_option(option: str) -> None:
             f"(must match {_SBATCH_OPTION.pattern})"
         )
     name = match.group(1)
-    if name in _MANAGED_SBATCH_OPTIONS or name.startswith("container-"):
+    meant = reserved_option(name, _MANAGED_SBATCH_OPTIONS)
+    if meant is not None or name.startswith("container-"):
+        shown = f"--{name}" + (f" (sbatch takes it for --{meant})" if meant not in (None, name) else "")
         raise ValidationError(
-            f"sbatch_extra option --{name} is set by the provider; use the matching operator argument instead"
+            f"sbatch_extra option {shown} is set by the provider; use the matching operator argument instead"
         )
