@@ -8,7 +8,7 @@ and either gives the caller its answer or raises the typed error that says what 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from airflow_provider_tao_slurm.core import commands
@@ -135,29 +135,46 @@ def _check_scancel(result: CommandResult) -> None:
         )
 
 
+def _answer(
+    result: CommandResult | None, parse: Callable[[str], dict[str, JobState]], tool: str
+) -> tuple[dict[str, JobState], str | None]:
+    """Read one status query's reply: its states and ``None``, or no states and what failed.
+
+    A failed query and a reply that cannot be read (the parser's error names the text) are both no
+    answer. squeue's "Invalid job id specified" (asked about one id it does not know) is an answer:
+    not in the queue. sacct exits 1 on any error from SLURM 24.05 on, rows or not: no answer either.
+    """
+    if result is None:
+        return {}, None
+    if result.rc != 0:
+        if tool == "squeue" and SQUEUE_UNKNOWN_JOB in result.stderr:
+            return {}, None
+        return {}, f"{tool} exited {result.rc}: {result.stderr.strip()[-300:]}"
+    try:
+        return parse(result.stdout), None
+    except RemoteCommandError as exc:
+        return {}, str(exc)
+
+
 def _needs_sacct(ids: list[str], squeue: CommandResult) -> list[str]:
     """Return the ids squeue did not answer for (or saw finish): sacct has their final state and exit code."""
-    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
+    live, _failure = _answer(squeue, parse_squeue, "squeue")
     return [i for i in ids if i not in live or live[i].is_terminal]
 
 
 def _combine_poll(ids: Sequence[str], squeue: CommandResult, sacct: CommandResult | None) -> dict[str, JobState]:
     """Merge one squeue and one sacct answer; squeue wins for live jobs, sacct fills in the rest.
 
-    A failed query is not an answer: when squeue or sacct failed, every job that the other did not
-    answer for is "unanswered", never "not found". squeue's "Invalid job id specified" (asked about
-    one id it does not know) is an answer: not in the queue.
+    A failed or unreadable reply is not an answer (see :func:`_answer`): then every job that the
+    other did not answer for is "unanswered", never "not found".
 
     :raises StatusQueryError: when some job was left unanswered (e.g. controller or accounting down).
     """
     wanted = set(ids)
-    live = parse_squeue(squeue.stdout) if squeue.rc == 0 else {}
-    finished = parse_sacct(sacct.stdout) if sacct is not None and sacct.rc == 0 else {}
+    live, squeue_failure = _answer(squeue, parse_squeue, "squeue")
+    finished, sacct_failure = _answer(sacct, parse_sacct, "sacct")
     states = {job_id: state for job_id, state in merge_states(live, finished).items() if job_id in wanted}
-    squeue_failed = squeue.rc != 0 and SQUEUE_UNKNOWN_JOB not in squeue.stderr
-    failures = [f"squeue exited {squeue.rc}: {squeue.stderr.strip()[-300:]}"] if squeue_failed else []
-    if sacct is not None and sacct.rc != 0:
-        failures.append(f"sacct exited {sacct.rc}: {sacct.stderr.strip()[-300:]}")
+    failures = [failure for failure in (squeue_failure, sacct_failure) if failure]
     unanswered = [job_id for job_id in ids if job_id not in states] if failures else []
     if unanswered:
         evidence = "; ".join(failures)
