@@ -1,5 +1,5 @@
 # The two commands a newcomer runs (see README): `make demo` and `make test`.
-# Both work as root on a fresh Debian 12 machine with only Python installed: the harness
+# Both work as root on a fresh Debian 12 or 13 machine with only Python installed: the harness
 # installs the SLURM, MariaDB, munge, OpenSSH, PostgreSQL and faketime packages it needs.
 
 PYTHON ?= python3
