@@ -24,9 +24,7 @@ named in the row id (``github:SchedMD/slurm``, tags ``slurm-22-05-8-1`` ... ``sl
 from __future__ import annotations
 
 import re
-import subprocess
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from fakes import SETTINGS
@@ -52,6 +50,9 @@ from airflow_provider_tao_slurm.core.usage import USAGE_FIELDS, usage_command
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, StatusQueryError, ValidationError
 from airflow_provider_tao_slurm.hooks.replies import CommandResult, _combine_poll
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
+
+if TYPE_CHECKING:
+    from conftest import HeldSubmission
 
 P, R, E = TaoState.PENDING, TaoState.RUNNING, TaoState.ERROR
 START, END = "2026-12-01T10:00:00", "2026-12-01T10:30:00"
@@ -417,23 +418,14 @@ def test_sbatch_reply_forms(monkeypatch: pytest.MonkeyPatch, stdout: str, stderr
     assert hook.submit("/l/jobs/j/job.sbatch", "tao-j", log_dir="/l/logs") == "4242"
 
 
-def test_a_queue_full_sbatch_through_the_held_submission_script(tmp_path: Path) -> None:
+def test_a_queue_full_sbatch_through_the_held_submission_script(held_submission: HeldSubmission) -> None:
     """The real submission script with a stand-in sbatch that retries as 26.05's does: the id comes through."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, body in {
-        "sbatch": "echo 'sbatch: error: Slurm job queue full, sleeping and retrying' >&2; echo 4242",
-        "squeue": "echo 4242",
-        "scontrol": "exit 0",
-    }.items():
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / tool).chmod(0o755)
-    (tmp_path / "logs").mkdir(mode=0o755)
-    command = commands.sbatch_submit_held(
-        "/x/job.sbatch", log_dir=f"{tmp_path}/logs", job_name="j", user="alice", base=str(tmp_path)
-    )
-    done = subprocess.run(
-        ["sh", "-c", command], capture_output=True, text=True, check=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = held_submission(
+        {
+            "sbatch": "echo 'sbatch: error: Slurm job queue full, sleeping and retrying' >&2; echo 4242",
+            "squeue": "echo 4242",
+            "scontrol": "exit 0",
+        }
     )
     assert done.returncode == 0, done.stderr
     assert parse_sbatch_reply(done.stdout) == ("4242", None)

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncssh
 import paramiko
@@ -67,6 +67,9 @@ SLURM_VARS = (
     "SLURM_BASE_RESULTS_DIR",
     "SLURM_CONTAINER_MOUNTS",
 )
+
+if TYPE_CHECKING:
+    from conftest import HeldSubmission
 
 
 @pytest.fixture(autouse=True)
@@ -951,24 +954,15 @@ def test_a_refused_submission_is_a_submission_error(monkeypatch: pytest.MonkeyPa
     assert not isinstance(caught.value, SubmissionOutcomeUnknownError)
 
 
-def test_the_twin_check_keeps_a_job_held_when_squeue_fails(tmp_path: Path) -> None:
+def test_the_twin_check_keeps_a_job_held_when_squeue_fails(tmp_path: Path, held_submission: HeldSubmission) -> None:
     """The held job's duplicate check runs squeue; a failed squeue is no answer: no release, exit 4, the id."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool, body in {
-        "sbatch": "echo 42",
-        "squeue": "echo 'squeue: error: Socket timed out' >&2; exit 1",
-        "scontrol": f'echo "$*" >> {tmp_path}/scontrol.calls',
-        "scancel": f'echo "$*" >> {tmp_path}/scancel.calls',
-    }.items():
-        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
-        (bin_dir / tool).chmod(0o755)
-    (tmp_path / "logs").mkdir(mode=0o755)
-    command = commands.sbatch_submit_held(
-        "/x/job.sbatch", log_dir=f"{tmp_path}/logs", job_name="j", user="alice", base=str(tmp_path)
-    )
-    done = subprocess.run(
-        ["sh", "-c", command], capture_output=True, text=True, check=False, env={"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = held_submission(
+        {
+            "sbatch": "echo 42",
+            "squeue": "echo 'squeue: error: Socket timed out' >&2; exit 1",
+            "scontrol": f'echo "$*" >> {tmp_path}/scontrol.calls',
+            "scancel": f'echo "$*" >> {tmp_path}/scancel.calls',
+        }
     )
 
     assert (done.returncode, done.stdout.strip().splitlines()[-1]) == (4, "42"), done.stderr
