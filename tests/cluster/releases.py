@@ -216,7 +216,8 @@ def ensure_mounts(rel: Release) -> None:
             # Recursively, so slurmd finds the cgroup mounts under /sys and /dev/pts, /dev/shm are there.
             run(["mount", "--rbind", f"/{special}", str(tree / special)])
             run(["mount", "--make-rslave", str(tree / special)])
-    workspace = CHECKOUT.parent
+    # The folder around the checkout (../shared is there), unless that is the machine's root.
+    workspace = CHECKOUT.parent if CHECKOUT.parent != Path("/") else CHECKOUT
     bind(workspace, tree / workspace.relative_to("/"))
     (tree / CHECKOUT_MARK).write_text(f"{CHECKOUT}\n")
     for source in MACHINE_BINDS:
