@@ -441,7 +441,9 @@ def merge_states(squeue: Mapping[str, JobState], sacct: Mapping[str, JobState]) 
 
     squeue is authoritative while a job is live (sacct lags by seconds and shows a placeholder
     PENDING row at first). sacct's row is used for jobs squeue no longer knows, and when both
-    report a terminal state (sacct carries the exit code).
+    report a terminal state of the same run (sacct carries the exit code). A requeued job keeps its
+    id: while accounting still shows an earlier run's end (started before the run squeue shows ended),
+    squeue's end stands alone, without an exit code, and the job is asked about again.
 
     :param squeue: result of :func:`parse_squeue`.
     :param sacct: result of :func:`parse_sacct`.
@@ -450,9 +452,14 @@ def merge_states(squeue: Mapping[str, JobState], sacct: Mapping[str, JobState]) 
     merged = dict(squeue)
     for job_id, state in sacct.items():
         live = merged.get(job_id)
-        if live is None or (live.is_terminal and state.is_terminal):
+        if live is None or (live.is_terminal and state.is_terminal and not _earlier_run(state, live)):
             merged[job_id] = state
     return merged
+
+
+def _earlier_run(row: JobState, live: JobState) -> bool:
+    """Whether accounting's ``row`` started before the run squeue shows (ISO times, both known)."""
+    return row.start is not None and live.start is not None and row.start < live.start
 
 
 def parse_sbatch_reply(stdout: str) -> tuple[str, str | None] | None:

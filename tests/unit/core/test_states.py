@@ -378,12 +378,12 @@ def test_parse_sacct_duplicates_last_row_wins(text: str, expected: tuple[str, st
     assert (state.native, state.reason) == expected
 
 
-def _sq(job_id: str, native: str) -> JobState:
-    return state_from_native(job_id, native, source="squeue")
+def _sq(job_id: str, native: str, start: str | None = None) -> JobState:
+    return state_from_native(job_id, native, source="squeue", start=start)
 
 
-def _sa(job_id: str, native: str, name: str = "job", exit_code: int = 0) -> JobState:
-    return state_from_native(job_id, native, source="sacct", name=name, exit_code=exit_code, signal=0)
+def _sa(job_id: str, native: str, name: str = "job", exit_code: int = 0, start: str | None = None) -> JobState:
+    return state_from_native(job_id, native, source="sacct", name=name, exit_code=exit_code, signal=0, start=start)
 
 
 @pytest.mark.parametrize(
@@ -436,6 +436,24 @@ def _sa(job_id: str, native: str, name: str = "job", exit_code: int = 0) -> JobS
                 "4": ("sacct", "CANCELLED"),
             },
             id="many-jobs",
+        ),
+        pytest.param(
+            [_sq("1", "COMPLETED", start="2026-12-06T04:13:16")],
+            [_sa("1", "FAILED", exit_code=143, start="2026-12-06T04:13:07")],
+            {"1": ("squeue", "COMPLETED")},
+            id="requeued-rerun-ended-accounting-still-shows-the-first-run",
+        ),
+        pytest.param(
+            [_sq("1", "COMPLETED", start="2026-12-06T04:13:16")],
+            [_sa("1", "COMPLETED", start="2026-12-06T04:13:16")],
+            {"1": ("sacct", "COMPLETED")},
+            id="requeued-rerun-ended-accounting-caught-up",
+        ),
+        pytest.param(
+            [_sq("1", "CANCELLED")],
+            [_sa("1", "CANCELLED by 1001")],
+            {"1": ("sacct", "CANCELLED")},
+            id="cancelled-before-it-started-no-start-times",
         ),
         pytest.param([], [], {}, id="nothing-known"),
     ],
