@@ -246,10 +246,10 @@ def tree_env(rel: Release) -> dict[str, str]:
     return env
 
 
-def in_tree(rel: Release, argv: list[str], *, capture: bool = False) -> subprocess.CompletedProcess[str]:
+def in_tree(rel: Release, argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` in the checkout inside the release's tree."""
     command = ["chroot", str(rel.tree), "/bin/sh", "-c", 'cd "$0" && exec "$@"', str(CHECKOUT), *argv]
-    return subprocess.run(command, env=tree_env(rel), check=False, text=True, capture_output=capture)
+    return subprocess.run(command, env=tree_env(rel), check=False, text=True)
 
 
 def harness_down_here() -> None:
