@@ -648,14 +648,20 @@ def short_hostname() -> str:
     return socket.gethostname().split(".")[0]
 
 
+def major_minor(version: str, command: str, printed: str) -> tuple[int, int]:
+    """``(24, 11)`` for ``24.11.5`` (or ``24.11``); fails naming ``command`` and what it ``printed`` otherwise."""
+    major, _, rest = version.partition(".")
+    minor = rest.split(".")[0]
+    if not (major.isdigit() and minor.isdigit()):
+        fail(f"`{command}` printed {printed!r}, not a release")
+    return int(major), int(minor)
+
+
 @functools.cache
 def slurm_release() -> tuple[int, int]:
     """The installed SLURM's release, ``(24, 11)`` for ``slurm-wlm 24.11.5`` (``slurmctld -V``)."""
-    words = run(["/usr/sbin/slurmctld", "-V"]).stdout.split()
-    major, minor = words[-1].split(".")[:2] if words else ("", "")
-    if not (major.isdigit() and minor.isdigit()):
-        fail(f"`slurmctld -V` printed {' '.join(words)!r}, not a release")
-    return int(major), int(minor)
+    printed = run(["/usr/sbin/slurmctld", "-V"]).stdout.strip()
+    return major_minor(printed.split()[-1] if printed else "", "slurmctld -V", printed)
 
 
 def cgroup_conf() -> str:
@@ -800,12 +806,8 @@ def mariadb_cnf() -> str:
 @functools.cache
 def openssh_release() -> tuple[int, int]:
     """The installed OpenSSH's release, ``(10, 0)`` for ``OpenSSH_10.0p2`` (``ssh -V``)."""
-    text = run(["ssh", "-V"]).stderr.strip()
-    version = text.removeprefix("OpenSSH_").split("p")[0].split(",")[0]
-    major, _, minor = version.partition(".")
-    if not (major.isdigit() and minor.isdigit()):
-        fail(f"`ssh -V` printed {text!r}, not an OpenSSH release")
-    return int(major), int(minor)
+    printed = run(["ssh", "-V"]).stderr.strip()
+    return major_minor(printed.removeprefix("OpenSSH_").split("p")[0].split(",")[0], "ssh -V", printed)
 
 
 def openssh_release_settings() -> list[str]:

@@ -127,11 +127,6 @@ def mounted() -> set[str]:
     return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()}
 
 
-def apt_options(rel: Release) -> list[str]:
-    """apt options for the release's suite."""
-    return ["-o", "Acquire::Check-Valid-Until=false"] if rel.snapshot else []
-
-
 def ensure_tree(rel: Release) -> None:
     """Build the release's Debian tree once (debootstrap into a partial folder, renamed when complete)."""
     wanted = {"suite": rel.suite, "mirror": MIRROR, "packages": list(BASE_PACKAGES)}
@@ -170,8 +165,7 @@ def env_run(argv: list[str]) -> None:
 def sync_machine_files(rel: Release) -> None:
     """Give the tree this machine's name resolution, local CA certificates and pip configuration."""
     tree = rel.tree
-    for name in ("etc/resolv.conf",):
-        shutil.copy2(Path("/") / name, tree / name)
+    shutil.copy2("/etc/resolv.conf", tree / "etc/resolv.conf")
     hosts = tree / "etc/hosts"
     if not hosts.exists() or "localhost" not in hosts.read_text():
         shutil.copy2("/etc/hosts", hosts)
