@@ -16,11 +16,6 @@ from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
 
 DEFAULT_CONN_TIMEOUT = 10.0
 DEFAULT_CMD_TIMEOUT = 120.0
-#: The provider's own budget of slurmctld RPCs per cluster user
-#: (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`): four fifths of SLURM's default
-#: ``rl_enable`` bucket (30 tokens, 2 per second), the rest left to the user's other commands.
-DEFAULT_RPC_BUCKET_SIZE = 24
-DEFAULT_RPC_REFILL_RATE = 1.6
 
 #: The environment variables users of the TAO SLURM workflow already have.
 ENV_VARS = (
@@ -101,8 +96,10 @@ class ClusterSettings:
     conn_timeout: float = DEFAULT_CONN_TIMEOUT
     cmd_timeout: float = DEFAULT_CMD_TIMEOUT
     proxy_command: str | None = None
-    rpc_bucket_size: int = DEFAULT_RPC_BUCKET_SIZE
-    rpc_refill_rate: float = DEFAULT_RPC_REFILL_RATE
+    #: The provider's RPC bucket (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`); None: four
+    #: fifths of the site's ``rl_enable`` bucket, no pacing where the site has none.
+    rpc_bucket_size: int | None = None
+    rpc_refill_rate: float | None = None
 
     @property
     def pool_key(self) -> str:
@@ -231,9 +228,12 @@ def _number_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, f
 
 
 def _pacing_fields(extra: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
-    """``rpc_bucket_size`` (a whole number >= 1) and ``rpc_refill_rate`` (tokens per second, 0: no pacing)."""
+    """``rpc_bucket_size`` (a whole number >= 1) and ``rpc_refill_rate`` (tokens per second, 0: no pacing).
+
+    Unset (None): the site's share, read from the cluster where the site limits RPCs.
+    """
     size, rate = extra.get("rpc_bucket_size"), extra.get("rpc_refill_rate")
-    fields: dict[str, Any] = {"rpc_bucket_size": DEFAULT_RPC_BUCKET_SIZE, "rpc_refill_rate": DEFAULT_RPC_REFILL_RATE}
+    fields: dict[str, Any] = {"rpc_bucket_size": None, "rpc_refill_rate": None}
     if size not in (None, ""):
         try:
             fields["rpc_bucket_size"] = int(str(size))

@@ -316,9 +316,11 @@ class SlurmHook(BaseHook):
 
         The job is submitted held, checked to be the only live job of its name (an older twin wins), its
         log directory ``<log_dir>/<job_name>-<id>`` created, then released. First it takes its RPCs from
-        the user's budget (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`; the connection's
-        ``rpc_bucket_size`` and ``rpc_refill_rate``), waiting up to
-        :data:`~airflow_provider_tao_slurm.core.commands.MAX_PACING_WAIT_S` seconds when a storm spent it.
+        the user's budget where the site limits RPCs or the connection sets a budget
+        (:func:`~airflow_provider_tao_slurm.core.commands.rpc_pacing`; the connection's ``rpc_bucket_size``
+        and ``rpc_refill_rate``), waiting up to
+        :data:`~airflow_provider_tao_slurm.core.commands.MAX_PACING_WAIT_S` seconds when a storm spent it,
+        and says in the task log how long it waited and why.
         This is one try: what to do when its outcome is unknown is
         :func:`~airflow_provider_tao_slurm.lifecycle.submission.submit_job`'s.
 
@@ -352,16 +354,12 @@ class SlurmHook(BaseHook):
             )
         except (ConnectionLostError, CommandTimeoutError) as exc:
             raise SubmissionOutcomeUnknownError(f"sbatch of {job_name}: {exc}") from exc
-        waited, stderr = commands.parse_paced(result.stderr)
-        if waited:
+        paced = commands.parse_paced(result.stderr)
+        if paced.waited:
             self.log.info(
-                "%s waited %.1f s for the cluster user's RPC budget (rpc_bucket_size %d, rpc_refill_rate %g/s)",
-                job_name,
-                waited,
-                settings.rpc_bucket_size,
-                settings.rpc_refill_rate,
+                "%s waited %.1f s for the cluster user's RPC budget: %s", job_name, paced.waited, paced.reason
             )
-        return self._sbatch_reply(dataclasses.replace(result, stderr=stderr), script_path, job_name)
+        return self._sbatch_reply(dataclasses.replace(result, stderr=paced.rest), script_path, job_name)
 
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
         """Create the log directory ``<log_dir>/<job_name>-<job_id>`` of an adopted job and release it if held.
