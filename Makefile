@@ -27,9 +27,11 @@ MATRIX_TESTS := \
 	tests/cluster/faults/test_faults_outages.py::test_slurmdbd_down_past_the_settle_window \
 	tests/cluster/faults/test_faults_clock_and_limits.py \
 	tests/cluster/faults/test_faults_connection.py \
+	tests/cluster/test_hook.py::test_without_a_site_limiter_submissions_go_at_once \
+	tests/cluster/test_hook.py::test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered \
 	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it
 
-.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability demo bench clean
+.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability demo bench bench-release bench-release-here clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -42,7 +44,7 @@ $(BIN)/.installed: pyproject.toml
 venv: $(BIN)/.installed
 
 ifneq ($(SLURM),)
-demo test unit lint docs reliability bench matrix-here:
+demo test unit lint docs reliability bench matrix-here bench-release-here:
 	$(RELEASES) run $(SLURM) -- make $@
 
 cluster-up cluster-down:
@@ -104,7 +106,21 @@ bench: venv cluster-up
 	$(BIN)/python benchmarks/markers.py
 	$(BIN)/python benchmarks/shared_streams.py
 	$(BIN)/python benchmarks/storm.py
+	$(MAKE) bench-release
 	$(BIN)/python benchmarks/report.py
+
+# The poller at N = 1000 and the submit ratio again on MATRIX_RELEASE (26.05, in the sid tree, alone on the
+# machine; about 12 minutes), stored as poller@26.05.json and submit@26.05.json in BENCH_OUT: report.py sets
+# them beside the machine's own. The tree writes under the checkout (its /tmp is its own).
+bench-release:
+	rm -rf .bench-release
+	BENCH_OUT=$(CURDIR)/.bench-release $(RELEASES) run --not-on-host $(MATRIX_RELEASE) -- make bench-release-here
+	if [ -d .bench-release ]; then mkdir -p "$${BENCH_OUT:-/tmp/tao-slurm-bench}" && \
+		cp .bench-release/*.json "$${BENCH_OUT:-/tmp/tao-slurm-bench}/"; fi
+
+bench-release-here: venv cluster-up
+	$(BIN)/python benchmarks/poller.py --sizes 1000 --scale-sizes ""
+	$(BIN)/python benchmarks/submit.py
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

@@ -131,13 +131,14 @@ def get_provider_info() -> dict[str, Any]:
                     ),
                     "rpc_bucket_size": _conn_field(
                         "RPC budget: burst",
-                        "slurmctld RPCs the provider may send at once for this user (default 24, 4/5 of "
-                        "SLURM's rl_enable default); submissions past it wait for the refill.",
+                        "slurmctld RPCs the provider may send at once for this user (default: 4/5 of the "
+                        "site's rl_enable bucket, no pacing where the site has none); submissions past it wait.",
                         kind="number",
                     ),
                     "rpc_refill_rate": _conn_field(
                         "RPC budget: refill per second",
-                        "RPCs per second the budget refills (default 1.6); 0 turns the pacing off.",
+                        "RPCs per second the budget refills (default: 4/5 of the site's rl_enable refill; set, "
+                        "it paces whatever the site does); 0 turns the pacing off.",
                         kind="number",
                     ),
                     "log_url_template": _conn_field(

@@ -94,14 +94,6 @@ def _setup_airflow_env() -> None:
 _setup_airflow_env()
 
 
-def set_slurm_extra(changes: dict[str, Any]) -> None:
-    """Change extras of the bench's ``tao_slurm`` connection (before its first use)."""
-    variable = f"AIRFLOW_CONN_{SLURM_CONN_ID.upper()}"
-    connection = json.loads(os.environ[variable])
-    connection["extra"].update(changes)
-    os.environ[variable] = json.dumps(connection)
-
-
 def point_connections_at(port: int) -> None:
     """Point both bench connections at the login sshd listening on ``port`` (same host, keys and user)."""
     for conn_id in (SLURM_CONN_ID, SSH_CONN_ID):
@@ -446,19 +438,31 @@ def measured_commit() -> str:
 BENCH_RUN = os.environ.get("BENCH_RUN") or None
 
 
+#: The SLURM release of a Debian tree the script runs in (``tests/cluster/releases.py`` sets it); None on the
+#: machine's own release. A tree's results are stored as ``<name>@<release>.json``.
+RELEASE_TREE = os.environ.get("TAO_SLURM_RELEASE_TREE") or None
+
+
+def result_name(name: str, release: str | None = RELEASE_TREE) -> str:
+    """The results file's name (without ``.json``) of script ``name`` run on ``release`` (None: the machine's)."""
+    return f"{name}@{release}" if release else name
+
+
 def write_result(name: str, title: str, figures: Sequence[Figure], details: dict[str, Any]) -> Path:
     """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``.
 
-    Each file records the commit measured and the ``make bench`` run (:data:`BENCH_RUN`) it belongs to.
+    Each file records the commit measured, the ``make bench`` run (:data:`BENCH_RUN`) it belongs to and
+    the SLURM release measured; in a release tree the name carries the release (:func:`result_name`).
     """
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"{name}.json"
+    path = OUT_DIR / f"{result_name(name)}.json"
     data = {
-        "name": name,
+        "name": result_name(name),
         "title": title,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": measured_commit(),
         "run": BENCH_RUN,
+        "slurm": _first_line(["sinfo", "-V"]),
         "figures": [asdict(f) for f in figures],
         "details": details,
     }

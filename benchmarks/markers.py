@@ -16,9 +16,9 @@ Figures:
   slurmdbd's job queries (``DBD_GET_JOBS_COND``, ``sacctmgr show stats``) over exactly
   :data:`WINDOW_INTERVALS` scheduler intervals (the burst): right after a status poll the jobs are
   released and the counters reset (the release's own RPCs are not counted), and the counters are read
-  right after the :data:`WINDOW_INTERVALS`-th poll that follows (and once every event came); again after
-  the :data:`LONG_WINDOW_INTERVALS`-th, where the target of :data:`QUERIES_TARGET` per 30 s in all
-  applies (why not to the burst: see :data:`LONG_WINDOW_INTERVALS`). The server
+  right after the :data:`WINDOW_INTERVALS`-th poll that follows (and once every event came); the target
+  of :data:`QUERIES_TARGET` per 30 s in all is judged there, over the burst, where the marker path works
+  (again after the :data:`LONG_WINDOW_INTERVALS`-th, for reference: mostly idle intervals). The server
   counters hold every user's queries: beside them, the ``squeue`` and ``sacct`` commands this process
   sent in the window (:class:`_common.SentCommands`) and how many of the ``sacct`` were accounting
   confirmations, and how many seconds the ends spread over (first to last marker);
@@ -61,13 +61,12 @@ _common.point_connections_at(int(_common.CLUSTER["limits_port"]))
 QUIET_WINDOW_S = 30.0
 #: Scheduler intervals in the window that counts the scheduler queries while the jobs end (the burst).
 WINDOW_INTERVALS = 3
-#: Scheduler intervals in the window the query target applies to: five minutes from the burst's start.
-#: The burst's own window cannot hold it with the latency target: 48 ends spread over about 17 s, each
-#: known within 3 s (p95), take a confirmation every 2-3 s while they arrive, 6 to 8 ``sacct``, and the
-#: three status queries make 3 per 30 s at best; over five minutes the same ends cost 2 per 30 s.
+#: Scheduler intervals of the reference window: five minutes from the burst's start, mostly idle (the
+#: target is judged over the burst: 48 ends spread over about 17 s, each known within 3 s (p95), take a
+#: confirmation every 2-3 s while they arrive, 6 to 8 ``sacct``, beside the three status queries).
 LONG_WINDOW_INTERVALS = 10
 P95_TARGET_S = 3.0
-#: Scheduler job queries (slurmctld and slurmdbd together) per 30 s over :data:`LONG_WINDOW_INTERVALS`.
+#: Scheduler job queries (slurmctld and slurmdbd together) per 30 s over the burst (:data:`WINDOW_INTERVALS`).
 QUERIES_TARGET = 2.0
 RUN_TIMEOUT_S = 300.0
 
@@ -287,13 +286,14 @@ def figures_for(raw: dict[str, Any], n: int, k: int, interval: float) -> list[Fi
             f"{ctld + dbd:.2f}",
             f"slurmctld {ctld:.2f} + slurmdbd {dbd:.2f}; {_sent(ending)}; "
             f"{k} ends over {'?' if spread is None else f'{spread:.1f}'} s",
+            f"<= {QUERIES_TARGET:.0f}",
+            ctld + dbd <= QUERIES_TARGET,
         ),
         Figure(
-            f"N={n}: scheduler job queries (slurmctld + slurmdbd) per 30 s, {long['intervals']} intervals from it",
+            f"N={n}: scheduler job queries (slurmctld + slurmdbd) per 30 s, {long['intervals']} intervals from it "
+            "(mostly idle; for reference)",
             f"{long_ctld + long_dbd:.2f}",
             f"slurmctld {long_ctld:.2f} + slurmdbd {long_dbd:.2f}; {_sent(long)}",
-            f"<= {QUERIES_TARGET:.0f}",
-            long_ctld + long_dbd <= QUERIES_TARGET,
         ),
         Figure(
             f"N={n}: marker reads per 30 s (quiet window)",

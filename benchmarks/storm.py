@@ -7,9 +7,10 @@ scheduler with the LocalExecutor, dag-processor, triggerer) with ``parallelism``
 runs a DAG written here: ONE :class:`SbatchSubmitOperator` mapped over :data:`TASKS` commands
 (``.expand``), tiny jobs (1 CPU, 1 GPU, ``sleep 1``, the one-minute partition, no retries). Its
 ``slurm_default`` connection goes to a login sshd of its own, configured as the harness's
-``sshd-limits`` (OpenSSH's default ``MaxStartups 10:30:100``, ``MaxSessions 10``; the harness's one
-serves other benchmarks meanwhile) and has no ``rpc_*`` extras: the provider paces the submissions with
-its default RPC budget, as users run it. Figures: the time from the first task's start to the last task's end (its
+``sshd-limits`` (OpenSSH's default ``MaxStartups 10:30:100``, ``MaxSessions 10``, PAM on as on a real
+login node; the harness's one serves other benchmarks meanwhile) and has no ``rpc_*`` extras: the
+provider paces the submissions as users get it by default, i.e. where the cluster's slurmctld limits RPCs
+(``rl_enable``) and not where it does not. Figures: the time from the first task's start to the last task's end (its
 job submitted), jobs by name (each task's job exactly once: squeue + sacct), failed tasks (REST API),
 logins and refused connections (its sshd's log: ``Accepted publickey``, ``drop connection``), and the
 cluster user's slurmctld RPCs per submission.
@@ -25,8 +26,9 @@ The storm's RPCs are the cluster user's RPCs as the samples saw them arrive, fro
 last task's end; the count less the user's background rate measured just before is printed beside them.
 Each timeline goes through a simulated default ``rl_enable`` bucket (``benchmarks/ratelimit.py``: 30
 tokens, refilled 2 per second); the storm's RPCs also as one burst, as they would arrive with enough
-workers and cores. The test cluster's SLURM 22.05 has no ``rl_enable``: the bucket is simulated, and
-the figures are indicative while others use the cluster.
+workers and cores. The test cluster runs without ``rl_enable`` (the provider does not pace there): the
+bucket is simulated, it shows what a site with SLURM's default limiter would refuse of RPCs arriving so,
+and the figures are indicative while others use the cluster.
 
 Usage: ``python benchmarks/storm.py [--tasks 40] [--parallelism 16] [--watched 1000]``.
 """
@@ -190,9 +192,17 @@ def one_submission(image: str, index: int) -> dict[str, Any]:
         operator.hook.close()
 
 
+def storm_pacing() -> str:
+    """How the provider paced the storm, read from the site as the provider reads it (``SlurmctldParameters``)."""
+    parameters = _common.ssh("scontrol show config | sed -n 's/^SlurmctldParameters *= *//p'").strip()
+    if "rl_enable" in parameters.split(","):
+        return f"paced by the provider: the site has {parameters}"
+    return f"not paced: this cluster's slurmctld has no rl_enable ({parameters or 'not shown'})"
+
+
 @contextlib.contextmanager
 def login_sshd(workdir: Path) -> Iterator[tuple[int, Path]]:
-    """A login sshd of the storm's own, configured as the harness's limits sshd (OpenSSH's default limits).
+    """A login sshd of the storm's own, configured as the harness's limits sshd (OpenSSH's default limits, PAM).
 
     The harness's ``sshd-limits`` serves other benchmarks at the same time; this one (same host key,
     user and ``MaxStartups``/``MaxSessions``, its own port and log) sees only the storm's connections.
@@ -201,7 +211,7 @@ def login_sshd(workdir: Path) -> Iterator[tuple[int, Path]]:
     """
     port = free_port()
     config, pid_file, log = workdir / "sshd_config", workdir / "sshd.pid", workdir / "sshd.log"
-    config.write_text(sshd_config(port, pid_file, limits=DEFAULT_SSHD_LIMITS))
+    config.write_text(sshd_config(port, pid_file, limits=DEFAULT_SSHD_LIMITS, use_pam=True))
     subprocess.run(["/usr/sbin/sshd", "-f", str(config), "-E", str(log)], check=True, timeout=30)
     deadline = time.monotonic() + SSHD_START_S
     while not pid_file.exists():  # sshd writes it once it listens (no probe: a connection would be counted)
@@ -343,7 +353,7 @@ def main() -> None:
             )
             with login_sshd(Path(tmp)) as (port, sshd_log):
                 connection = {**json.loads(connection_uri_json(c)), "port": port}
-                for key in SUITE_RPC_BUDGET:  # the provider's default budget, as users run it
+                for key in SUITE_RPC_BUDGET:  # the provider's default pacing, as users run it
                     del connection["extra"][key]
                 settings = {
                     "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
@@ -409,7 +419,7 @@ def main() -> None:
         Figure(f"RPCs (slurmctld, cluster user): one submission, fewest of {ROUNDS}", str(single_rpcs)),
         bucket_figure("one submission", buckets["one submission"]),
         Figure(f"RPCs: the storm of {tasks}, as sampled (sdiag every {SAMPLE_S:g} s)", str(len(ran["arrivals"]))),
-        bucket_figure(f"storm of {tasks}, as its RPCs arrived (paced by the provider)", buckets["storm"]),
+        bucket_figure(f"storm of {tasks}, as its RPCs arrived ({storm_pacing()})", buckets["storm"]),
         Figure(
             "  storm: the same RPCs all at once (enough workers and cores), for reference",
             f"{at_once.throttled} of {at_once.rpcs} throttled, longest wait {at_once.max_delay_s:.1f} s",

@@ -18,6 +18,9 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``min-job-age SECONDS`` (or ``default``): slurmctld's ``MinJobAge`` (SLURM's default 300 s), the time a
   finished job stays known to squeue; slurm.conf is rewritten and slurmctld reconfigured. ``up`` sets the
   default again.
+- ``rate-limit PARAMETERS`` (or ``off``): slurmctld's per-user RPC rate limiter (``rl_enable``, from SLURM
+  23.02), e.g. ``rl_enable,rl_bucket_size=10,rl_refill_rate=1`` as ``SlurmctldParameters``; slurm.conf is
+  rewritten and slurmctld reconfigured. ``up`` turns it off again.
 - ``pyxis-off NODE`` / ``pyxis-on NODE``: hide (show) the Pyxis stand-in from the job steps of one node
   while the login host's srun keeps offering its options, as on a site whose GPU nodes lack Pyxis
   (see :func:`node_pyxis`); ``up`` shows it on every node.
@@ -134,6 +137,8 @@ CONTAINERS = SHARED / "containers"
 ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
 #: Written by ``min-job-age``: the ``MinJobAge`` slurm.conf sets (absent: SLURM's default, 300 s).
 MIN_JOB_AGE = STATE / "min-job-age"
+#: Written by ``rate-limit``: the ``SlurmctldParameters`` slurm.conf sets (absent: none, no RPC limiter).
+RATE_LIMIT = STATE / "rate-limit"
 FAULT_SWITCH = SHARED / ".harness" / "faults"
 TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
 TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
@@ -716,6 +721,7 @@ def slurm_conf() -> str:
         "EnforcePartLimits=ALL",
         "JobRequeue=1",
         *([f"MinJobAge={MIN_JOB_AGE.read_text().strip()}"] if MIN_JOB_AGE.exists() else []),
+        *([f"SlurmctldParameters={RATE_LIMIT.read_text().strip()}"] if RATE_LIMIT.exists() else []),
         "MailProg=/bin/true",
         f"TaskProlog={TASK_PROLOG}",
         "AccountingStorageType=accounting_storage/slurmdbd",
@@ -1842,6 +1848,7 @@ def cmd_up() -> int:
     ensure_gpu_devices()
     ensure_munge_key()
     MIN_JOB_AGE.unlink(missing_ok=True)
+    RATE_LIMIT.unlink(missing_ok=True)
     changed = write_configs()
     ensure_login_cut()
     build_plugin()
@@ -1854,7 +1861,7 @@ def cmd_up() -> int:
     ensure_daemon(table["slurmdbd"])
     ensure_accounting()
     # slurm.conf is back to what slurmctld was started with, but slurmctld was reconfigured since
-    # (min-job-age of a run that did not finish): it keeps running, so have it read the file again.
+    # (min-job-age or rate-limit of a run that did not finish): it keeps running, so have it read the file again.
     reread = str(SLURM_CONF) in changed and runs_current_config(table["slurmctld"])
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
@@ -1898,6 +1905,33 @@ def set_min_job_age(value: str) -> None:
     if shown.split()[:1] != [expected]:
         fail(f"slurmctld reports MinJobAge {shown!r} after the reconfigure, not {expected} s")
     step(f"slurmctld: MinJobAge {shown}")
+
+
+def set_rate_limit(value: str) -> None:
+    """Set slurmctld's ``SlurmctldParameters`` to ``value`` (``rl_enable`` and its ``rl_*`` settings; ``off``:
+    none) and check that it took.
+    """
+    if value == "off":
+        RATE_LIMIT.unlink(missing_ok=True)
+    elif slurm_release() < (23, 2):
+        fail(f"rate-limit {value!r}: rl_enable came in SLURM 23.02, this cluster runs {slurm_release()}")
+    elif value.split(",")[0] == "rl_enable" and all(
+        key.startswith("rl_") and number.isdigit()
+        for key, _, number in (item.partition("=") for item in value.split(",")[1:])
+    ):
+        write_file(RATE_LIMIT, f"{value}\n")
+    else:
+        fail(f"rate-limit {value!r}: give rl_enable[,rl_bucket_size=N,rl_refill_rate=N,...] or 'off'")
+    write_file(SLURM_CONF, slurm_conf())
+    reconfigure()
+    shown = {
+        key.strip(): val.strip()
+        for key, _, val in (line.partition("=") for line in run(["scontrol", "show", "config"]).stdout.splitlines())
+    }.get("SlurmctldParameters", "")
+    expected = "(null)" if value == "off" else value
+    if shown != expected:
+        fail(f"slurmctld reports SlurmctldParameters {shown!r} after the reconfigure, not {expected!r}")
+    step(f"slurmctld: SlurmctldParameters {shown}")
 
 
 def cancel_all_jobs() -> None:
@@ -1969,6 +2003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("node-down", "node-resume", "drain", "pyxis-off", "pyxis-on"):
         commands.add_parser(name).add_argument("node", choices=list(NODES))
     commands.add_parser("min-job-age").add_argument("seconds", help="whole seconds, or 'default' (300)")
+    commands.add_parser("rate-limit").add_argument("parameters", help="rl_enable[,rl_bucket_size=N,...], or 'off'")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         fail("run the harness as root (it installs packages and starts system daemons)")
@@ -2012,6 +2047,8 @@ def run_command(args: argparse.Namespace) -> int:
         restore_login()
     elif args.command == "min-job-age":
         set_min_job_age(args.seconds)
+    elif args.command == "rate-limit":
+        set_rate_limit(args.parameters)
     elif args.command in ("pyxis-off", "pyxis-on"):
         node_pyxis(args.node, on=args.command == "pyxis-on")
     else:

@@ -35,6 +35,7 @@ from airflow_provider_tao_slurm.core.commands import SUBMISSION_RPCS
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
+    CommandTimeoutError,
     ConnectionLostError,
     HostKeyError,
     KeyFilePermissionError,
@@ -407,6 +408,131 @@ def test_submissions_past_the_rpc_budget_wait_for_it(
         hook.cancel(ids)
         hook.close()
         ssh_run(f'rm -f "{bucket}"')
+
+
+def site_parameters(ssh_run: SshRun) -> str:
+    """slurmctld's ``SlurmctldParameters`` as the cluster user's ``scontrol show config`` prints it."""
+    rc, out, err = ssh_run(join(["scontrol", "show", "config"]))
+    assert rc == 0, err
+    shown = [
+        value.strip()
+        for key, _, value in (line.partition("=") for line in out.splitlines())
+        if key.strip() == "SlurmctldParameters"
+    ]
+    assert len(shown) == 1, out
+    return shown[0]
+
+
+PACING_FILES = '"$HOME/.tao-slurm/rpc-bucket" "$HOME/.tao-slurm/slurmctld-parameters"'
+
+
+def test_without_a_site_limiter_submissions_go_at_once(
+    slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A connection that sets no RPC budget follows the site: with no ``rl_enable`` (the harness's default),
+    four submissions in a row (28 RPCs, past the 24 a fixed budget allowed) go at once, and the site's
+    answer is read once and kept beside the bucket."""
+    assert ssh_run(f"rm -f {PACING_FILES}")[0] == 0
+    parameters = site_parameters(ssh_run)
+    assert "rl_enable" not in parameters.split(","), parameters
+    hook = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=None, rpc_refill_rate=None))
+    ids: list[str] = []
+    try:
+        for k in range(4):
+            ids.append(
+                hook.submit(
+                    sleep_script, f"hook_{TOKEN}_free{k}", log_dir=f"{run_dir}/logs", extra_args=["--begin=now+1hour"]
+                )
+            )
+        captured = capfd.readouterr()
+        assert [line for line in (captured.out + captured.err).splitlines() if "RPC budget" in line] == []
+        rc, out, err = ssh_run('cat "$HOME/.tao-slurm/slurmctld-parameters"; test ! -e "$HOME/.tao-slurm/rpc-bucket"')
+        assert rc == 0, (out, err)  # read and kept; no bucket kept where nothing paces
+        assert out.splitlines()[1:] == [parameters]
+        assert len(set(ids)) == 4
+    finally:
+        hook.cancel(ids)
+        hook.close()
+        ssh_run(f"rm -f {PACING_FILES}")
+
+
+@pytest.fixture
+def site_rate_limit(ssh_run: SshRun) -> Iterator[str]:
+    """slurmctld's RPC rate limiter on for one test (bucket 10, 2 per second), off again afterwards."""
+    printed = subprocess.run(["/usr/sbin/slurmctld", "-V"], capture_output=True, text=True, check=True).stdout.split()
+    major, minor = (int(part) for part in printed[-1].split(".")[:2])
+    if (major, minor) < (23, 2):
+        pytest.skip(f"rl_enable came in SLURM 23.02, this cluster runs {printed[-1]}: `SLURM=26.05 make matrix-here`")
+    parameters = "rl_enable,rl_bucket_size=10,rl_refill_rate=2"
+    harness("rate-limit", parameters)
+    try:
+        yield parameters
+    finally:
+        harness("rate-limit", "off")
+        ssh_run(f"rm -f {PACING_FILES}")
+
+
+def test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered(
+    slurm_settings: ClusterSettings,
+    sleep_script: str,
+    run_dir: str,
+    ssh_run: SshRun,
+    site_rate_limit: str,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """With ``rl_enable`` on, a connection that sets no budget paces at four fifths of the site's bucket
+    (8 tokens, 1.6 per second) and says why. While another command of the same user spends the site's
+    bucket, slurmctld makes the provider's squeue back off and sleep (longer at each refusal from 24.05):
+    a query cut by the command timeout is an error, never an answer that the job is gone."""
+    assert ssh_run(f"rm -f {PACING_FILES}")[0] == 0
+    assert site_parameters(ssh_run) == site_rate_limit
+    hook = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=None, rpc_refill_rate=None, cmd_timeout=2.0))
+    ids: list[str] = []
+    flood = f"/tmp/hook_{TOKEN}_flood"
+    try:
+        took = []
+        for k in range(2):
+            started = time.monotonic()
+            ids.append(
+                hook.submit(
+                    sleep_script, f"hook_{TOKEN}_site{k}", log_dir=f"{run_dir}/logs", extra_args=["--begin=now+1hour"]
+                )
+            )
+            took.append(time.monotonic() - started)
+        captured = capfd.readouterr()
+        waits = [line for line in (captured.out + captured.err).splitlines() if "RPC budget" in line]
+        assert len(waits) == 1, waits  # the first took 7 of 8 tokens; the second waited 6 / 1.6 s for its own
+        assert f"hook_{TOKEN}_site1 waited " in waits[0], waits
+        assert "the site limits RPCs (rl_enable: bucket 10, 2 per 1 s)" in waits[0], waits
+        assert "bucket of 8, 1.6 per s" in waits[0], waits
+        assert took[1] >= 6 / 1.6 - 0.3, took
+        # Another terminal of the same user spends the site's bucket for 20 s.
+        assert (
+            ssh_run(
+                f"touch {flood}; for k in 1 2 3 4 5 6; do "
+                f'( while [ -e {flood} ]; do squeue -h -u "$USER" >/dev/null 2>&1; done & ) ; done'
+            )[0]
+            == 0
+        )
+        answered, errors, slowed = 0, 0, 0
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            try:
+                states = hook.get_states(ids)
+            except (StatusQueryError, CommandTimeoutError):
+                errors += 1
+            else:
+                answered += 1  # an answer is every job's, as it is
+                assert {job: state.tao_state for job, state in states.items()} == {job: TaoState.PENDING for job in ids}
+            slowed += time.monotonic() - started > 1.0
+        assert slowed >= 1, (answered, errors, slowed)  # the limiter did make the provider wait
+        ssh_run(f"rm -f {flood}")
+        wait_until(lambda: len(hook.get_states(ids)) == 2, "an answer once the other commands stopped", timeout=60)
+    finally:
+        ssh_run(f"rm -f {flood}")
+        hook.cancel(ids)
+        hook.close()
 
 
 def test_cancel_is_idempotent_and_ends_cancelled(
