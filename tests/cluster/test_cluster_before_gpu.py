@@ -212,6 +212,46 @@ def test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it(clu
     )
 
 
+@pytest.fixture
+def busy_gpu_partition(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[list[str]]:
+    """Every node of the GPU partition taken by another job (whole nodes), as on a busy site; cancelled afterwards."""
+    name = f"busy-{TOKEN}"
+    ids = []
+    try:
+        for node in cluster.nodes:
+            rc, out, err = ssh_run(
+                f"sbatch --parsable --partition={quote(cluster.gpu_partition)} --nodelist={quote(node)} --exclusive "
+                f"--time=10 --job-name={quote(name)} --output=/dev/null --wrap='sleep 600'"
+            )
+            assert rc == 0, err
+            ids.append(out.strip())
+        wait_until(
+            lambda: ssh_run(f"squeue -h -j {','.join(ids)} -o %T")[1].split() == ["RUNNING"] * len(ids),
+            "the GPU nodes taken",
+        )
+        yield ids
+    finally:
+        ssh_run(f"scancel {' '.join(ids)}" if ids else "true")
+
+
+def test_preflight_on_a_busy_gpu_partition_says_not_verified_and_passes(
+    cluster: ClusterEnv, busy_gpu_partition: list[str]
+) -> None:
+    """Every GPU node is taken: the GPU-node step cannot start within its wait, so nothing was seen there. Expected:
+    the preflight passes; its gpu_node check reads "not verified" with srun's reason; the other checks are as on
+    an idle cluster (the conversion partition's enroot step runs on its CPU node)."""
+    report = SlurmPreflightOperator(task_id="preflight", enroot_wait_seconds=3).execute({})
+    gpu_node = report["checks"]["gpu_node"]
+    assert gpu_node.startswith(
+        f"not verified: the one-minute CPU step found no free node on partition {cluster.gpu_partition} within 3 s "
+        "or was refused there (srun: "
+    ), gpu_node
+    assert gpu_node.endswith(
+        "a busy partition is normal: run the preflight again when a node is free, or raise enroot_wait_seconds"
+    )
+    assert report["checks"]["enroot"] == f"ok: enroot 3.4.1 on partition {cluster.cpu_partition}"
+
+
 BAD_ACCOUNT = {"account": f"noacct{TOKEN}"}
 READ_ONLY_DIR = {"results_dir": "/srv/lustre/.harness"}
 # The Pyxis check asks `srun --help` for the options Pyxis registers. Asking for one more option

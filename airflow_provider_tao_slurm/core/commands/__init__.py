@@ -66,12 +66,14 @@ from airflow_provider_tao_slurm.core.commands.pacing import (
     rpc_pacing,
 )
 from airflow_provider_tao_slurm.core.commands.preflight import (
+    STEP_STARTED,
     NodeProbe,
     missing_srun_options,
     node_probe,
     parse_node_probe,
     srun_help,
     srun_probe,
+    step_started,
 )
 from airflow_provider_tao_slurm.core.commands.slurm import (
     IDS_ON_COMMAND_LINE,
@@ -105,6 +107,7 @@ __all__ = [
     "PACED_PREFIX",
     "SHOW_JOB_KEYS",
     "SQUASHFS_MAGIC_HEX",
+    "STEP_STARTED",
     "SUBMISSION_RPCS",
     "UNSAFE_PATH_RE",
     "UNSAFE_PATH_STATUS",
@@ -155,6 +158,7 @@ __all__ = [
     "squeue_states",
     "srun_help",
     "srun_probe",
+    "step_started",
     "tail_bytes",
     "test_paths",
     "trusted_base",

@@ -17,6 +17,10 @@ from airflow_provider_tao_slurm.exceptions import RemoteCommandError
 
 _SRUN_OPTION_RE = re.compile(r"--[a-z][a-z0-9-]*")
 
+#: The first line every preflight step prints once it runs on a node: without it, the step never started (a
+#: busy partition, a site rule such as a job_submit plugin requiring a GPU there), and nothing was seen.
+STEP_STARTED = "#tao-slurm-step-started"
+
 
 def srun_help() -> str:
     """``srun --help``: lists every option, including those SPANK plugins such as Pyxis register.
@@ -42,7 +46,8 @@ def srun_probe(partition: str, command: Sequence[str], *, account: str | None = 
     """Run a tiny command as a one-task, one-minute job step on a node of ``partition``.
 
     ``--immediate`` makes srun give up when no node is free within ``wait_seconds`` instead of
-    waiting in the queue; ``--input=none`` keeps srun from reading the SSH channel's stdin.
+    waiting in the queue; ``--input=none`` keeps srun from reading the SSH channel's stdin. The step
+    prints :data:`STEP_STARTED` before the command (:func:`step_started` tells whether it ran).
 
     :param partition: the partition whose nodes are checked.
     :param command: the command words, e.g. ``["enroot", "version"]`` (plain words only).
@@ -51,7 +56,18 @@ def srun_probe(partition: str, command: Sequence[str], *, account: str | None = 
     :returns: the command line.
     :raises ValidationError: for a bad partition, account, command word or wait time.
     """
-    return join([*_srun_step(partition, account, wait_seconds), *_names(command, _TOOL_RE, "command word")])
+    words = _names(command, _TOOL_RE, "command word")
+    return join(
+        [*_srun_step(partition, account, wait_seconds), "sh", "-c", f"echo '{STEP_STARTED}'; exec \"$@\"", "sh", *words]
+    )
+
+
+def step_started(stdout: str) -> bool:
+    """Tell whether a preflight step (:func:`srun_probe`, :func:`node_probe`) started on a node.
+
+    :param stdout: the step's output; a step that ran printed :data:`STEP_STARTED` first.
+    """
+    return stdout.lstrip().startswith(STEP_STARTED)
 
 
 def _srun_step(partition: str, account: str | None, wait_seconds: int) -> list[str]:
@@ -66,6 +82,7 @@ def _srun_step(partition: str, account: str | None, wait_seconds: int) -> list[s
 #: Run on a node by :func:`node_probe`: the node's name, whether its SPANK plugin configuration (the
 #: ``PlugStackConfig`` file and the files it includes) loads Pyxis, Enroot's version, then the indexed checks.
 _NODE_PROBE = (
+    f"echo '{STEP_STARTED}'; "
     'echo "NODE $(hostname)"; '
     "config=$(scontrol show config 2>/dev/null); "
     "conf=$(printf '%s\\n' \"$config\" | sed -n 's/^PlugStackConfig *= *//p'); "
@@ -92,7 +109,7 @@ def node_probe(
 ) -> str:
     """Check on a node of ``partition`` what a GPU job there needs, in one short CPU-only step.
 
-    The step (no GPU requested, one minute) prints the node's name, whether the node's own SPANK
+    The step (no GPU requested, one minute) prints :data:`STEP_STARTED`, the node's name, whether the node's own SPANK
     plugin configuration loads Pyxis (a login host's ``srun --help`` only shows the login host's),
     Enroot's version there, and whether each ``writable`` directory is a writable directory and
     each ``readable`` path is readable *on that node* (shared storage mounted there). Read it with

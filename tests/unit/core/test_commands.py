@@ -1016,15 +1016,33 @@ def test_missing_srun_options(help_text: str, options: list[str], missing: list[
     assert commands.missing_srun_options(help_text, options) == missing
 
 
+#: The preflight's enroot step as the shell is given it: a start line, then the command words.
+STEP = """sh -c 'echo '"'"'#tao-slurm-step-started'"'"'; exec "$@"' sh enroot version"""
+
+
 def test_srun_probe_and_help_command_lines() -> None:
+    """The probe runs its words behind a start line that srun's own refusals never print."""
     assert commands.srun_help() == "srun --help"
     assert commands.srun_probe("cpu_long", ["enroot", "version"], account="gpu_proj", wait_seconds=30) == (
-        "srun --partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=30 --input=none "
-        "enroot version"
+        f"srun --partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=30 --input=none {STEP}"
     )
     assert commands.srun_probe("cpu", ["enroot", "version"]) == (
-        "srun --partition=cpu --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none enroot version"
+        f"srun --partition=cpu --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none {STEP}"
     )
+
+
+@pytest.mark.parametrize(
+    ("stdout", "started"),
+    [
+        ("#tao-slurm-step-started\n3.4.1\n", True),
+        ("\n#tao-slurm-step-started\nNODE n1\n", True),
+        ("", False),
+        ("3.4.1\n#tao-slurm-step-started\n", False),  # the line comes first, from the step itself
+    ],
+    ids=["ran", "ran-after-blank", "never-started", "not-first"],
+)
+def test_step_started(stdout: str, started: bool) -> None:
+    assert commands.step_started(stdout) is started
 
 
 @pytest.mark.parametrize(

@@ -53,6 +53,8 @@ from airflow_provider_tao_slurm.operators.enroot_import import EnrootImportOpera
 from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
 from airflow_provider_tao_slurm.operators.stage_dataset_check import StageDatasetCheckOperator
 
+#: The enroot step of the preflight, as srun is given it.
+ENROOT_STEP = "sh -c echo '#tao-slurm-step-started'; exec \"$@\" sh enroot version"
 OWNER = "0123456789abcdef"
 OTHER = "fedcba9876543210"
 VALID_SQSH = b"hsqs" + bytes(4092)
@@ -69,7 +71,9 @@ STUBS = {
     "squeue": 'cat "$STUBS/squeue.out" 2>/dev/null; exit 0',
     "sacct": 'cat "$STUBS/sacct.out" 2>/dev/null; exit 0',
     # a step given as ``sh -c SCRIPT`` (the GPU node check) runs here, as on a node; others print srun-probe.out
+    # (srun-refused.err: srun finds no node for the step, or the site refuses it; the step never starts)
     "srun": 'if [ "$1" = --help ]; then cat "$STUBS/srun-help.out"; else printf \'%s\\n\' "$*" >> "$STUBS/srun.calls"; '
+    'if [ -f "$STUBS/srun-refused.err" ]; then cat "$STUBS/srun-refused.err" >&2; exit 1; fi; '
     'while [ "${1#--}" != "$1" ]; do shift; done; if [ "$1" = sh ]; then exec "$@"; fi; '
     'cat "$STUBS/srun-probe.out"; fi',
     "enroot": 'cat "$STUBS/srun-probe.out"',
@@ -809,7 +813,7 @@ def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
     enroot, gpu_node = cluster.calls("srun")
     assert enroot == (
         "--partition=cpu_long --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none "
-        "enroot version"
+        f"{ENROOT_STEP}"
     )
     assert gpu_node.startswith(
         "--partition=polar --account=gpu_proj --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none sh -c "
@@ -836,8 +840,42 @@ def test_preflight_lists_every_problem_with_its_fix(cluster: Cluster) -> None:
     assert "registry_conn_id" in problems["credentials"]
     assert all(problem in str(info.value) for problem in info.value.problems)
     assert cluster.calls("srun") == [
-        "--partition=cpu_long --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none enroot version"
+        f"--partition=cpu_long --nodes=1 --ntasks=1 --time=1 --immediate=60 --input=none {ENROOT_STEP}"
     ], "a refused account is not used for the enroot step"
+
+
+BUSY = "srun: error: Unable to allocate resources: Requested nodes are busy\n"
+REFUSED = "srun: error: Unable to allocate resources: job_submit/lua: a GPU is required on partition polar\n"
+
+
+@pytest.mark.parametrize("srun_said", [BUSY, REFUSED, ""], ids=["busy", "site-refused", "nothing"])
+def test_steps_that_never_start_are_not_verified_and_do_not_fail(
+    cluster: Cluster, capfd: pytest.CaptureFixture[str], srun_said: str
+) -> None:
+    """A busy partition is the normal case: the enroot and GPU-node steps could not start, so nothing was seen
+    there; the preflight passes with both checks reading "not verified (why)", each with a warning."""
+    cluster.stub("srun-refused.err", srun_said)
+    report = preflight(cluster).execute({})
+    logged = "".join(capfd.readouterr())  # the operator logs through Airflow's structlog, to the process's output
+    reason = srun_said.strip() or "srun exited 1 and printed nothing"
+    for check, partition in (("enroot", "cpu_long"), ("gpu_node", "polar")):
+        assert report["checks"][check] == (
+            f"not verified: the one-minute CPU step found no free node on partition {partition} within 60 s or was "
+            f"refused there ({reason}); a busy partition is normal: run the preflight again when a node is free, or "
+            "raise enroot_wait_seconds"
+        )
+        assert f"{check} not verified: " in logged
+    assert report["checks"]["results_dir"] == f"ok: {cluster.results} is writable"
+
+
+def test_a_step_that_started_still_fails_on_what_it_saw(cluster: Cluster) -> None:
+    """The steps ran (they printed their start line) but enroot printed nothing there: that was seen, and fails."""
+    cluster.stub("srun-probe.out", "")
+    with pytest.raises(PreflightError) as info:
+        preflight(cluster).execute({})
+    assert [problem.split(":", 1)[0] for problem in info.value.problems] == ["enroot", "gpu_node"]
+    assert "install Enroot on its nodes" in info.value.problems[0]
+    assert "enroot is not installed on node" in info.value.problems[1]
 
 
 def test_preflight_reports_a_missing_pyxis_option_it_was_asked_for(cluster: Cluster) -> None:
