@@ -30,6 +30,9 @@ from airflow.sdk.execution_time.xcom import XCom
 URL_TEMPLATE_EXTRA = "log_url_template"
 #: The XCom key under which a sensor publishes the handle of the job it watches.
 WATCHED_JOB_KEY = "watched_job"
+#: The class attribute (True) of a task that publishes :data:`WATCHED_JOB_KEY`; the links of any other task
+#: read its return value only (asking Airflow for an XCom that was never pushed logs an error line).
+PUBLISHES_WATCHED_JOB = "publishes_watched_job"
 #: The placeholders a URL template may use.
 URL_FIELDS = ("path", "slurm_job_id", "job_id", "cluster")
 
@@ -93,7 +96,7 @@ def connection_url_template(conn_id: str) -> str | None:
 
 
 class _SlurmPathLink(BaseOperatorLink):
-    """A link to one path of the task's job handle (``watched_job`` XCom, else ``return_value``)."""
+    """A link to one path of the task's job handle (a sensor's ``watched_job`` XCom, else ``return_value``)."""
 
     handle_key: ClassVar[str]
 
@@ -103,7 +106,11 @@ class _SlurmPathLink(BaseOperatorLink):
         :param operator: the task; its ``slurm_conn_id`` names the connection with the URL template.
         :param ti_key: the task instance.
         """
-        handle = XCom.get_value(ti_key=ti_key, key=WATCHED_JOB_KEY)
+        handle = (
+            XCom.get_value(ti_key=ti_key, key=WATCHED_JOB_KEY)
+            if getattr(operator, PUBLISHES_WATCHED_JOB, False)
+            else None
+        )
         if not isinstance(handle, Mapping):
             handle = XCom.get_value(ti_key=ti_key, key=XCom.XCOM_RETURN_KEY)
         if not isinstance(handle, Mapping):

@@ -116,6 +116,8 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     template_fields: Sequence[str] = ("job", "slurm_job_id")
     ui_color = "#76b900"
     operator_extra_links = (SlurmJobLogsLink(), SlurmJobResultsLink())
+    #: The links read the watched job's handle (``watched_job`` XCom) first.
+    publishes_watched_job = True
 
     def __init__(
         self,

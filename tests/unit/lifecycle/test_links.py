@@ -83,13 +83,19 @@ def test_bad_template_is_refused(template: str, match: str) -> None:
 TI = SimpleNamespace(dag_id="dag", task_id="submit", run_id="run1", map_index=-1, try_number=1)
 
 
+#: The XCom keys the links asked for, in order.
+ASKED: list[str] = []
+
+
 @pytest.fixture
 def xcom(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """XCom of :data:`TI`, keyed by XCom key; the link must ask for this task instance's return value."""
     store: dict[str, Any] = {}
+    ASKED.clear()
 
     def get_value(*, ti_key: Any, key: str) -> Any:
         assert ti_key is TI
+        ASKED.append(key)
         return store.get(key)
 
     monkeypatch.setattr(links.XCom, "get_value", staticmethod(get_value))
@@ -177,3 +183,13 @@ def test_a_sensors_links_follow_the_job_it_watches(xcom: dict[str, Any]) -> None
     assert SlurmJobLogsLink().get_link(sensor, ti_key=TI) == "file:///lustre/u/logs/tao-dag-submit-1a2b3c-r1-4712"
     xcom["return_value"] = {**HANDLE, "log_dir": "/elsewhere"}
     assert SlurmJobLogsLink().get_link(sensor, ti_key=TI) == "file:///lustre/u/logs/tao-dag-submit-1a2b3c-r1-4712"
+
+
+def test_a_submit_tasks_links_ask_only_for_its_return_value(xcom: dict[str, Any]) -> None:
+    """Airflow logs an error line for every XCom asked for that was never pushed: a healthy submit task (which
+    never publishes ``watched_job``) must not show two of them, one per link."""
+    xcom["return_value"] = HANDLE
+    operator = SbatchSubmitOperator(task_id="submit", image="/x.sqsh", command="c", slurm_conn_id="slurm_links_none")
+    for link in (SlurmJobLogsLink(), SlurmJobResultsLink()):
+        assert link.get_link(operator, ti_key=TI).startswith("file:///lustre/u/")
+    assert ASKED == ["return_value", "return_value"]
