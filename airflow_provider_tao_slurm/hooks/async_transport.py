@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,19 @@ if TYPE_CHECKING:
     import asyncssh
 
     from airflow_provider_tao_slurm.core.config import ClusterSettings
+
+
+def import_asyncssh() -> None:
+    """Import asyncssh without the deprecation warnings it sets off in ``cryptography`` for DSA keys.
+
+    asyncssh names DSA types when it is imported, and ``cryptography`` warns about each name: six warning
+    lines in the log of every process that watches a job, about a key type the provider never uses.
+    Only that warning, and only during the import, is silenced.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="DSA is deprecated")
+        import asyncssh  # noqa: F401
+
 
 #: Concurrent channels on one pooled async connection (sshd's MaxSessions defaults to 10).
 ASYNC_MAX_SESSIONS = 8
@@ -82,6 +96,7 @@ class _AsyncConnectionPool:
             dropping before it could start.
         :raises CommandTimeoutError: when the command does not finish within ``timeout`` (it may still run).
         """
+        import_asyncssh()
         import asyncssh
 
         delay = 0.5
@@ -137,6 +152,7 @@ def _raw(data: bytes | str | None) -> bytes:
 
 async def _async_connect(s: ClusterSettings) -> tuple[str, asyncssh.SSHClientConnection]:
     """Connect to the first login host of ``s`` that answers: that host and its connection."""
+    import_asyncssh()
     import asyncssh
 
     # asyncssh logs every channel and command at INFO: it would bury the trigger's own lines in the task log.
