@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 SECRET_SOURCES = ("env", "conn", "var")
+#: How :func:`sqsh_problem` describes a file that is not there.
+MISSING_IMAGE = "the file does not exist"
 #: The registry login NGC expects with an API key as the password.
 NGC_LOGIN = "$oauthtoken"
 
@@ -248,6 +250,21 @@ def install_registry_credentials(hook: SlurmHook, image: ImageRef, login: str, p
     commands.credentials_line(host, login, password)
     hook.install_enroot_credentials(host, password, login)
     return list(commands.enroot_credential_machines(host))
+
+
+def sqsh_problem(hook: SlurmHook, path: str) -> str | None:
+    """Why ``path`` on the cluster is not a usable squashfs image (:data:`MISSING_IMAGE` when absent), or None.
+
+    :raises RemoteCommandError: when the file could not be checked.
+    """
+    from airflow_provider_tao_slurm.core import commands
+    from airflow_provider_tao_slurm.core.images import check_sqsh_header
+
+    found = commands.parse_sqsh_check(hook.run(commands.sqsh_check(path), check=True, what="image check").stdout)
+    if found is None:
+        return MISSING_IMAGE
+    size, magic = found
+    return check_sqsh_header(bytes.fromhex(magic), size)
 
 
 def _chosen_partitions(

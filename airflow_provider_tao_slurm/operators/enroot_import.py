@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core.defaults import CONVERSION_TIME_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
+    MISSING_IMAGE,
     check_flag,
     check_poll_interval_seconds,
     default_deferrable,
@@ -27,6 +28,7 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     registry_credentials_from_connection,
     renamed_attribute,
     renamed_parameter,
+    sqsh_problem,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
@@ -39,8 +41,6 @@ if TYPE_CHECKING:
 LOG_TAIL_BYTES = 4096
 #: Seconds between looks at a lock whose owner is still submitting its job.
 LOCK_POLL_S = 2.0
-#: How :meth:`EnrootImportOperator._sqsh_problem` describes a file that is not there.
-MISSING = "the file does not exist"
 
 
 class EnrootImportOperator(SlurmBaseOperator):
@@ -224,7 +224,7 @@ class EnrootImportOperator(SlurmBaseOperator):
         job_id, job_name, failure = self._read_event(event)
         try:
             if failure is None:
-                problem = self._sqsh_problem(plan.target)
+                problem = sqsh_problem(self.hook, plan.target)
                 if problem is None:
                     self.log.info("Image %s converted by SLURM job %s: %s", plan.image.raw, job_id, plan.target)
                     return plan.target
@@ -318,24 +318,11 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     # ------------------------------------------------------------------ on the cluster
 
-    def _sqsh_problem(self, path: str) -> str | None:
-        """Why ``path`` is not a usable squashfs image (:data:`MISSING` when absent), or None."""
-        from airflow_provider_tao_slurm.core import commands
-        from airflow_provider_tao_slurm.core.images import check_sqsh_header
-
-        found = commands.parse_sqsh_check(
-            self.hook.run(commands.sqsh_check(path), check=True, what="image check").stdout
-        )
-        if found is None:
-            return MISSING
-        size, magic = found
-        return check_sqsh_header(bytes.fromhex(magic), size)
-
     def _existing_image(self, path: str) -> str:
         from airflow_provider_tao_slurm.exceptions import ImageConversionError
 
-        problem = self._sqsh_problem(path)
-        if problem == MISSING:
+        problem = sqsh_problem(self.hook, path)
+        if problem == MISSING_IMAGE:
             raise ImageConversionError(
                 f"image {path} does not exist on cluster {self.hook.settings.cluster_name!r}; fix the path, or give "
                 "the registry image (e.g. nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt) to convert it"
@@ -359,11 +346,11 @@ class EnrootImportOperator(SlurmBaseOperator):
         from airflow_provider_tao_slurm.core.images import needs_conversion
         from airflow_provider_tao_slurm.exceptions import ImageConversionError
 
-        problem = self._sqsh_problem(plan.target)
+        problem = sqsh_problem(self.hook, plan.target)
         if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
             self.log.info("Reusing the converted image %s", plan.target)
             return plan.target
-        if problem not in (None, MISSING):
+        if problem not in (None, MISSING_IMAGE):
             self.log.warning("%s is not a usable image (%s); converting again to replace it", plan.target, problem)
         deadline = time.monotonic() + LOCK_SUBMIT_GRACE_S + 60
         while time.monotonic() < deadline:
@@ -386,7 +373,7 @@ class EnrootImportOperator(SlurmBaseOperator):
             if (
                 action is LockAction.FINISHED
                 and not self.force_reconvert_latest
-                and self._sqsh_problem(plan.target) is None
+                and sqsh_problem(self.hook, plan.target) is None
             ):
                 self._remove_lock_quietly(plan.lock, lock.owner)
                 self.log.info("Reusing the image converted by SLURM job %s: %s", lock.job_id, plan.target)
@@ -411,7 +398,7 @@ class EnrootImportOperator(SlurmBaseOperator):
 
         job_name = conversion_job_name(owner)
         try:
-            problem = self._sqsh_problem(plan.target)
+            problem = sqsh_problem(self.hook, plan.target)
             if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
                 self._remove_lock(plan.lock, owner)
                 self.log.info("Reusing the image another run converted meanwhile: %s", plan.target)

@@ -16,6 +16,7 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     NGC_LOGIN,
     install_registry_credentials,
     registry_credentials_from_connection,
+    sqsh_problem,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
@@ -48,7 +49,11 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     :param conversion_partition: the CPU partition for image conversion (default: the connection's); templated.
     :param account: the SLURM account (default: the connection's; none means the user's default); templated.
     :param results_dir: the shared results directory (default: the connection's); templated.
-    :param image: the image the pipeline will use; its registry decides whether credentials are checked; templated.
+    :param image: the image the pipeline will use; its registry decides whether credentials are checked, and
+        they are needed only while the image has no converted copy in ``containers_dir`` (then missing ones
+        read "not needed now" with a warning); templated.
+    :param containers_dir: the image cache directory, as ``EnrootImportOperator``'s (default
+        ``<results_dir>/containers``); templated.
     :param registry_conn_id: Airflow connection whose password is the registry key (login defaults to
         ``$oauthtoken``); the credentials are installed on the cluster before they are checked.
     :param registry_secret_env: name of a worker environment variable holding the registry key (login
@@ -67,7 +72,15 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     :raises PreflightError: listing every problem and its fix (``.problems``).
     """
 
-    template_fields = ("partitions", "conversion_partition", "account", "results_dir", "image", "dataset_paths")
+    template_fields = (
+        "partitions",
+        "conversion_partition",
+        "account",
+        "results_dir",
+        "image",
+        "dataset_paths",
+        "containers_dir",
+    )
 
     def __init__(
         self,
@@ -84,6 +97,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         check_gpu_node: bool = True,
         dataset_paths: Sequence[str] | None = None,
         enroot_wait_seconds: int = 60,
+        containers_dir: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -99,6 +113,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         self.check_gpu_node = check_gpu_node
         self.dataset_paths = dataset_paths
         self.enroot_wait_seconds = enroot_wait_seconds
+        self.containers_dir = containers_dir
 
     def execute(self, context: Any) -> dict[str, Any]:
         """Run every check; return the report or raise :class:`PreflightError` listing all problems."""
@@ -140,7 +155,7 @@ class SlurmPreflightOperator(SlurmBaseOperator):
                 "gpu_node", lambda: self._gpu_node(gpu_name, account if account_ok else None, results_dir, datasets)
             )
         if image is not None:
-            found.run("credentials", lambda: self._credentials(image))
+            found.run("credentials", lambda: self._credentials(image, results_dir))
         if found.problems:
             found.fail()
         report = {
@@ -168,6 +183,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
             parse_partitions([self.conversion_partition])
         if self.results_dir is not None:
             resolve_cluster_path(self.results_dir, param="results_dir")
+        if self.containers_dir is not None:
+            resolve_cluster_path(self.containers_dir, param="containers_dir")
         commands.missing_srun_options("", self.pyxis_options)
         for flag in ("check_enroot", "check_gpu_node"):
             if not isinstance(getattr(self, flag), bool):
@@ -344,7 +361,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         seen = ", ".join([f"{results[0]} writable", *(f"{path} readable" for path in datasets)])
         return True, f"ok: {where}: Pyxis configured, enroot {probe.enroot}, {seen}"
 
-    def _credentials(self, image: ImageRef) -> tuple[bool, str]:
+    def _credentials(self, image: ImageRef, results_dir: str | None) -> tuple[bool, str]:
+        """Registry credentials are needed only to convert ``image``: none while its converted copy is there."""
         from airflow_provider_tao_slurm.core import commands
         from airflow_provider_tao_slurm.core.images import registry_host
 
@@ -357,13 +375,42 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         machines = list(commands.enroot_credential_machines(host))
         result = self.hook.run(commands.enroot_credentials_present(machines), what="credentials check")
         missing = commands.parse_enroot_credentials_present(result.stdout, machines)
-        if missing:
+        if not missing:
+            return True, f"ok: present for {', '.join(machines)}" + (" (installed now)" if secret else "")
+        fix = (
+            "pass registry_conn_id (a connection with the registry key as password) or registry_secret_env to install "
+            f"them, or add lines like 'machine {missing[0]} login $oauthtoken password <key>' (mode 600) yourself"
+        )
+        converted = self._converted_copy(image, results_dir)
+        if converted is None:
+            cache = self._containers_dir(results_dir) or "the containers directory"
             return False, (
-                f"no Enroot credentials for {', '.join(missing)} in ~/.config/enroot/.credentials; pass "
-                "registry_conn_id (a connection with the registry key as password) or registry_secret_env to install "
-                f"them, or add lines like 'machine {missing[0]} login $oauthtoken password <key>' (mode 600) yourself"
+                f"no Enroot credentials for {', '.join(missing)} in ~/.config/enroot/.credentials, and the image "
+                f"must be converted (no usable copy in {cache}); {fix}"
             )
-        return True, f"ok: present for {', '.join(machines)}" + (" (installed now)" if secret else "")
+        text = (
+            f"ok: not needed now: {image.raw} is converted already ({converted}); credentials for "
+            f"{', '.join(missing)} are needed only to convert it again: {fix}"
+        )
+        self.log.warning("Preflight on cluster %s: credentials %s", self.hook.settings.cluster_name, text)
+        return True, text
+
+    def _containers_dir(self, results_dir: str | None) -> str | None:
+        """Return the image cache directory as ``EnrootImportOperator`` uses it (None without a results directory)."""
+        from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
+
+        given = self.containers_dir or (f"{results_dir}/containers" if results_dir else None)
+        return None if given is None else resolve_cluster_path(given, param="containers_dir")
+
+    def _converted_copy(self, image: ImageRef, results_dir: str | None) -> str | None:
+        """Return the path of ``image``'s usable converted copy in the image cache (None: it must be converted)."""
+        from airflow_provider_tao_slurm.core.images import sqsh_cache_path
+
+        containers = self._containers_dir(results_dir)
+        if containers is None:
+            return None
+        path = sqsh_cache_path(image, containers)
+        return path if sqsh_problem(self.hook, path) is None else None
 
     def _registry_secret(self) -> tuple[str, str] | None:
         """``(login, key)`` from ``registry_conn_id`` or ``registry_secret_env``; None when neither is given."""

@@ -286,6 +286,43 @@ def test_preflight_reports_every_problem_with_its_fix(kwargs: dict[str, Any], pr
 
 
 @pytest.mark.usefixtures("credentials_restored")
+def test_preflight_asks_for_ngc_credentials_only_while_the_image_must_be_converted(
+    cluster: ClusterEnv, ssh_run: SshRun
+) -> None:
+    """No Enroot credentials on the cluster: for an NGC image without a converted copy the preflight fails, saying
+    the image must be converted; once its copy is in the image cache, the same preflight passes ("not needed
+    now")."""
+    assert ssh_run("rm -f ~/.config/enroot/.credentials")[0] == 0
+    image = f"nvcr.io#nvidia/tao-test/preflight-{TOKEN}:1"
+    target = target_of(cluster, image)
+
+    def preflight() -> dict[str, Any]:
+        operator = SlurmPreflightOperator(
+            task_id="preflight",
+            image=image,
+            containers_dir=cluster.containers_dir,  # the image cache the module's imports use
+            check_enroot=False,
+            check_gpu_node=False,
+        )
+        return operator.execute({})
+
+    with pytest.raises(PreflightError) as info:
+        preflight()
+    (problem,) = info.value.problems
+    assert problem.startswith(
+        "credentials: no Enroot credentials for nvcr.io, authn.nvidia.com in ~/.config/enroot/.credentials, and the "
+        f"image must be converted (no usable copy in {cluster.containers_dir}); pass registry_conn_id"
+    ), problem
+    try:
+        rc, _, err = ssh_run(f"{{ printf hsqs; head -c 4092 /dev/zero; }} > {quote(target)}")
+        assert rc == 0, err
+        text = preflight()["checks"]["credentials"]
+        assert text.startswith(f"ok: not needed now: {image} is converted already ({target}); credentials"), text
+    finally:
+        ssh_run(f"rm -f {quote(target)}")
+
+
+@pytest.mark.usefixtures("credentials_restored")
 def test_preflight_installs_registry_credentials_from_a_connection(ssh_run: SshRun, registry_conn: str) -> None:
     operator = SlurmPreflightOperator(
         task_id="preflight", image="registry.example.org/team/app:1", registry_conn_id=registry_conn, check_enroot=False

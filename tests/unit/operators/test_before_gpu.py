@@ -1033,3 +1033,33 @@ def test_the_partition_cache_age_uses_the_storage_clock(
     assert done.returncode == 0, done.stderr
     assert done.stdout == ("cached|1:00:00\n" if fresh else "asked|2:00:00\n")
     assert sorted(p.name for p in cache.parent.iterdir()) == ["partitions"]
+
+
+@pytest.mark.parametrize("copy", [VALID_SQSH, bytes(4096), None], ids=["converted", "truncated-copy", "no-copy"])
+def test_registry_credentials_are_needed_only_to_convert(
+    cluster: Cluster, capfd: pytest.CaptureFixture[str], copy: bytes | None
+) -> None:
+    """nvcr.io needs credentials to pull, and only a conversion pulls: while the image's converted copy is in the
+    image cache, missing credentials are "not needed now" (a warning says when they will be); without a usable
+    copy they fail the preflight, saying the image must be converted."""
+    image = "nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt"
+    cached = cluster.containers / "nvcr.io+nvidia+tao+tao-toolkit+5.5.0-pyt.sqsh"
+    if copy is not None:
+        cached.write_bytes(copy)
+    operator = preflight(cluster, image=image, containers_dir=str(cluster.containers))
+    if copy == VALID_SQSH:
+        text = operator.execute({})["checks"]["credentials"]
+        assert text.startswith(
+            f"ok: not needed now: {image} is converted already ({cached}); credentials for nvcr.io, authn.nvidia.com "
+            "are needed only to convert it again: pass registry_conn_id"
+        )
+        assert "credentials ok: not needed now" in "".join(capfd.readouterr())
+        return
+    with pytest.raises(PreflightError) as info:
+        operator.execute({})
+    assert info.value.problems == [
+        "credentials: no Enroot credentials for nvcr.io, authn.nvidia.com in ~/.config/enroot/.credentials, and the "
+        f"image must be converted (no usable copy in {cluster.containers}); pass registry_conn_id (a connection with "
+        "the registry key as password) or registry_secret_env to install them, or add lines like 'machine nvcr.io "
+        "login $oauthtoken password <key>' (mode 600) yourself"
+    ]
