@@ -4,11 +4,13 @@ Approval before the expensive part, with Airflow's human-in-the-loop ``ApprovalO
 (``airflow.providers.standard.operators.hitl``, Airflow 3.1+):
 
 1. ``check_datasets`` and ``import_image``: the cheap checks first, as in ``example_tao_pipeline``.
-2. ``check_budget``: a ``BranchPythonOperator`` weighs what the training can use, nodes x GPUs per
-   node x wall time (``requested_gpu_hours``), against the ``gpu_hour_budget`` Param. Within the
-   budget the run goes straight on to ``train``; over it, ``approve_training`` asks a person first,
-   its subject and body showing the arithmetic, e.g. ``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU
-   hours``, and the budget.
+2. ``check_budget``: a ``BranchPythonOperator`` weighs what the training can use against the
+   ``gpu_hour_budget`` Param (``gpu_hours_request``): one slice is nodes x GPUs per node x wall time,
+   and a training continued from its checkpoints (``max_continuations=1`` here) can run up to
+   ``max_continuations + 1`` slices, so the budget is judged on that most. Within the budget the run
+   goes straight on to ``train``; over it, ``approve_training`` asks a person first, its subject and
+   body showing both figures, ``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most
+   2 slices = 8 GPU hours``, and the budget.
 3. ``train`` / ``wait_train``: the multi-node training (2 nodes x 1 GPU, TAO's rendezvous on every
    node as in ``example_tao_multinode``; node 0 writes the results, the others under ``node_<rank>``).
 4. ``evaluate`` / ``wait_evaluate``: evaluates the training's checkpoints; the sensor's XCom carries the
@@ -22,8 +24,8 @@ Actions") or through the REST API, ``GET`` to read and ``PATCH`` to answer
 ``{"chosen_options": ["Approve"]}``.
 
 The defaults fit the local test cluster of ``make demo`` (the training program is
-``/srv/lustre/demo/tao_like_train.py``): the training can use 4 GPU hours, twice the default budget,
-so a run asks for approval; ``--conf '{"gpu_hour_budget": 4}'`` goes straight on. The training's NCCL
+``/srv/lustre/demo/tao_like_train.py``): the training can use at most 8 GPU hours, four times the
+default budget, so a run asks for approval; ``--conf '{"gpu_hour_budget": 8}'`` goes straight on. The training's NCCL
 settings are the ``nccl_env`` Param (none by default: the test cluster has no CUDA); on a GPU cluster,
 probe them before the training with ``NcclProbeOperator`` and pass its output, as ``example_tao_multinode`` does.
 """
@@ -45,6 +47,8 @@ from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
 
 DAG_ID = "example_tao_approval"
 NODES, GPUS_PER_NODE, TIME_HOURS = 2, 1, 2.0
+#: The training goes on from its checkpoints after a slice ends at its time limit, once: at most 2 slices.
+MAX_CONTINUATIONS = 1
 IMAGE = "nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt"
 DATASETS = {"train": "lustre:///srv/lustre/demo/data/train", "val": "lustre:///srv/lustre/demo/data/val"}
 PROGRAM = "python3 /srv/lustre/demo/tao_like_train.py"
@@ -70,20 +74,25 @@ log = logging.getLogger(__name__)
 
 
 # [START example_tao_approval_budget]
-def route_by_budget(nodes: int, gpus_per_node: int, time_hours: float, budget: float, ti: Any) -> str:
+def route_by_budget(
+    nodes: int, gpus_per_node: int, time_hours: float, max_continuations: int, budget: float, ti: Any
+) -> str:
     """Return the task after ``check_budget``: ``train`` when the request fits ``budget``, else ``approve_training``.
 
-    The request's arithmetic, e.g. ``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours``, goes to XCom
-    (key ``gpu_request``) for the approval's subject and body.
+    The budget is judged on the most the training can use: ``max_continuations + 1`` slices of nodes x
+    GPUs per node x wall time. Both figures, e.g. ``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per
+    slice; at most 2 slices = 8 GPU hours``, go to XCom (key ``gpu_request``) for the approval's subject
+    and body.
 
+    :param max_continuations: the training's (0: one slice, and both figures are the same).
     :param budget: the GPU hours a training may use without a person's approval.
     """
-    from airflow_provider_tao_slurm.core.resources import requested_gpu_hours  # loads when the task runs
+    from airflow_provider_tao_slurm.core.resources import gpu_hours_request  # loads when the task runs
 
-    gpu_hours = requested_gpu_hours(nodes, gpus_per_node, time_hours)
-    request = f"{nodes} node(s) x {gpus_per_node} GPU(s) per node x {time_hours:g} h = {gpu_hours:g} GPU hours"
+    gpu_hours = gpu_hours_request(nodes, gpus_per_node, time_hours, max_continuations)
+    request = gpu_hours.describe()
     ti.xcom_push(key="gpu_request", value=request)
-    over = gpu_hours > budget
+    over = gpu_hours.at_most > budget
     log.info("%s; budget %s GPU hours: %s", request, budget, "approval needed" if over else "within the budget")
     return "approve_training" if over else "train"
 
@@ -130,7 +139,7 @@ with DAG(
             network_arch="classification_pyt",
             image=import_image.output,
             command=command,
-            **{"gpus_per_node": 1, "cpus_per_task": 1, "time_hours": 1, "timeout_hours": 0.5, **request},
+            **{"gpus_per_node": 1, "cpus_per_task": 1, "time_hours": 1, **request},
         )
         return submit, SlurmJobSensor(task_id=f"wait_{action}", job=submit.output, poke_interval=5, deferrable=True)
 
@@ -141,6 +150,7 @@ with DAG(
             "nodes": NODES,
             "gpus_per_node": GPUS_PER_NODE,
             "time_hours": TIME_HOURS,
+            "max_continuations": MAX_CONTINUATIONS,
             "budget": "{{ params.gpu_hour_budget }}",
         },
     )
@@ -158,7 +168,7 @@ with DAG(
         num_nodes=NODES,
         gpus_per_node=GPUS_PER_NODE,
         time_hours=TIME_HOURS,
-        timeout_hours=TIME_HOURS - 0.5,
+        max_continuations=MAX_CONTINUATIONS,
         trigger_rule="none_failed_min_one_success",  # after the approval, or straight from check_budget
     )
     evaluate, wait_evaluate = job("evaluate", f"{PROGRAM} --action evaluate {AFTER_TRAINING}")

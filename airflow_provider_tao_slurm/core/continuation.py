@@ -54,6 +54,9 @@ class SliceScript:
     :param results_dir: the training's results directory, searched for the latest checkpoint.
     :param checkpoint_globs: the checkpoint file name patterns (for the latest-checkpoint variable).
     :param checkpoint_signal: a signal to forward to the program at the warning, or ``None``.
+    :param stop_at_timeout: the program runs under its own timeout (``timeout_hours`` was given), which
+        ends the slice before SLURM's limit (exit 124, continued as TIMEOUT is); ``False`` (the default):
+        the slice runs until SLURM's limit.
     """
 
     slices_dir: str
@@ -61,6 +64,7 @@ class SliceScript:
     results_dir: str
     checkpoint_globs: tuple[str, ...] = DEFAULT_CHECKPOINT_GLOBS
     checkpoint_signal: str | None = None
+    stop_at_timeout: bool = False
 
 
 def check_max_continuations(value: object) -> int:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 #: The ``tao_slurm`` connection used when none is named (the hook's ``default_conn_name``).
 DEFAULT_CONN_ID = "slurm_default"
-#: The program's own timeout in hours, below the 4 h default wall limit (the program must stop first).
+#: The program's own timeout in hours that the 4 h default wall limit gets: ``timeout_hours`` itself
+#: defaults to ``None``, derived from ``time_hours``
+#: (:func:`~airflow_provider_tao_slurm.core.resources.program_timeout_seconds`).
 DEFAULT_TIMEOUT_HOURS = 3.8
 #: Bytes read per file per poll unless the sensor says otherwise.
 DEFAULT_BYTES_PER_POLL = 16384

@@ -13,7 +13,13 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from airflow_provider_tao_slurm.core.resources import MAX_GPUS_PER_NODE, Resources, layout_gpus, parse_slurm_time
+from airflow_provider_tao_slurm.core.resources import (
+    MAX_GPUS_PER_NODE,
+    Resources,
+    layout_gpus,
+    parse_slurm_time,
+    whole_node,
+)
 from airflow_provider_tao_slurm.exceptions import ResourceError
 
 #: ``sinfo`` output format read by :func:`parse_sinfo_partitions`: ``name[*]|time limit|GRES``.
@@ -183,7 +189,9 @@ def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Pa
     ``total_gpus`` (``resources.layout_total``) becomes whole nodes of the smallest GPU count among
     ``partitions`` (the seed's 8-GPU layout only where the nodes have 8). A request no node can hold
     (more GPUs per node than any node has, a GPU type none has, GPUs on a partition without any) is
-    refused before anything is submitted.
+    refused before anything is submitted. A job that asks for every GPU of the largest node it can
+    land on takes its nodes whole (``exclusive``, :func:`~airflow_provider_tao_slurm.core.resources.whole_node`);
+    where no partition of the job is in ``known`` its node size is unknown and it does not.
 
     :param resources: the validated request, its partition not yet resolved.
     :param partitions: the partitions the job goes to (from :func:`resolve_partitions`).
@@ -222,7 +230,7 @@ def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Pa
         resources,
         num_nodes=num_nodes,
         gpus_per_node=gpus_per_node,
-        exclusive=gpus_per_node >= MAX_GPUS_PER_NODE,
+        exclusive=whole_node(gpus_per_node, max((p.gpus_per_node for p in chosen), default=None)),
         partition=",".join(partitions),
         layout_total=None,
     )

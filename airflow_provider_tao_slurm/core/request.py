@@ -83,12 +83,15 @@ class Continuation:
     :param checkpoint_globs: the checkpoint file name patterns a slice must write to be continued.
     :param checkpoint_signal: the signal forwarded to the program before the limit, or ``None``.
     :param grace_seconds: how long before the limit the batch script is warned.
+    :param stop_at_timeout: ``timeout_hours`` was given: the program's own timeout stops each slice
+        (exit 124, continued as a TIMEOUT is); without it a slice runs until SLURM's limit.
     """
 
     max_continuations: int
     checkpoint_globs: tuple[str, ...]
     checkpoint_signal: str | None
     grace_seconds: int
+    stop_at_timeout: bool = False
 
     @property
     def handle_globs(self) -> tuple[str, ...]:
@@ -105,6 +108,7 @@ class Continuation:
             results_dir=layout.results_dir,
             checkpoint_globs=self.checkpoint_globs,
             checkpoint_signal=self.checkpoint_signal,
+            stop_at_timeout=self.stop_at_timeout,
         )
 
 
@@ -396,13 +400,19 @@ def _check_network_arch(network_arch: object) -> None:
 
 
 def _continuation(
-    resources: Resources, max_continuations: int, checkpoint_glob: object, checkpoint_signal: object, grace: object
+    resources: Resources,
+    max_continuations: int,
+    checkpoint_glob: object,
+    checkpoint_signal: object,
+    grace: object,
+    stop_at_timeout: bool,
 ) -> Continuation:
     return Continuation(
         max_continuations=check_max_continuations(max_continuations),
         checkpoint_globs=check_checkpoint_globs(checkpoint_glob),
         checkpoint_signal=check_checkpoint_signal(checkpoint_signal),
         grace_seconds=grace_seconds(resources.time_hours, grace),
+        stop_at_timeout=stop_at_timeout,
     )
 
 
@@ -418,7 +428,7 @@ def submit_request(
     gpus_per_node: int,
     cpus_per_task: int,
     time_hours: float,
-    timeout_hours: float,
+    timeout_hours: float | None,
     partition: str | None,
     account: str | None,
     container_mounts: str | None,
@@ -491,7 +501,14 @@ def submit_request(
     results_base = _results_base(settings, conn_id)
     _check_network_arch(network_arch)
     loaded_spec = load_spec(spec)
-    continuation = _continuation(resources, max_continuations, checkpoint_glob, checkpoint_signal, signal_grace_seconds)
+    continuation = _continuation(
+        resources,
+        max_continuations,
+        checkpoint_glob,
+        checkpoint_signal,
+        signal_grace_seconds,
+        timeout_hours is not None,
+    )
     return SubmitRequest(
         image=image_path,
         command=job_command,

@@ -1,10 +1,11 @@
 """Resource requests of a GPU job: defaults, validation and SLURM time formats.
 
-TAO conventions: 1 node, 4 GPUs, at most 8 GPUs per node, 16 CPUs per task, a 4 h wall limit and a
-3.8 h program timeout (the program must stop before SLURM kills the job), requeue on. At 8 GPUs per
-node a job asks for exclusive nodes. A total GPU count is laid out as whole nodes of the partition's
-own shape (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`; 8 GPUs only where its nodes
-have 8).
+TAO conventions: 1 node, 4 GPUs, 16 CPUs per task, a 4 h wall limit and a program timeout derived
+from it (:func:`program_timeout_seconds`: 3.8 h for 4 h; the program must stop before SLURM kills the
+job), requeue on. A job that asks for every GPU of its nodes asks for them exclusively
+(:func:`whole_node`, against the partition's node size read from the cluster). A total GPU count is
+laid out as whole nodes of the partition's own shape
+(:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`).
 
 Nothing here knows a site: no partition name is built in. The partition comes from the operator or
 the connection, else it is the cluster's default partition; the time limit checked is the requested
@@ -19,8 +20,14 @@ type and the site options) are checked by one function, :func:`check_job_paramet
 one rule and one message whichever operator takes it; :func:`gpu_resources` adds a GPU job's layout
 and timing rules.
 
-:func:`requested_gpu_hours` is what a request can cost before it is submitted (nodes x GPUs per node x
-wall time).
+:func:`requested_gpu_hours` is what one job of a request can cost before it is submitted (nodes x GPUs
+per node x wall time); :func:`gpu_hours_request` adds what a continued training (``max_continuations``)
+can cost at most, one such slice per job of the chain.
+
+``PartitionLimit`` and ``check_partition_limits`` are the previous release's names of
+:class:`~airflow_provider_tao_slurm.core.partitions.Partition` and
+:func:`~airflow_provider_tao_slurm.core.partitions.check_partition_limits`, deprecated: they go in the
+next release.
 """
 
 from __future__ import annotations
@@ -29,17 +36,27 @@ import math
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS
+from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS as DEFAULT_TIMEOUT_HOURS
 from airflow_provider_tao_slurm.core.storage import display_value
 from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
 
+if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.partitions import Partition
+
 DEFAULT_NUM_NODES = 1
 DEFAULT_GPUS_PER_NODE = 4
+#: The seed's node size: the layout of a ``total_gpus`` request until the partition's own is known.
 MAX_GPUS_PER_NODE = 8
 DEFAULT_CPUS_PER_TASK = 16
 DEFAULT_TIME_HOURS = 4.0
+#: The margin between the wall limit and the program timeout derived from it: a twentieth of the wall
+#: time, at least :data:`PROGRAM_MARGIN_MIN_S` seconds (see :func:`program_timeout_seconds`).
+PROGRAM_MARGIN_FRACTION = 0.05
+#: The least margin: after the program the batch script writes its exit code, leaves its end marker
+#: and asks ``scontrol`` (for at most 10 s) whether the credentials file can go.
+PROGRAM_MARGIN_MIN_S = 15
 
 MAX_HOURS = 366 * 24.0
 """Sanity cap on any time request (one year)."""
@@ -89,8 +106,8 @@ class Resources:
 
     @property
     def timeout_seconds(self) -> int:
-        """The program timeout in whole seconds, for ``timeout <seconds> <command>``."""
-        return round(self.timeout_hours * 3600)
+        """The program timeout in whole seconds, for ``timeout <seconds> <command>``: what was checked."""
+        return _seconds("timeout_hours", self.timeout_hours)
 
     @property
     def is_multi_node(self) -> bool:
@@ -132,6 +149,59 @@ def _seconds(param: str, hours: object) -> int:
     if seconds < 1:
         raise ResourceError(f"{param}={hours:g} is less than one second; give a positive number of hours")
     return seconds
+
+
+def program_timeout_seconds(time_seconds: int) -> int:
+    """Return the program timeout a wall time of ``time_seconds`` gets when ``timeout_hours`` is not given.
+
+    The wall time less a margin of :data:`PROGRAM_MARGIN_FRACTION` of it, at least
+    :data:`PROGRAM_MARGIN_MIN_S` (half the wall time for walls of 15 s or less): 13680 s (3.8 h) for
+    4 h, 6840 s (1.9 h) for 2 h, 45 s for one minute. The margin is the time the batch script needs
+    after the program ends (its exit code, its end marker, the credentials file's removal) before
+    SLURM ends the job at its limit.
+
+    :param time_seconds: the wall time in whole seconds.
+    :raises ResourceError: for a wall time under 2 s, which leaves no whole second below it.
+    """
+    if time_seconds < 2:
+        raise ResourceError(
+            f"a wall time of {time_seconds} s leaves the program no timeout below it; give time_hours of at least "
+            "a few seconds (SLURM grants whole minutes)"
+        )
+    margin = max(PROGRAM_MARGIN_MIN_S, math.ceil(time_seconds * PROGRAM_MARGIN_FRACTION))
+    if margin >= time_seconds:
+        margin = time_seconds // 2
+    return time_seconds - margin
+
+
+def seconds_as_hours(seconds: int) -> float:
+    """Return the shortest number of hours that is ``seconds`` once rounded to whole seconds (as checks read it).
+
+    For messages that suggest a value: ``45`` gives ``0.0125``, ``6840`` gives ``1.9``, ``57`` gives
+    ``0.015833`` (not ``0.02``, which would be 72 s).
+    """
+    for places in range(2, 12):
+        hours = round(seconds / 3600, places)
+        if round(hours * 3600) == seconds:
+            return hours
+    return seconds / 3600
+
+
+def whole_node(gpus_per_node: int, node_gpus: int | None) -> bool:
+    """Whether a job of ``gpus_per_node`` GPUs on each node takes its nodes whole (``--exclusive``).
+
+    Whole-node means the node's size: a job that asks for every GPU of the nodes it can land on takes
+    them exclusively (4 of 4, 8 of 8, 16 of 16), so no other tenant's job shares them; fewer GPUs than
+    that (8 of 16) share the node. This is the one rule; the batch scripts' ``#SBATCH --exclusive``
+    follows it.
+
+    :param gpus_per_node: the GPUs the job asks for on each node.
+    :param node_gpus: the GPUs of the largest node the job can land on (the partitions' node size, from
+        sinfo's GRES); ``None`` or 0 when it is not known.
+    :returns: ``True`` for whole nodes. An unknown node size gives ``False``: the job is not made
+        exclusive on a guess (it may share its nodes, and never holds GPUs it did not ask for).
+    """
+    return node_gpus is not None and node_gpus > 0 and gpus_per_node >= node_gpus
 
 
 def _name(param: str, value: object) -> str:
@@ -299,7 +369,7 @@ def gpu_resources(
     *,
     num_nodes: int = DEFAULT_NUM_NODES,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-    timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+    timeout_hours: float | None = None,
     max_time_hours: float | None = None,
     requeue: bool = True,
     exclude_nodes: str | Sequence[str] | None = None,
@@ -310,9 +380,10 @@ def gpu_resources(
     :param job: the shared parameters from :func:`check_job_parameters`.
     :param num_nodes: nodes to allocate.
     :param gpus_per_node: GPUs per node (what the partition's nodes can hold is checked against the
-        cluster by :func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`); from
-        :data:`MAX_GPUS_PER_NODE` on the nodes are requested exclusively.
-    :param timeout_hours: program timeout in hours; must be lower than ``job.time_hours``.
+        cluster by :func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`, which also decides
+        whether the job takes its nodes whole, :func:`whole_node`; until then it does not).
+    :param timeout_hours: program timeout in hours; must be lower than ``job.time_hours``. ``None`` (the
+        default): derived from the wall time, :func:`program_timeout_seconds`.
     :param max_time_hours: a site's own wall-time rule, stricter than the partition (``None``: none);
         the partition's limit is checked against the cluster.
     :param requeue: let SLURM requeue the job after a node failure or preemption.
@@ -330,6 +401,8 @@ def gpu_resources(
         nodes, gpus, layout_total = _layout(total_gpus, nodes, gpus)
     time_hours = job.time_hours
     time_s = _seconds("time_hours", time_hours)
+    if timeout_hours is None:
+        timeout_hours = program_timeout_seconds(time_s) / 3600
     timeout_s = _seconds("timeout_hours", timeout_hours)
     if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
         raise ResourceError(
@@ -337,10 +410,11 @@ def gpu_resources(
             "connection; lower time_hours (or the connection's max_time_hours)"
         )
     if timeout_s >= time_s:
+        suggested = seconds_as_hours(program_timeout_seconds(time_s))
         raise ResourceError(
             f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
             "stop (and save its results) before SLURM ends the job at the wall limit; "
-            f"e.g. timeout_hours={round(time_hours * 0.95, 2):g}"
+            f"e.g. timeout_hours={suggested!r} ({round(suggested * 3600)} s), or leave it out to derive it"
         )
     if not isinstance(requeue, bool):
         raise ResourceError(f"requeue={display_value(requeue)} must be True or False")
@@ -352,7 +426,6 @@ def gpu_resources(
         timeout_hours=float(timeout_hours),
         partition=",".join(job.partition),
         account=job.account,
-        exclusive=gpus >= MAX_GPUS_PER_NODE,
         requeue=requeue,
         exclude_nodes=tuple(_node(item) for item in _items("exclude_nodes", exclude_nodes)),
         mem_mb=job.mem_mb,
@@ -368,7 +441,7 @@ def build_resources(
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
     cpus_per_task: int = DEFAULT_CPUS_PER_TASK,
     time_hours: float = DEFAULT_TIME_HOURS,
-    timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+    timeout_hours: float | None = None,
     partition: str | Sequence[str] | None,
     account: str | None = None,
     max_time_hours: float | None = None,
@@ -423,7 +496,8 @@ _DEDICATED = {
     "qos": "qos", "constraint": "constraint", "reservation": "reservation", "partition": "partition",
     "account": "account", "nodes": "num_nodes", "gres": "gpu_type / gpus_per_node", "gpus-per-node": "gpus_per_node",
     "cpus-per-task": "cpus_per_task", "time": "time_hours", "exclude": "exclude_nodes", "mem": "mem_mb",
-    "requeue": "requeue", "no-requeue": "requeue", "exclusive": "gpus_per_node=8",
+    "requeue": "requeue", "no-requeue": "requeue",
+    "exclusive": "gpus_per_node (every GPU of the partition's nodes takes them whole)",
 }  # fmt: skip
 #: Why a dedicated parameter is the only way, where more than ownership is at stake.
 _WHY = {
@@ -549,6 +623,55 @@ def requested_gpu_hours(num_nodes: int, gpus_per_node: int, time_hours: float) -
     return round(nodes * gpus * time_hours, 4)
 
 
+@dataclass(frozen=True)
+class GpuHours:
+    """What a request can cost in GPU hours: one slice (one SLURM job), and at most over its chain.
+
+    :param per_slice: one job's GPU hours, :func:`requested_gpu_hours`.
+    :param slices: the most jobs the request can run: ``max_continuations + 1`` (1 for a job that is
+        not continued).
+    :param at_most: ``slices`` times one slice, rounded to 4 places: what a budget is judged on.
+    """
+
+    num_nodes: int
+    gpus_per_node: int
+    time_hours: float
+    per_slice: float
+    slices: int
+    at_most: float
+
+    def describe(self) -> str:
+        """``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most 2 slices = 8 GPU hours``."""
+        text = (
+            f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s) per node x {self.time_hours:g} h = "
+            f"{self.per_slice:g} GPU hours"
+        )
+        if self.slices == 1:
+            return text
+        return f"{text} per slice; at most {self.slices} slices = {self.at_most:g} GPU hours"
+
+
+def gpu_hours_request(num_nodes: int, gpus_per_node: int, time_hours: float, max_continuations: int = 0) -> GpuHours:
+    """Return what a request can cost: one slice (:func:`requested_gpu_hours`) and at most ``slices x slice``.
+
+    A training continued from its checkpoints (``max_continuations=N``) runs up to ``N + 1`` jobs of the
+    same request, each of which can use its whole wall time, so a budget limit is judged on
+    :attr:`GpuHours.at_most`; for a job that is not continued the two figures are the same.
+
+    :param max_continuations: as ``SbatchSubmitOperator(max_continuations=...)`` (0: not continued).
+    :raises ResourceError: as :func:`requested_gpu_hours`, or for ``max_continuations`` that is not a
+        whole number from 0.
+    """
+    per_slice = requested_gpu_hours(num_nodes, gpus_per_node, time_hours)
+    if isinstance(max_continuations, bool) or not isinstance(max_continuations, int) or max_continuations < 0:
+        raise ResourceError(
+            f"max_continuations={display_value(max_continuations)} must be a whole number from 0 (not continued)"
+        )
+    slices = max_continuations + 1
+    at_most = round(slices * num_nodes * gpus_per_node * time_hours, 4)  # from the exact slice, rounded once
+    return GpuHours(num_nodes, gpus_per_node, time_hours, per_slice, slices, at_most)
+
+
 def hours_to_slurm_time(hours: float) -> str:
     """Format hours as sbatch's ``--time``: whole minutes, rounded up, ``HH:MM:00`` or ``D-HH:MM:00``.
 
@@ -590,3 +713,38 @@ def parse_slurm_time(text: str) -> float | None:
         numbers.insert(0, 0)  # without days, "M" is minutes and "M:S" minutes:seconds
     hours, minutes, seconds = (*numbers, 0, 0)[:3]
     return (int(days_text) * 86400 + hours * 3600 + minutes * 60 + seconds) / 3600
+
+
+# ------------------------------------------------------------------ the previous release's names
+
+
+def check_partition_limits(
+    time_hours: float, partitions: Sequence[str], known: Sequence[Partition], param: str = "time_hours"
+) -> None:
+    """Check partition limits: deprecated, goes in the next release; use ``core.partitions.check_partition_limits``.
+
+    Calls it with the same arguments (``known``: partitions as
+    :class:`~airflow_provider_tao_slurm.core.partitions.Partition`, which ``PartitionLimit`` now is).
+    """
+    from airflow_provider_tao_slurm.core import partitions as current
+    from airflow_provider_tao_slurm.core.deprecated import warn_moved
+
+    warn_moved("core.resources.check_partition_limits", "core.partitions.check_partition_limits")
+    current.check_partition_limits(time_hours, partitions, known, param)
+
+
+if not TYPE_CHECKING:  # mypy keeps checking every other name of the module
+
+    def __getattr__(name: str) -> Any:
+        """Give ``PartitionLimit``: deprecated, goes in the next release; use ``core.partitions.Partition``.
+
+        The name gives that class itself (``Partition(name, max_time_hours, is_default)`` as before, with
+        the node shape after them), with a ``DeprecationWarning``.
+        """
+        if name == "PartitionLimit":
+            from airflow_provider_tao_slurm.core import partitions as current
+            from airflow_provider_tao_slurm.core.deprecated import warn_moved
+
+            warn_moved("core.resources.PartitionLimit", "core.partitions.Partition")
+            return current.Partition
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

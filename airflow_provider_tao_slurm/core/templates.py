@@ -236,12 +236,14 @@ def resource_fields(resources: Resources) -> dict[str, Any]:
 
 
 def _program_timeout(spec: SbatchSpec) -> int:
-    """Return the program's own ``timeout``: ``timeout_seconds``, except in a slice, which ends at SLURM's limit.
+    """Return the program's own ``timeout``: ``timeout_seconds``, the value checked, shorter than the wall time.
 
-    A slice of a chain (``max_continuations``) runs until SLURM ends it TIMEOUT, after the warning
-    signal: its program is given twice the wall time, so the program's timeout never ends it first.
+    The one exception is a slice of a chain (``max_continuations``) without ``timeout_hours``
+    (``slice.stop_at_timeout`` false): it runs until SLURM ends it TIMEOUT, after the warning signal,
+    so its program is given twice the wall time and the program's timeout never ends it first. A slice
+    with ``timeout_hours`` runs under that timeout, as any job.
     """
-    if spec.slice is None:
+    if spec.slice is None or spec.slice.stop_at_timeout:
         return spec.timeout_seconds
     return 2 * round((parse_slurm_time(spec.time) or 0.0) * 3600)
 

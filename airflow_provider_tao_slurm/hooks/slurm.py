@@ -26,11 +26,13 @@ import re
 import shlex
 import tarfile
 import time
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
@@ -311,6 +313,8 @@ class SlurmHook(BaseHook):
         log_dir: str,
         extra_args: Sequence[str] = (),
         stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+        reconcile_timeout: float | None = None,
+        reconcile_interval: float | None = None,
     ) -> str:
         """Submit a staged batch script in one round trip and return its SLURM job id.
 
@@ -326,11 +330,33 @@ class SlurmHook(BaseHook):
 
         :param stage: ``(base, files)`` as :meth:`stage_files` takes them, staged in the same round
             trip right before sbatch.
+        :param reconcile_timeout: deprecated (goes in the next release): with it or ``reconcile_interval``
+            the call is the previous release's, a submission reconciled by name when its outcome is
+            unknown; use :func:`~airflow_provider_tao_slurm.lifecycle.submission.submit_job`, which this
+            then calls (its ``reconcile_timeout``/``reconcile_interval``).
+        :param reconcile_interval: deprecated, as ``reconcile_timeout``.
         :raises SubmissionError: when SLURM refused the job (message has sbatch's reason).
         :raises RemoteCommandError: when staging the files failed (nothing was submitted).
         :raises SubmissionOutcomeUnknownError: when the job may exist: the command timed out, the
             connection dropped, the reply had no job id, or the job was submitted but not released.
         """
+        if reconcile_timeout is not None or reconcile_interval is not None:
+            from airflow_provider_tao_slurm.lifecycle import submission  # the deprecated call only
+
+            _deprecated(
+                "SlurmHook.submit's reconcile_timeout and reconcile_interval", "lifecycle.submission.submit_job"
+            )
+            return submission.submit_job(
+                self,
+                script_path,
+                job_name,
+                log_dir=log_dir,
+                log=self.log,
+                extra_args=extra_args,
+                stage=stage,
+                reconcile_timeout=reconcile_timeout,
+                reconcile_interval=reconcile_interval,
+            )
         command = commands.sbatch_submit_held(
             script_path,
             log_dir=log_dir,
@@ -406,6 +432,22 @@ class SlurmHook(BaseHook):
         if not parsed:
             raise SubmissionOutcomeUnknownError(f"sbatch of {job_name} answered no job id: {result.stdout[-500:]!r}")
         return parsed[0]
+
+    def reconcile_by_name(
+        self, job_name: str, *, timeout: float | None = None, interval: float | None = None
+    ) -> str | None:
+        """Find our job by name: deprecated, goes in the next release; use ``lifecycle.submission.reconcile``.
+
+        Calls it: our job named exactly ``job_name``, looked for on every login host until it appears
+        or ``timeout`` seconds pass (``None``: its default), or ``None``.
+
+        :raises AmbiguousSubmissionError: when more than one job has that name.
+        :raises JobLookupError: when the last lookup before the deadline failed.
+        """
+        from airflow_provider_tao_slurm.lifecycle import submission  # the deprecated call only
+
+        _deprecated("SlurmHook.reconcile_by_name", "lifecycle.submission.reconcile")
+        return submission.reconcile(self, job_name, self.log, timeout=timeout, interval=interval)
 
     def find_jobs_by_name(
         self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
@@ -719,6 +761,15 @@ class SlurmHook(BaseHook):
         await self.a_run(
             commands.write_file_from_stdin(path, mode, base), stdin=data, check=True, what=f"writing {path}"
         )
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warn that ``old`` (a name of the previous release) goes in the next release; ``new`` replaces it."""
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use airflow_provider_tao_slurm.{new}",
+        AirflowProviderDeprecationWarning,
+        stacklevel=3,
+    )
 
 
 def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[str, bytes]:

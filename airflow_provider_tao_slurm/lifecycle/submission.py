@@ -54,15 +54,24 @@ def find_job(hook: SlurmHook, job_name: str) -> str | None:
     return ids[0] if ids else None
 
 
-def reconcile(hook: SlurmHook, job_name: str, log: logging.Logger | Any) -> str | None:
+def reconcile(
+    hook: SlurmHook,
+    job_name: str,
+    log: logging.Logger | Any,
+    *,
+    timeout: float | None = None,
+    interval: float | None = None,
+) -> str | None:
     """Look for our job named ``job_name`` until it appears or :data:`RECONCILE_TIMEOUT_S` passes.
 
     A lookup that failed is asked again until the deadline; only answered lookups can end in "none".
 
+    :param timeout: seconds to look for it (``None``: :data:`RECONCILE_TIMEOUT_S`).
+    :param interval: seconds between lookups (``None``: :data:`RECONCILE_INTERVAL_S`).
     :raises AmbiguousSubmissionError: when more than one job has that name.
     :raises JobLookupError: when the last lookup before the deadline failed.
     """
-    deadline = time.monotonic() + RECONCILE_TIMEOUT_S
+    deadline = time.monotonic() + (RECONCILE_TIMEOUT_S if timeout is None else timeout)
     while True:
         try:
             found = find_job(hook, job_name)
@@ -73,7 +82,7 @@ def reconcile(hook: SlurmHook, job_name: str, log: logging.Logger | Any) -> str 
         else:
             if found is not None or time.monotonic() >= deadline:
                 return found
-        time.sleep(RECONCILE_INTERVAL_S)
+        time.sleep(RECONCILE_INTERVAL_S if interval is None else interval)
 
 
 def submit_job(
@@ -85,12 +94,17 @@ def submit_job(
     log: logging.Logger | Any,
     extra_args: Sequence[str] = (),
     stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None = None,
+    reconcile_timeout: float | None = None,
+    reconcile_interval: float | None = None,
 ) -> str:
     """Submit the staged script ``script_path`` as job ``job_name`` exactly once; return its SLURM id.
 
     :param log_dir: the base log directory (the job logs to ``<log_dir>/<job_name>-<id>``).
     :param extra_args: more sbatch options (``--exclude=...``, the slice's ``--export``).
     :param stage: files to stage in the same round trip right before sbatch (again with a second try).
+    :param reconcile_timeout: how long an unknown outcome is looked for by name (``None``:
+        :data:`RECONCILE_TIMEOUT_S`).
+    :param reconcile_interval: seconds between those lookups (``None``: :data:`RECONCILE_INTERVAL_S`).
     :raises SubmissionError: when SLURM refused the job, or its outcome stayed unknown twice with no
         job of that name to be found.
     :raises RemoteCommandError: when staging the files failed (nothing was submitted).
@@ -104,7 +118,7 @@ def submit_job(
             log.warning(
                 "The outcome of sbatch for job %s is unknown (%s): looking for it by its exact name", job_name, exc
             )
-        found = reconcile(hook, job_name, log)
+        found = reconcile(hook, job_name, log, timeout=reconcile_timeout, interval=reconcile_interval)
         if found is not None:
             log.info("Adopting SLURM job %s (%s), submitted by that sbatch", found, job_name)
             hook.prepare_job_logs(log_dir, job_name, found)
@@ -113,7 +127,7 @@ def submit_job(
             log.warning(
                 "No job named %s after %.0f s: it never reached SLURM; submitting it again",
                 job_name,
-                RECONCILE_TIMEOUT_S,
+                RECONCILE_TIMEOUT_S if reconcile_timeout is None else reconcile_timeout,
             )
     raise SubmissionError(
         f"sbatch's outcome for {job_name} was unknown twice and no job of that name appeared; check the cluster "

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import ResumableJobMixin
 
-from airflow_provider_tao_slurm.core.defaults import DEFAULT_TIMEOUT_HOURS, SUBMITTED_JOB_KEY
+from airflow_provider_tao_slurm.core.defaults import SUBMITTED_JOB_KEY
 from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJobResultsLink
 from airflow_provider_tao_slurm.lifecycle.support import (
     SECRET_SOURCES,
@@ -50,11 +50,16 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
 
     :param image: ``.sqsh`` path on the cluster.
     :param command: the shell command run inside the container on every node.
-    :param num_nodes: nodes (one task per node).
-    :param gpus_per_node: GPUs per node (at most 8; 8 means exclusive nodes).
-    :param cpus_per_task: CPUs per task.
-    :param time_hours: wall-time limit (at most the partition's limit).
-    :param timeout_hours: the program's own timeout, below ``time_hours``.
+    :param num_nodes: nodes (one task per node); default 1.
+    :param gpus_per_node: GPUs per node, at most the partition's node size; default 4. Every GPU of the
+        partition's nodes (4 of 4, 8 of 8, 16 of 16) takes the nodes whole (``--exclusive``); fewer share them.
+    :param cpus_per_task: CPUs per task; default 16.
+    :param time_hours: wall-time limit in hours (at most the partition's limit); default 4.
+    :param timeout_hours: the program's own timeout in hours, below ``time_hours``. Default ``None``:
+        derived from ``time_hours``, less a twentieth of it and at least 15 s (3.8 for 4 h, 1.9 for 2 h,
+        45 s for one minute), the time the batch script needs after the program. In a continued
+        training (``max_continuations``) without it, each slice runs until SLURM's limit; with it, the
+        program stops at it (exit 124 ends the slice as a TIMEOUT does).
     :param partition: GPU partition(s); default from the connection.
     :param account: SLURM account; default from the connection.
     :param container_mounts: Pyxis mounts ``SRC:DST[:FLAGS][,...]``; default from the connection. They must show
@@ -93,8 +98,10 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         (0, the default: TIMEOUT is an error). A slice that ends TIMEOUT (or PREEMPTED and not requeued)
         after writing a new checkpoint is followed by the next one: the same script, results directory,
         spec, secrets and resources; the program resumes from its checkpoints. A slice runs until SLURM's
-        limit (``timeout_hours`` does not stop it early). The sensor watches the whole chain. See the
-        docs' "Long trainings" page.
+        limit unless ``timeout_hours`` is given. The sensor watches the whole chain; it can use up to
+        ``max_continuations + 1`` times one slice's GPU hours
+        (:func:`~airflow_provider_tao_slurm.core.resources.gpu_hours_request`). See the docs' "Long
+        trainings" page.
     :param checkpoint_glob: file name pattern(s) of the checkpoints under ``results_dir`` a slice must
         write to be continued (default: TAO's, ``*.pth``, ``*.ckpt``, ``*.tlt``, ``*.hdf5``).
     :param checkpoint_signal: a signal the program handles by saving a checkpoint, sent to it shortly
@@ -146,7 +153,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         gpus_per_node: int = 4,
         cpus_per_task: int = 16,
         time_hours: float = 4.0,
-        timeout_hours: float = DEFAULT_TIMEOUT_HOURS,
+        timeout_hours: float | None = None,
         partition: str | None = None,
         account: str | None = None,
         container_mounts: str | None = None,

@@ -1,8 +1,8 @@
 """The approval example with the real Airflow services, both approvals given through the REST API.
 
 One module fixture starts ``airflow standalone`` (:func:`airflow_stack.standalone`) and triggers
-``example_tao_approval`` through the REST API with its defaults: the training can use 4 GPU hours
-(2 nodes x 1 GPU x 2 h), twice the default ``gpu_hour_budget``. Like a person with the UI's
+``example_tao_approval`` through the REST API with its defaults: the training can use at most 8 GPU
+hours (2 slices of 2 nodes x 1 GPU x 2 h), four times the default ``gpu_hour_budget``. Like a person with the UI's
 "Required Actions", the test waits until ``approve_training`` waits for input, reads its
 human-in-the-loop detail (``GET .../taskInstances/approve_training/-1/hitlDetails``) and approves
 it (``PATCH`` the same path, ``{"chosen_options": ["Approve"]}``) once the scheduler has taken the
@@ -10,7 +10,7 @@ exit of the worker that parked it (:meth:`ApprovalRun.wait_parked`); the trainin
 the test cluster, the evaluation reports its KPIs, and ``approve_export`` is read and approved the
 same way. Expected: nothing was submitted before the approval; each approval's text shows the
 numbers to decide on (the GPU hours; the evaluation's KPIs as the evaluate sensor returned them);
-the run succeeds with the export done. A second run at the same time, with ``gpu_hour_budget`` 4 (the
+the run succeeds with the export done. A second run at the same time, with ``gpu_hour_budget`` 8 (the
 request fits), goes straight on to the training: its ``approve_training`` is skipped and only its
 export is approved.
 """
@@ -40,7 +40,7 @@ STEP_TIMEOUT_S = 180.0
 PARK_TIMEOUT_S = 10.0
 EXECUTOR_EVENT = "Received executor event with state "
 #: What the approval's text must show: the DAG's shape (2 nodes x 1 GPU x 2 h) against its default budget.
-GPU_REQUEST = "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours"
+GPU_REQUEST = "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most 2 slices = 8 GPU hours"
 #: A human-in-the-loop task waiting for its answer (Airflow 3.3; deferred before).
 WAITING = ("awaiting_input", "deferred")
 APPROVE = {"chosen_options": ["Approve"], "params_input": {}}
@@ -139,9 +139,9 @@ def trigger(stack: Stack, conf: dict[str, Any]) -> ApprovalRun:
 class Runs:
     """The two runs of the module, made at the same time in one ``airflow standalone``."""
 
-    #: The DAG's defaults: 4 GPU hours over a budget of 2; both approvals given.
+    #: The DAG's defaults: at most 8 GPU hours over a budget of 2; both approvals given.
     over: ApprovalRun
-    #: ``gpu_hour_budget`` 4: the training goes straight on; only the export's approval is given.
+    #: ``gpu_hour_budget`` 8: the training goes straight on; only the export's approval is given.
     within: ApprovalRun
 
 
@@ -154,7 +154,7 @@ def runs(cluster: ClusterEnv) -> Iterator[Runs]:
             assert time.monotonic() < deadline, f"{DAG_ID} was not parsed:\n{stack.log.read_text()[-3000:]}"
             time.sleep(0.5)
         stack.client.patch(f"/api/v2/dags/{DAG_ID}", json={"is_paused": False}).raise_for_status()
-        over, within = trigger(stack, {}), trigger(stack, {"gpu_hour_budget": 4})
+        over, within = trigger(stack, {}), trigger(stack, {"gpu_hour_budget": 8})
         over.approve("approve_training")
         for run in (within, over):
             run.approve("approve_export")
@@ -220,7 +220,7 @@ def test_the_run_succeeds_with_the_two_node_training_and_the_export(approved: Ap
 
 
 def test_within_the_budget_the_training_goes_straight_on(runs: Runs) -> None:
-    """``gpu_hour_budget`` 4 (the request's 4 GPU hours fit): no training approval is asked, the run succeeds."""
+    """``gpu_hour_budget`` 8 (the request's at most 8 GPU hours fit): no training approval; the run succeeds."""
     within = runs.within
     assert within.state == "success", within.seen
     assert within.xcom("check_budget", "gpu_request") == GPU_REQUEST

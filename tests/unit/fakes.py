@@ -179,6 +179,8 @@ class FakeSlurmHook:
         log_dir: str,
         extra_args: Sequence[str] = (),
         stage: tuple[str, StagedFiles] | None = None,
+        reconcile_timeout: float | None = None,
+        reconcile_interval: float | None = None,
     ) -> str:
         """Stage ``stage`` first (one round trip, as the hook), then raise ``submit_error`` or hand out the next id."""
         if stage is not None:

@@ -15,6 +15,8 @@ from airflow.providers.standard.operators.python import BranchPythonOperator
 from examples import load_example
 
 KPIS = {"accuracy": 0.6234, "loss": 1.5064}
+#: Both figures: one slice, and at most (max_continuations=1: two slices).
+GPU_REQUEST = "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most 2 slices = 8 GPU hours"
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +52,8 @@ def test_the_budget_branch_comes_before_the_training_and_the_approval_before_exp
     assert isinstance(approve_training, ApprovalOperator)
     assert approve_training.downstream_task_ids == {"train"}
     assert train.trigger_rule == "none_failed_min_one_success", "a skipped approval (within the budget) lets it run"
-    assert (train.num_nodes, train.gpus_per_node, train.time_hours) == (2, 1, 2.0)
+    assert (train.num_nodes, train.gpus_per_node, train.time_hours, train.max_continuations) == (2, 1, 2.0, 1)
+    assert check_budget.op_kwargs["max_continuations"] == train.max_continuations
     assert isinstance(approve_export, ApprovalOperator)
     assert approve_export.upstream_task_ids == {"wait_evaluate"}
     assert approve_export.downstream_task_ids == {"export"}
@@ -64,15 +67,23 @@ def test_the_budget_branch_comes_before_the_training_and_the_approval_before_exp
     ("budget", "next_task"),
     [
         pytest.param(0, "approve_training", id="no-budget"),
-        pytest.param(2, "approve_training", id="default-budget-half-the-request"),
-        pytest.param(3.99, "approve_training", id="just-under"),
-        pytest.param(4, "train", id="equal"),
+        pytest.param(2, "approve_training", id="default-budget-a-quarter-of-the-most"),
+        pytest.param(4, "approve_training", id="one-slice-fits-but-not-the-chain"),
+        pytest.param(7.99, "approve_training", id="just-under"),
+        pytest.param(8, "train", id="equal"),
         pytest.param(100, "train", id="well-within"),
     ],
 )
 def test_a_request_over_the_budget_waits_for_approval(example: ModuleType, budget: float, next_task: str) -> None:
+    """The budget is judged on the most a continued training can use: 2 slices of 4 GPU hours."""
     ti = FakeTi()
-    assert example.route_by_budget(2, 1, 2.0, budget, ti) == next_task
+    assert example.route_by_budget(2, 1, 2.0, 1, budget, ti) == next_task
+    assert ti.pushed == {"gpu_request": GPU_REQUEST}
+
+
+def test_a_training_that_is_not_continued_is_judged_on_its_one_slice(example: ModuleType) -> None:
+    ti = FakeTi()
+    assert example.route_by_budget(2, 1, 2.0, 0, 4, ti) == "train"
     assert ti.pushed == {"gpu_request": "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours"}
 
 
@@ -84,14 +95,12 @@ def render(example: ModuleType, task_id: str, field: str, ti: FakeTi, params: di
 
 
 def test_the_training_approval_shows_the_gpu_hours_and_the_budget(example: ModuleType) -> None:
-    ti = FakeTi({("check_budget", "gpu_request"): "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours"})
+    ti = FakeTi({("check_budget", "gpu_request"): GPU_REQUEST})
     subject = render(example, "approve_training", "subject", ti, {"gpu_hour_budget": 2})
     body = render(example, "approve_training", "body", ti, {"gpu_hour_budget": 2})
 
-    assert subject == "Approve a training of 2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours?"
-    assert body.startswith(
-        "The training asks for **2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours**, over the budget of 2 GPU hours"
-    )
+    assert subject == f"Approve a training of {GPU_REQUEST}?"
+    assert body.startswith(f"The training asks for **{GPU_REQUEST}**, over the budget of 2 GPU hours")
 
 
 @pytest.mark.parametrize(

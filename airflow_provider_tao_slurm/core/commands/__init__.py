@@ -25,6 +25,9 @@ The builders live in one module per subject and are all importable from here:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from airflow_provider_tao_slurm.core import partitions as _partitions
 from airflow_provider_tao_slurm.core.commands.checks import parse_test_paths, parse_which, test_paths, which
 from airflow_provider_tao_slurm.core.commands.enroot import (
     ENROOT_CREDENTIALS,
@@ -166,3 +169,32 @@ __all__ = [
     "writable_dir",
     "write_file_from_stdin",
 ]
+
+
+def parse_sinfo_partitions(stdout: str) -> tuple[list[_partitions.Partition], list[str]]:
+    """Read sinfo's partitions: deprecated, goes in the next release; use ``core.partitions.parse_sinfo_partitions``.
+
+    Calls it and returns what it returns: the partitions (with GPUs per node, GPU types and a
+    ``problem`` for an unreadable line) and the lines that name no partition. (The previous release's
+    parser returned the list alone and raised on an unreadable line.)
+    """
+    from airflow_provider_tao_slurm.core.deprecated import warn_moved
+
+    warn_moved("core.commands.parse_sinfo_partitions", "core.partitions.parse_sinfo_partitions")
+    return _partitions.parse_sinfo_partitions(stdout)
+
+
+if not TYPE_CHECKING:  # mypy keeps checking every other name of the package
+
+    def __getattr__(name: str) -> Any:
+        """Give ``Partition``: deprecated, goes in the next release; use ``core.partitions.Partition``.
+
+        The name gives that class itself (its time limit is ``max_time_hours``, no longer
+        ``max_time_seconds``), with a ``DeprecationWarning``.
+        """
+        if name == "Partition":
+            from airflow_provider_tao_slurm.core.deprecated import warn_moved
+
+            warn_moved("core.commands.Partition", "core.partitions.Partition")
+            return _partitions.Partition
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

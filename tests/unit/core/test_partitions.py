@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -15,7 +16,8 @@ from airflow_provider_tao_slurm.core.partitions import (
     parse_sinfo_partitions,
     resolve_partitions,
 )
-from airflow_provider_tao_slurm.core.resources import build_resources
+from airflow_provider_tao_slurm.core.resources import build_resources, whole_node
+from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
 from airflow_provider_tao_slurm.exceptions import ResourceError
 
 KNOWN = [
@@ -139,12 +141,13 @@ def test_time_over_partition_limit_message() -> None:
     ("request_", "partitions", "layout"),
     [
         pytest.param({"total_gpus": 16}, ("scratch",), (2, 8, True), id="seed-shape-where-nodes-have-8"),
-        pytest.param({"total_gpus": 16}, ("polar",), (4, 4, False), id="four-gpu-nodes"),
-        pytest.param({"total_gpus": 8}, ("polar",), (2, 4, False), id="eight-on-four-gpu-nodes"),
-        pytest.param({"total_gpus": 12}, ("polar",), (3, 4, False), id="twelve-on-four-gpu-nodes"),
+        pytest.param({"total_gpus": 16}, ("polar",), (4, 4, True), id="four-gpu-nodes"),
+        pytest.param({"total_gpus": 8}, ("polar",), (2, 4, True), id="eight-on-four-gpu-nodes"),
+        pytest.param({"total_gpus": 12}, ("polar",), (3, 4, True), id="twelve-on-four-gpu-nodes"),
         pytest.param({"total_gpus": 3}, ("polar",), (1, 3, False), id="fits-one-node"),
         pytest.param({"total_gpus": 16}, ("polar", "scratch"), (4, 4, False), id="smallest-shape-of-several"),
-        pytest.param({"gpus_per_node": 4}, ("polar",), (1, 4, False), id="explicit-fits"),
+        pytest.param({"gpus_per_node": 4}, ("polar",), (1, 4, True), id="explicit-fits-whole-nodes"),
+        pytest.param({"gpus_per_node": 2}, ("polar",), (1, 2, False), id="explicit-shares"),
         pytest.param({"num_nodes": 2, "gpus_per_node": 8}, ("scratch",), (2, 8, True), id="explicit-full-nodes"),
         pytest.param({"total_gpus": 8, "num_nodes": 4, "gpus_per_node": 2}, ("polar",), (4, 2, False),
                      id="explicit-layout-kept"),
@@ -204,4 +207,59 @@ def test_cpu_partition_refuses_a_cluster_without_one() -> None:
         "no conversion partition is configured and cluster 'mini' has no partition without GPUs that allows 2 h "
         "(partitions without GPUs: cpu_short (1 h, no GPUs)); image conversion never runs on a GPU partition: set the "
         "connection's conversion_partition extra (or partition= on EnrootImportOperator) to a CPU partition"
+    )
+
+
+# ---------------------------------------------------------------------- whole nodes (issue 42, item 3)
+
+#: (GPUs per node of the partition's nodes, GPUs per node the job asks for) -> exclusive
+WHOLE_NODES = [
+    pytest.param(4, 4, True, id="4-gpu-nodes-all-4"),
+    pytest.param(4, 2, False, id="4-gpu-nodes-2"),
+    pytest.param(4, 1, False, id="4-gpu-nodes-1"),
+    pytest.param(8, 8, True, id="8-gpu-nodes-all-8"),
+    pytest.param(8, 4, False, id="8-gpu-nodes-4"),
+    pytest.param(8, 7, False, id="8-gpu-nodes-7"),
+    pytest.param(16, 16, True, id="16-gpu-nodes-all-16"),
+    pytest.param(16, 8, False, id="16-gpu-nodes-8-share"),
+    pytest.param(16, 15, False, id="16-gpu-nodes-15"),
+]
+
+
+@pytest.mark.parametrize(("node_gpus", "asked", "exclusive"), WHOLE_NODES)
+def test_a_job_asking_for_every_gpu_of_its_nodes_takes_them_whole(node_gpus: int, asked: int, exclusive: bool) -> None:
+    known = [Partition("gpu", 4.0, True, node_gpus, ("h100",))]
+    fitted = fit_gpus(build_resources(partition="gpu", gpus_per_node=asked, num_nodes=2), ("gpu",), known)
+    assert fitted.exclusive is exclusive
+    assert whole_node(asked, node_gpus) is exclusive
+    assert ("#SBATCH --exclusive\n" in render_sbatch(spec_for(fitted))) is exclusive
+
+
+def test_several_partitions_take_nodes_whole_only_when_the_job_fills_the_largest() -> None:
+    """4 GPUs fill polar's nodes but not scratch's 8-GPU ones, where SLURM may start the job: not exclusive."""
+    assert not fit_gpus(build_resources(partition=None, gpus_per_node=4), ("polar", "scratch"), KNOWN).exclusive
+    assert fit_gpus(build_resources(partition=None, gpus_per_node=4), ("polar", "polar_long"), KNOWN).exclusive
+
+
+@pytest.mark.parametrize(
+    ("node_gpus", "asked"),
+    [pytest.param(None, 8, id="not-known"), pytest.param(0, 8, id="no-gpu-count"), pytest.param(None, 4, id="four")],
+)
+def test_an_unknown_node_size_never_makes_a_job_exclusive(node_gpus: int | None, asked: int) -> None:
+    """Unknown shape: no --exclusive on a guess (the request, before it is placed on the cluster, and the rule)."""
+    assert whole_node(asked, node_gpus) is False
+    assert build_resources(partition="gpu", gpus_per_node=asked).exclusive is False
+    assert fit_gpus(build_resources(partition="gpu", gpus_per_node=asked), ("gpu",), []).exclusive is False
+
+
+def spec_for(resources: Any) -> SbatchSpec:
+    """A batch script's inputs for ``resources`` (the fields that come from them, and fixed paths)."""
+    return SbatchSpec(
+        job_name="tao-x",
+        log_dir="/l/logs",
+        job_dir="/l/jobs/x",
+        image="/l/i.sqsh",
+        command="true",
+        exit_code_file="/l/jobs/x/rc",
+        **resource_fields(resources),
     )

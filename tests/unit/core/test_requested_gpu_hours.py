@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from airflow_provider_tao_slurm.core.resources import requested_gpu_hours
+from airflow_provider_tao_slurm.core.resources import GpuHours, gpu_hours_request, requested_gpu_hours
 from airflow_provider_tao_slurm.exceptions import ResourceError
 
 #: (num_nodes, gpus_per_node, time_hours) -> GPU hours
@@ -43,3 +43,36 @@ REFUSED = [
 def test_a_request_gpu_resources_would_refuse_is_refused(nodes: Any, gpus: Any, hours: Any, fragment: str) -> None:
     with pytest.raises(ResourceError, match=fragment):
         requested_gpu_hours(nodes, gpus, hours)
+
+
+#: (num_nodes, gpus_per_node, time_hours, max_continuations) -> (one slice, slices, at most)
+CHAINS = [
+    pytest.param(2, 1, 2, 0, 4.0, 1, 4.0, id="not-continued-both-the-same"),
+    pytest.param(2, 1, 2, 1, 4.0, 2, 8.0, id="example-approval"),
+    pytest.param(1, 4, 0.5, 5, 2.0, 6, 12.0, id="six-slices"),
+    pytest.param(1, 1, 1 / 60, 4, 0.0167, 5, 0.0833, id="one-minute-slices-rounded"),
+    pytest.param(16, 8, 48, 1000, 6144.0, 1001, 6150144.0, id="the-most-continuations"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "gpus", "hours", "continuations", "per_slice", "slices", "at_most"), CHAINS)
+def test_a_continued_training_can_use_every_slice(
+    nodes: int, gpus: int, hours: float, continuations: int, per_slice: float, slices: int, at_most: float
+) -> None:
+    cost = gpu_hours_request(nodes, gpus, hours, continuations)
+    assert (cost.per_slice, cost.slices, cost.at_most) == (per_slice, slices, at_most)
+    assert cost.per_slice == requested_gpu_hours(nodes, gpus, hours)
+
+
+def test_both_figures_are_shown_for_a_chain_and_one_for_a_single_job() -> None:
+    assert gpu_hours_request(2, 1, 2, 1).describe() == (
+        "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most 2 slices = 8 GPU hours"
+    )
+    assert gpu_hours_request(2, 1, 2).describe() == "2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours"
+    assert gpu_hours_request(2, 1, 2) == GpuHours(2, 1, 2, 4.0, 1, 4.0)
+
+
+@pytest.mark.parametrize("continuations", [-1, 1.5, True, "2", None])
+def test_max_continuations_must_be_a_whole_number_from_0(continuations: Any) -> None:
+    with pytest.raises(ResourceError, match=r"max_continuations=.* must be a whole number from 0"):
+        gpu_hours_request(1, 1, 1, continuations)

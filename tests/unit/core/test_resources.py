@@ -51,23 +51,25 @@ def test_defaults() -> None:
     assert resources.total_gpus == 4
 
 
+#: Before the request is placed on the cluster its node size is unknown: nothing is exclusive yet
+#: (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus` decides, tests/unit/core/test_partitions.py).
 LAYOUTS = [
     pytest.param({}, (1, 4, False), id="default"),
     pytest.param({"gpus_per_node": 1}, (1, 1, False), id="one-gpu"),
     pytest.param({"gpus_per_node": 7}, (1, 7, False), id="seven-shared"),
-    pytest.param({"gpus_per_node": 8}, (1, 8, True), id="full-node-exclusive"),
-    pytest.param({"num_nodes": 2, "gpus_per_node": 8}, (2, 8, True), id="two-full-nodes"),
+    pytest.param({"gpus_per_node": 8}, (1, 8, False), id="full-node-exclusive"),
+    pytest.param({"num_nodes": 2, "gpus_per_node": 8}, (2, 8, False), id="two-full-nodes"),
     pytest.param({"num_nodes": 3, "gpus_per_node": 2}, (3, 2, False), id="three-partial-nodes"),
     pytest.param({"total_gpus": 1}, (1, 1, False), id="total-1"),
     pytest.param({"total_gpus": 4}, (1, 4, False), id="total-4"),
-    pytest.param({"total_gpus": 8}, (1, 8, True), id="total-8"),
-    pytest.param({"total_gpus": 16}, (2, 8, True), id="total-16-two-nodes"),
-    pytest.param({"total_gpus": 64}, (8, 8, True), id="total-64-eight-nodes"),
-    pytest.param({"total_gpus": 12}, (2, 8, True), id="total-12-until-the-cluster-lays-it-out"),
-    pytest.param({"total_gpus": 16, "num_nodes": 2, "gpus_per_node": 8}, (2, 8, True), id="total-agrees"),
+    pytest.param({"total_gpus": 8}, (1, 8, False), id="total-8"),
+    pytest.param({"total_gpus": 16}, (2, 8, False), id="total-16-two-nodes"),
+    pytest.param({"total_gpus": 64}, (8, 8, False), id="total-64-eight-nodes"),
+    pytest.param({"total_gpus": 12}, (2, 8, False), id="total-12-until-the-cluster-lays-it-out"),
+    pytest.param({"total_gpus": 16, "num_nodes": 2, "gpus_per_node": 8}, (2, 8, False), id="total-agrees"),
     pytest.param({"total_gpus": 2, "num_nodes": 1, "gpus_per_node": 2}, (1, 2, False), id="total-agrees-small"),
     pytest.param({"total_gpus": 8, "num_nodes": 4, "gpus_per_node": 2}, (4, 2, False), id="total-explicit-layout"),
-    pytest.param({"gpus_per_node": 16}, (1, 16, True), id="sixteen-checked-against-the-cluster"),
+    pytest.param({"gpus_per_node": 16}, (1, 16, False), id="sixteen-checked-against-the-cluster"),
 ]
 
 
@@ -129,7 +131,7 @@ def test_timeout_not_below_time_message() -> None:
         build_resources(partition="polar", time_hours=4, timeout_hours=4)
     assert str(caught.value) == (
         "timeout_hours=4 must be lower than time_hours=4: the program has to stop (and save its results) "
-        "before SLURM ends the job at the wall limit; e.g. timeout_hours=3.8"
+        "before SLURM ends the job at the wall limit; e.g. timeout_hours=3.8 (13680 s), or leave it out to derive it"
     )
 
 
@@ -425,3 +427,53 @@ def test_site_options(kwargs: dict[str, Any], expected: tuple[str, ...]) -> None
 def test_site_options_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=re.escape(message)):
         site_options(**kwargs)
+
+
+# ---------------------------------------------------------------------- the program timeout (issue 42, item 9)
+
+#: time_hours -> the program timeout derived from it, in seconds (wall less max(15 s, a twentieth))
+DERIVED_TIMEOUTS = [
+    pytest.param(20 / 3600, 5, id="20-s"),
+    pytest.param(1 / 60, 45, id="one-minute"),
+    pytest.param(0.25, 855, id="quarter-hour"),
+    pytest.param(0.5, 1710, id="half-hour"),
+    pytest.param(2, 6840, id="two-hours"),
+    pytest.param(4, 13680, id="four-hours-the-tao-default"),
+    pytest.param(48, 164160, id="two-days"),
+]
+
+
+@pytest.mark.parametrize(("hours", "seconds"), DERIVED_TIMEOUTS)
+def test_the_program_timeout_follows_the_wall_time_unless_set(hours: float, seconds: int) -> None:
+    resources = build_resources(partition="polar", time_hours=hours)
+    assert resources.timeout_seconds == seconds
+    assert res.program_timeout_seconds(round(hours * 3600)) == seconds
+    assert round(hours * 3600) - seconds >= min(res.PROGRAM_MARGIN_MIN_S, round(hours * 3600) // 2)
+
+
+def test_the_default_wall_time_keeps_the_tao_timeout() -> None:
+    assert res.program_timeout_seconds(round(res.DEFAULT_TIME_HOURS * 3600)) / 3600 == res.DEFAULT_TIMEOUT_HOURS
+
+
+@pytest.mark.parametrize("hours", [1 / 60, 2 / 60, 0.1, 0.2, 1 / 3, 2, 4, 7, 49])
+def test_a_suggested_timeout_is_one_the_check_accepts(hours: float) -> None:
+    """The message's ``e.g. timeout_hours=X`` passes the same check (1/60 suggests 45 s, not 0.02 h = 72 s)."""
+    with pytest.raises(ResourceError, match=r"e\.g\. timeout_hours=([0-9.e-]+) \(([0-9]+) s\)") as caught:
+        build_resources(partition="polar", time_hours=hours, timeout_hours=hours)
+    match = re.search(r"e\.g\. timeout_hours=([0-9.e-]+) \(([0-9]+) s\)", str(caught.value))
+    assert match is not None
+    suggested = float(match.group(1))
+    accepted = build_resources(partition="polar", time_hours=hours, timeout_hours=suggested)
+    assert accepted.timeout_seconds == int(match.group(2)) < round(hours * 3600)
+
+
+def test_two_hours_is_no_longer_refused_and_an_explicit_timeout_is_kept() -> None:
+    assert build_resources(partition="polar", time_hours=2).timeout_hours == 1.9
+    assert build_resources(partition="polar", time_hours=2, timeout_hours=1.5).timeout_hours == 1.5
+    with pytest.raises(ResourceError, match=r"timeout_hours=3\.8 must be lower than time_hours=2"):
+        build_resources(partition="polar", time_hours=2, timeout_hours=3.8)
+
+
+def test_a_wall_time_of_a_second_leaves_no_timeout() -> None:
+    with pytest.raises(ResourceError, match="leaves the program no timeout below it"):
+        build_resources(partition="polar", time_hours=1 / 3600)

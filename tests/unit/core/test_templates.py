@@ -6,6 +6,7 @@ Rewrite the golden files with ``UPDATE_GOLDEN=1 pytest tests/unit/core/test_temp
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,8 +23,10 @@ from airflow_provider_tao_slurm.core.continuation import (
     SLICE_ENV,
     SLICE_SIGNAL,
     SliceScript,
+    grace_seconds,
     slice_marker,
 )
+from airflow_provider_tao_slurm.core.resources import build_resources
 from airflow_provider_tao_slurm.core.secrets import lint_script
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.core.templates import (
@@ -32,6 +35,7 @@ from airflow_provider_tao_slurm.core.templates import (
     SbatchSpec,
     render_sbatch,
     render_template,
+    resource_fields,
     template_dir,
 )
 from airflow_provider_tao_slurm.exceptions import (
@@ -111,6 +115,17 @@ GOLDEN_CASES: dict[str, SbatchSpec] = {
             slices_dir="/lustre/proj/results/jobs/tao-20240601-abc123/slices",
             grace_seconds=180,
             results_dir="/lustre/proj/results/results/tao-20240601-abc123",
+        ),
+    ),
+    "single_slice_1min_timeout": replace(
+        BASE,
+        time="00:01:00",
+        timeout_seconds=45,
+        slice=SliceScript(
+            slices_dir="/lustre/proj/results/jobs/tao-20240601-abc123/slices",
+            grace_seconds=10,
+            results_dir="/lustre/proj/results/results/tao-20240601-abc123",
+            stop_at_timeout=True,
         ),
     ),
     "multi_2x1_slice_signal": replace(
@@ -978,3 +993,51 @@ def test_render_rejects_bad_slices(changes: dict[str, Any], error: type[Exceptio
 def test_render_rejects_a_slice_that_is_no_slice_script() -> None:
     with pytest.raises(ValidationError, match="SliceScript"):
         render_sbatch(replace(BASE, slice={"grace_seconds": 30}))  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------- what is checked is what runs (issue 42, item 9)
+
+#: (time_hours, timeout_hours or None for the derived one, max_continuations) -> the ``timeout`` seconds rendered
+RENDERED_TIMEOUTS = [
+    pytest.param(1 / 60, 0.0125, 0, 45, id="one-minute-45-s"),
+    pytest.param(1 / 60, 0.0125, 3, 45, id="one-minute-slice-45-s"),
+    pytest.param(1 / 60, 50 / 3600, 0, 50, id="sub-minute-timeout-50-s"),
+    pytest.param(1 / 60, None, 0, 45, id="one-minute-derived"),
+    pytest.param(1 / 60, None, 3, 120, id="one-minute-slice-to-the-limit"),
+    pytest.param(0.25, None, 0, 855, id="quarter-hour-derived"),
+    pytest.param(0.5, 0.45, 0, 1620, id="half-hour"),
+    pytest.param(0.5, 0.45, 2, 1620, id="half-hour-slice"),
+    pytest.param(2, None, 0, 6840, id="two-hours-derived"),
+    pytest.param(4, 3.8, 0, 13680, id="four-hours"),
+    pytest.param(26, None, 0, 88920, id="multi-day-derived"),
+    pytest.param(26, 25.5, 1, 91800, id="multi-day-slice"),
+]
+
+
+@pytest.mark.parametrize(("hours", "timeout", "continuations", "seconds"), RENDERED_TIMEOUTS)
+def test_the_rendered_program_timeout_is_the_checked_one(
+    hours: float, timeout: float | None, continuations: int, seconds: int
+) -> None:
+    """The renderer's ``timeout N`` is the value the resource check accepted, below the wall time; only a
+    chain's slice without ``timeout_hours`` runs to SLURM's limit (twice the wall: never the timeout first)."""
+    resources = build_resources(partition="polar", time_hours=hours, timeout_hours=timeout)
+    wall = round(hours * 3600)
+    spec = replace(
+        BASE,
+        **resource_fields(resources),
+        slice=None
+        if not continuations
+        else SliceScript(
+            slices_dir="/l/slices",
+            grace_seconds=grace_seconds(hours),
+            results_dir="/l/results",
+            stop_at_timeout=timeout is not None,
+        ),
+    )
+    script = render_sbatch(spec)
+    assert re.findall(r"timeout ([0-9]+) bash -c", script) == [str(seconds)]
+    assert f"program stopped by timeout after {seconds} s" in script
+    if continuations and timeout is None:
+        assert seconds == 2 * wall
+    else:
+        assert seconds == resources.timeout_seconds < wall

@@ -44,6 +44,8 @@ class Cluster(FakeSlurmHook):
         log_dir: str,
         extra_args: Sequence[str] = (),
         stage: tuple[str, StagedFiles] | None = None,
+        reconcile_timeout: float | None = None,
+        reconcile_interval: float | None = None,
     ) -> str:
         self.calls.append("submit")
         reply = self.replies.pop(0)

@@ -187,10 +187,11 @@ def test_a_bundle_whose_processes_per_node_disagree_with_the_gpus_is_refused_bef
 
 
 def test_total_gpus_is_laid_out_on_the_partitions_nodes() -> None:
+    """polar's nodes have 4 GPUs: 8 GPUs are 2 whole nodes, taken exclusively (every GPU of each node)."""
     hook = SubmitHook()
     operator(hook, total_gpus=8, gpus_per_node=4, nccl_env={}).execute(ctx())
     script = staged_text(hook, LAYOUT.script_path)
-    assert ("#SBATCH --nodes=2\n" in script, "#SBATCH --exclusive\n" in script) == (True, False)
+    assert ("#SBATCH --nodes=2\n" in script, "#SBATCH --exclusive\n" in script) == (True, True)
     assert "#SBATCH --gres=gpu:4\n" in script
 
 
