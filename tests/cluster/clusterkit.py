@@ -150,7 +150,7 @@ from clusterkit import submit_op
 from deferral import context
 from airflow_provider_tao_slurm.lifecycle import submission
 
-def killed_before_reconciling(hook, job_name, log):
+def killed_before_reconciling(hook, job_name, log, **kwargs):
     print("RECONCILING", job_name, flush=True)
     time.sleep(600)
 
