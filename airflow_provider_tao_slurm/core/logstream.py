@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, AnyStr, Generic, Protocol
 
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_BYTES_PER_POLL
-from airflow_provider_tao_slurm.core.secrets import redact_line
+from airflow_provider_tao_slurm.core.secrets import KeyBlock, key_block_at, redact_chunk
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
@@ -214,29 +214,46 @@ def clean_line(raw: bytes | str, secrets: Iterable[str] = ()) -> str:
     Invalid UTF-8 is replaced; a carriage-return progress bar keeps what a terminal would show
     last; ANSI escapes go; other control characters become ``\ufffd`` (so no line can end a log
     record or start a forged one); secrets are redacted; the line is cut at :data:`MAX_LINE_CHARS`.
-    A line of a stream (where a private key may span lines) is cleaned with :func:`clean_stream_line`.
+    Lines of a stream (where a private key may span lines) are cleaned with :func:`clean_lines`.
     """
-    return clean_stream_line(raw, secrets)[0]
+    return clean_lines([raw], secrets)[0][0]
 
 
-def clean_stream_line(raw: bytes | str, secrets: Iterable[str] = (), in_key: bool = False) -> tuple[str, bool]:
-    """One line of a stream of job output cleaned as :func:`clean_line`, with private keys redacted across lines.
+def clean_lines(
+    raws: Sequence[bytes | str], secrets: Iterable[str] = (), state: KeyBlock = KeyBlock.OUTSIDE
+) -> tuple[list[str], KeyBlock]:
+    """Lines of a stream of job output, each cleaned as :func:`clean_line`, with private keys redacted across lines.
 
-    :param raw: the line, without its newline.
+    Redaction is :func:`~airflow_provider_tao_slurm.core.secrets.redact_chunk`'s, which holds at every
+    boundary: pass the state the lines before returned only when these lines follow them directly, else
+    :func:`~airflow_provider_tao_slurm.core.secrets.key_block_at` the offset they were read from (lines
+    that may be a key's body are then withheld, each run of them replaced by one line that says so).
+
+    :param raws: the lines, without their newlines.
     :param secrets: known secret values.
-    :param in_key: whether the stream's earlier lines opened a private key block that has not ended
-        (see :func:`~airflow_provider_tao_slurm.core.secrets.redact_line`).
-    :returns: the cleaned line, and whether a private key block is still open after it.
+    :param state: where the lines start with respect to a private key block.
+    :returns: the cleaned lines (fewer where lines were withheld), and the state after them.
     """
+    if not raws:
+        return [], state
+    text, state = redact_chunk("\n".join(_clean_text(raw) for raw in raws), secrets, state)
+    lines = text.split("\n")
+    return [
+        f"{line[:MAX_LINE_CHARS]} … [{len(line) - MAX_LINE_CHARS} more characters]"
+        if len(line) > MAX_LINE_CHARS
+        else line
+        for line in lines
+    ], state
+
+
+def _clean_text(raw: bytes | str) -> str:
+    """One line decoded, its carriage-return progress reduced to what shows last, escapes and controls gone."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
     text = text.rstrip("\r")
     if "\r" in text:
         text = next((part for part in reversed(text.split("\r")) if part.strip()), "")
     text = _ESCAPE.sub("", _CSI.sub("", _OSC.sub("", text)))
-    text, in_key = redact_line(_CONTROL.sub("\ufffd", text), secrets, in_key)
-    if len(text) > MAX_LINE_CHARS:
-        text = f"{text[:MAX_LINE_CHARS]} … [{len(text) - MAX_LINE_CHARS} more characters]"
-    return text, in_key
+    return _CONTROL.sub("\ufffd", text)
 
 
 def progress_line(entry: Mapping[str, Any]) -> str:
@@ -300,7 +317,14 @@ class LineStream:
     :param max_bytes: bytes read per poll at most; more is skipped and said.
     :param offset: bytes already shown; ``None`` until the first read (resumed from the cursor).
     :param secrets: values redacted from every line (a private key block the job prints over many lines is
-        redacted whole, also across polls).
+        redacted whole, also across polls: see :func:`clean_lines`).
+
+    Where a private key block stands is carried from one read to the next only when the next read starts
+    where the last one ended. A read from anywhere else (the first read of a stream resumed from its
+    cursor after a triggerer restart, a read after skipped bytes, a truncated file read again) starts
+    from :func:`~airflow_provider_tao_slurm.core.secrets.key_block_at` its offset: outside any block at
+    the file's start, unknown elsewhere, where every line that may be a key's body is withheld until a
+    ``BEGIN`` or ``END`` line says where the stream stands.
     """
 
     label: str
@@ -311,7 +335,7 @@ class LineStream:
     secrets: tuple[str, ...] = ()
     _pending: bytes = field(default=b"", repr=False)
     _asked: int = field(default=0, repr=False)
-    _in_key: bool = field(default=False, repr=False)
+    _key_block: KeyBlock = field(default=KeyBlock.UNKNOWN, repr=False)
 
     def __post_init__(self) -> None:
         if not _LABEL_RE.fullmatch(self.label):
@@ -331,41 +355,43 @@ class LineStream:
             return []
         notes: list[str] = []
         data = chunk.data
+        key_block = self._key_block
+        if self.offset is None or chunk.offset != self.offset:  # not where the last read ended
+            key_block = key_block_at(chunk.offset)
         if self.offset is not None and chunk.offset < self.offset:
             notes.append(f"{self.path} was truncated or replaced (a requeued run?): showing it again from the start")
             self._pending = b""
-            self._in_key = False
         if chunk.skipped:
             notes.append(
                 f"… {chunk.skipped} bytes of {self.path} skipped: the job wrote more than "
                 f"{self._asked or self.max_bytes} bytes since the last poll; the whole log is in that file"
             )
             self._pending = b""
-            data = data.split(b"\n", 1)[1] if b"\n" in data else b""  # the first line is cut: drop it
+            cut, _, data = data.partition(b"\n")
+            # The first line is cut: it is dropped, but it is read (from an unknown state: the skipped bytes may
+            # have opened a key block) to know where the lines after it stand.
+            key_block = clean_lines([cut], self.secrets, KeyBlock.UNKNOWN)[1]
         self.offset = chunk.end
         *complete, rest = (self._pending + data).split(b"\n")
         if len(rest) > MAX_PENDING_BYTES:
             complete.append(rest)
             rest = b""
         self._pending = rest
-        lines = [f"{self.label} | {note}" for note in notes]
-        for raw in complete:
-            lines.append(f"{self.label} | {self._format(raw)}")
-        return lines
+        cleaned, self._key_block = clean_lines([self._format(raw) for raw in complete], self.secrets, key_block)
+        return [f"{self.label} | {line}" for line in [*notes, *cleaned]]
 
     @property
     def shown_offset(self) -> int | None:
         """Bytes of the file shown as lines (an unfinished last line is not shown yet)."""
         return None if self.offset is None else self.offset - len(self._pending)
 
-    def _format(self, raw: bytes) -> str:
-        line: bytes | str = raw
+    def _format(self, raw: bytes) -> bytes | str:
+        """Return the line to clean: a ``status.json`` entry rendered by :func:`progress_line`, else the line."""
         if self.label == PROGRESS:
             try:
                 entry = json.loads(raw)
             except (ValueError, RecursionError):
                 entry = None
             if isinstance(entry, Mapping):
-                line = progress_line(entry)
-        text, self._in_key = clean_stream_line(line, self.secrets, self._in_key)
-        return text
+                return progress_line(entry)
+        return raw

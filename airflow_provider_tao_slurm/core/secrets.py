@@ -32,6 +32,7 @@ not credential-named. A single-quoted value is a literal even if it starts with 
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import json
 import re
@@ -110,7 +111,12 @@ _ENV_NAME_LINE = re.compile(
 _ENV_VALUE_LINE = re.compile(r"""^[ \t]+value[ \t]*:[ \t]*""" + _VALUE)
 _SPLICE = "\\\n"
 _PEM_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|\Z)")
+_PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
+# A line that may be a row of a private key's base64 body (PEM, OpenSSH): base64 characters only, padding last.
+_KEY_ROW = re.compile(r"[A-Za-z0-9+/]*={0,2}")  # the line is stripped, and not blank
+#: Shortest line taken for a whole row of a key's body where the key block is not known (rows are 64 or 70).
+MIN_KEY_ROW_CHARS = 16
 
 # (kind, name, pattern): the named group "s", when present, is the secret part of the match.
 _PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
@@ -123,7 +129,7 @@ _PATTERNS: tuple[tuple[str, str, re.Pattern[str]], ...] = (
     ("token", "jwt", re.compile(r"\beyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]*")),
     ("token", "bearer token", re.compile(r"(?i)\bbearer\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)")),
     ("token", "basic auth", re.compile(r"(?i)\bbasic\s+(?P<s>[A-Za-z0-9+/]{12,}={0,2})(?![A-Za-z0-9+/=_-])")),
-    ("private-key", "private key", re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")),
+    ("private-key", "private key", _PEM_BEGIN),
     ("url-userinfo", "url password", re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]+:(?P<s>[^\s/@]+)@")),
     (
         "presigned-url",
@@ -225,29 +231,122 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     return "".join(pieces)
 
 
-def redact_line(line: str, secrets: Iterable[str] = (), in_key: bool = False) -> tuple[str, bool]:
-    """Redact one line of a text read line by line, as :func:`redact_text`, and private keys across lines.
+class KeyBlock(enum.Enum):
+    """Where a text read piece by piece stands with respect to a private key block, between two pieces.
 
-    A private key block (``-----BEGIN ... PRIVATE KEY-----`` to ``-----END ... PRIVATE KEY-----``)
-    spread over many lines (or many reads) is redacted whole: every line from its ``BEGIN`` on is
-    :data:`REDACTED` until the line with its ``END``, of which only what follows the ``END`` is shown.
-    A block that never ends redacts the rest of the text, as :func:`redact_text` does.
-
-    :param line: one line, without its newline.
-    :param secrets: known secret values, as for :func:`redact_text`.
-    :param in_key: whether an earlier line opened a private key block that has not ended yet (False
-        for the first line).
-    :returns: the redacted line, and whether a private key block is still open after it (pass it as
-        ``in_key`` with the next line).
+    A piece of a log read from an offset inherits the state of the piece before it only when it starts
+    exactly where that piece ended. Anywhere else (after skipped bytes, a triggerer restart that lost the
+    in-memory state, a log tail, any read from the middle of a file) the state is :attr:`UNKNOWN`: see
+    :func:`key_block_at`.
     """
+
+    #: Outside any block: the start of a file, or after a block's ``END``.
+    OUTSIDE = "outside"
+    #: Inside a block whose ``BEGIN`` was read and whose ``END`` was not yet.
+    INSIDE = "inside"
+    #: Not known, and the next line may be the rest of a key row (the start of a piece read from the
+    #: middle of a file, which may be the middle of a line, or right after a withheld row): any
+    #: base64-only line is withheld.
+    UNKNOWN = "unknown"
+    #: Not known, after a line that was shown: a line that may be a whole key row
+    #: (:data:`MIN_KEY_ROW_CHARS` base64 characters or more, nothing else) is withheld.
+    UNKNOWN_AFTER_TEXT = "unknown-after-text"
+
+
+def key_block_at(offset: int) -> KeyBlock:
+    """Return the state at ``offset`` of a file when nothing before it was read: outside at 0, else unknown."""
+    return KeyBlock.OUTSIDE if offset == 0 else KeyBlock.UNKNOWN
+
+
+def withheld_note(count: int) -> str:
+    """Return the line that stands for ``count`` withheld lines (they may be a private key's body)."""
+    lines = "1 line" if count == 1 else f"{count} lines"
+    return (
+        f"{REDACTED} ({lines} withheld: read without the start of the private key block they may belong to; "
+        "the log file keeps them)"
+    )
+
+
+def redact_chunk(text: str, secrets: Iterable[str] = (), state: KeyBlock = KeyBlock.OUTSIDE) -> tuple[str, KeyBlock]:
+    """Redact one piece of a text read in pieces (a log read from an offset), as :func:`redact_text`, line by line.
+
+    The one redaction of job output read in pieces: live lines, poll after poll, and every log tail.
+    Private key blocks (``-----BEGIN ... PRIVATE KEY-----`` to ``-----END ... PRIVATE KEY-----``) are
+    redacted across lines and across pieces, and correctness never depends on the state remembered from
+    the piece before:
+
+    - :attr:`KeyBlock.OUTSIDE` (a file's start, or a piece that starts where a known-outside piece
+      ended): every line from a ``BEGIN`` on is :data:`REDACTED` up to its ``END``, of which only what
+      follows the ``END`` is shown; a block that never ends redacts the rest, as :func:`redact_text` does.
+    - :attr:`KeyBlock.INSIDE`: as if the ``BEGIN`` were just before the piece.
+    - :attr:`KeyBlock.UNKNOWN` (a piece read from the middle of a file with no state: after skipped
+      bytes, after a triggerer restart, a tail): a line may be part of a key block whose ``BEGIN`` was
+      not read. Such a block's secret is its base64 body, so every line that may be a row of it
+      (base64 characters only; :data:`MIN_KEY_ROW_CHARS` of them or more, or any number for the first
+      line of the piece, which may be the rest of a cut row, and for a line right after a withheld one,
+      which may be a block's short last row) is withheld; each run of withheld lines is replaced by one
+      :func:`withheld_note` line, never dropped silently. Other lines (which cannot be a key's body)
+      are redacted and shown. The first ``BEGIN`` or ``END`` makes the state known again.
+
+    In every state, the text of a line before an ``END`` that no ``BEGIN`` on the line opened is
+    redacted: it can only be the end of a block.
+
+    :param text: the piece: lines separated by newlines.
+    :param secrets: known secret values, as for :func:`redact_text`.
+    :param state: the state where the piece starts: the state the piece before it returned when that
+        piece ended with a whole line and this one starts right after it; else (this piece starts
+        elsewhere, or may start in the middle of a line, even of a ``BEGIN`` line) :func:`key_block_at`
+        its offset.
+    :returns: the redacted piece (as many lines, less those withheld beyond one per run), and the state
+        where it ends (pass it with the next piece).
+    """
+    secrets = tuple(secrets)
+    shown: list[str] = []
+    run = -1  # index in shown of the note of the current run of withheld lines; -1: no run
+    counts: dict[int, int] = {}
+    for line in text.split("\n"):
+        text_line, state = _redact_line(line, secrets, state)
+        if text_line is not None:
+            shown.append(text_line)
+            run = -1
+            continue
+        if run < 0:
+            run = len(shown)
+            shown.append("")
+        counts[run] = counts.get(run, 0) + 1
+    for index, count in counts.items():
+        shown[index] = withheld_note(count)
+    return "\n".join(shown), state
+
+
+def _redact_line(line: str, secrets: tuple[str, ...], state: KeyBlock) -> tuple[str | None, KeyBlock]:
+    """Redact one line in ``state``; return it (None: withheld) and the state after it."""
     shown = ""
-    if in_key:
-        end = _PEM_END.search(line)
+    end = _PEM_END.search(line)
+    if state is KeyBlock.INSIDE:
         if end is None:
-            return REDACTED, True
+            return REDACTED, KeyBlock.INSIDE
+    else:
+        begin = _PEM_BEGIN.search(line)
+        if begin is not None and (end is None or begin.start() < end.start()):
+            end = None  # the block opens on this line: redact_text takes it from its BEGIN
+        elif end is None:
+            if not line.strip():
+                return line, state  # a blank line tells nothing
+            if state is not KeyBlock.OUTSIDE and _may_be_key_row(line, state is KeyBlock.UNKNOWN):
+                return None, KeyBlock.UNKNOWN
+            after = KeyBlock.OUTSIDE if state is KeyBlock.OUTSIDE else KeyBlock.UNKNOWN_AFTER_TEXT
+            return redact_text(line, secrets), after
+    if end is not None:
         shown, line = REDACTED, line[end.end() :]
     still_open = any(_PEM_END.search(match.group()) is None for match in _PEM_BLOCK.finditer(line))
-    return shown + redact_text(line, secrets), still_open
+    return shown + redact_text(line, secrets), KeyBlock.INSIDE if still_open else KeyBlock.OUTSIDE
+
+
+def _may_be_key_row(line: str, any_length: bool) -> bool:
+    """Tell whether ``line`` may be a row of a private key's base64 body (any length, or a whole row's)."""
+    word = line.strip()
+    return _KEY_ROW.fullmatch(word) is not None and (any_length or len(word) >= MIN_KEY_ROW_CHARS)
 
 
 @functools.lru_cache(maxsize=256)

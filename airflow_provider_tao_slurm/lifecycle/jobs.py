@@ -36,7 +36,7 @@ from airflow_provider_tao_slurm.core.continuation import (
 from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir, slices_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
 from airflow_provider_tao_slurm.core.resubmission import nodes_to_exclude, remaining_nodes
-from airflow_provider_tao_slurm.core.secrets import redact_text, sidecar_text
+from airflow_provider_tao_slurm.core.secrets import KeyBlock, key_block_at, redact_chunk, sidecar_text
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_end_evidence
 from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
@@ -698,10 +698,25 @@ class JobLifecycle:
         return parse_usage(result.stdout, slurm_job_id)
 
     def log_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES, secrets: Iterable[str] = ()) -> str:
-        """Return the last ``max_bytes`` of a remote log, redacted (empty when missing)."""
+        """Return the last ``max_bytes`` of a remote log, redacted (empty when missing).
+
+        A tail that does not start at the file's start may start inside a private key block whose ``BEGIN``
+        it does not hold: its lines that may be the key's body are withheld (see :meth:`raw_tail`).
+        """
+        text, key_block = self.raw_tail(path, max_bytes)
+        return redact_chunk(text, secrets, key_block)[0]
+
+    def raw_tail(self, path: str, max_bytes: int = LOG_TAIL_BYTES) -> tuple[str, KeyBlock]:
+        """Return the last ``max_bytes`` of a remote log, not redacted (empty when missing), and where it starts.
+
+        :returns: the text, and where it stands with respect to a private key block at its start (outside
+            when it is the whole file, else unknown): redact it with
+            :func:`~airflow_provider_tao_slurm.core.secrets.redact_chunk` from there.
+        """
         size = self.hook.read_log(path, 0, 1).size
-        text = self.hook.read_log(path, max(0, size - max_bytes), max_bytes).data if size else ""
-        return redact_text(text, list(secrets))
+        start = max(0, size - max_bytes)
+        text = self.hook.read_log(path, start, max_bytes).data if size else ""
+        return text, key_block_at(start)
 
 
 def _followed_by(handle: JobHandle, record: JobRecord, new_id: str, slurm_id: str, **changes: Any) -> JobHandle:

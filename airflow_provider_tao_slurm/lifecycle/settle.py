@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 from airflow_provider_tao_slurm.core.continuation import ends_slice
 from airflow_provider_tao_slurm.core.execution import parse_child_exit_codes
 from airflow_provider_tao_slurm.core.failures import classify
-from airflow_provider_tao_slurm.core.logstream import clean_stream_line, show_lines
+from airflow_provider_tao_slurm.core.logstream import clean_lines, show_lines
 from airflow_provider_tao_slurm.core.records import mark
-from airflow_provider_tao_slurm.core.secrets import redact_obj
+from airflow_provider_tao_slurm.core.secrets import key_block_at, redact_chunk, redact_obj
 from airflow_provider_tao_slurm.core.states import ErrClass, TaoState
 from airflow_provider_tao_slurm.core.status import status_kpis, status_verdict
 from airflow_provider_tao_slurm.core.tao import is_tao_action
@@ -292,24 +292,22 @@ class Settlement:
         """Log the part of ``path`` after ``shown`` (or its end) as live lines are shown; return its end.
 
         Each line is cleaned like a live line (bounded, no escapes, redacted, a private key over many lines
-        too, prefixed with the label), so a job's output cannot forge task-log lines.
+        too, prefixed with the label), so a job's output cannot forge task-log lines. Neither part knows
+        where the live lines left a private key block: each starts outside one only at the file's start,
+        elsewhere in an unknown place, where the lines that may be a key's body are withheld.
         """
-        tail = self.lifecycle.log_tail(path, FINAL_LOG_BYTES, secrets=secrets)
-        if shown is None:
-            rest = tail
-            heading = f"last {len(tail.encode())} bytes"
-        else:
+        raw, key_block = self.lifecycle.raw_tail(path, FINAL_LOG_BYTES)
+        tail = redact_chunk(raw, secrets, key_block)[0]
+        rest, heading = raw, f"last {len(raw.encode())} bytes"
+        if shown is not None:
             chunk = self.hook.read_log(path, shown, FINAL_LOG_BYTES)
-            rest = chunk.data if not chunk.restarted else tail
+            if not chunk.restarted:
+                rest, key_block = chunk.data, key_block_at(shown)
             heading = "after the live lines"
         if rest.strip():
             self.log.info("---- %s (%s) ----", path, heading)
-            lines: list[str] = []
-            in_key = False
-            for line in rest.splitlines():
-                cleaned, in_key = clean_stream_line(line, secrets, in_key)
-                lines.append(f"{label} | {cleaned}")
-            show_lines(self.log, lines)
+            lines, _ = clean_lines(rest.splitlines(), secrets, key_block)
+            show_lines(self.log, [f"{label} | {line}" for line in lines])
         return tail
 
     def _exit_codes(self, handle: JobHandle, job_code: int | None) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from airflow_provider_tao_slurm.core.logstream import (
     show_lines,
     tail_script,
 )
-from airflow_provider_tao_slurm.core.secrets import REDACTED
+from airflow_provider_tao_slurm.core.secrets import REDACTED, withheld_note
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError, ValidationError
 
 SHELLS = [shell for shell in ("sh", "dash", "bash") if shutil.which(shell)]
@@ -224,10 +224,10 @@ def test_a_new_stream_resumes_from_the_cursor_without_duplicates(tmp_path: Path)
     first = LineStream("main.out", str(log), str(cursor))
     assert follow(first) == ["main.out | a", "main.out | b"]
     with log.open("ab") as out:
-        out.write(b"c\n")
+        out.write(b"c d\n")  # a base64-only word would be withheld here: the stream resumes in an unknown place
     second = LineStream("main.out", str(log), str(cursor))
-    assert follow(second) == ["main.out | c"]
-    assert cursor.read_text() == "6\n"
+    assert follow(second) == ["main.out | c d"]
+    assert cursor.read_text() == "8\n"
 
 
 def test_a_corrupt_cursor_restarts_at_zero(tmp_path: Path) -> None:
@@ -338,6 +338,86 @@ def test_a_truncated_file_ends_the_key_block_of_the_run_before() -> None:
     assert stream.feed(TailChunk(False, 0, 0, first)) == [f"main.out | {REDACTED}"] * 2
     lines = stream.feed(TailChunk(False, 0, 0, b"rerun\n"))
     assert lines[1:] == ["main.out | rerun"]
+
+
+# A key whose BEGIN a reader may never see: rows of 64 base64 characters and a short last one.
+ROWS = [
+    *(("MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunV" + str(n))[-64:] for n in range(6)),
+    "TLw7o==",
+]
+BLOCK = "\n".join(["epoch 1", f"key: {PEM_BEGIN}", *ROWS, f"{PEM_END} ok", "epoch 2", ""]).encode()
+
+
+def _shown_rows(lines: list[str]) -> list[str]:
+    """The shown lines that are a key row or a piece of one (after the ``label | `` prefix)."""
+    texts = [line.split(" | ", 1)[1].strip() for line in lines]
+    return [text for text in texts if text and any(text in row for row in ROWS)]
+
+
+@pytest.mark.parametrize("cut", range(BLOCK.index(b"key:") + 1, BLOCK.index(b"-----END") + 1))
+@pytest.mark.parametrize("label", ["main.out", PROGRESS])
+def test_bytes_skipped_into_a_key_block_show_none_of_it(cut: int, label: str) -> None:
+    """A poll skips bytes (the job wrote more than the budget) up to anywhere in a key block, its BEGIN among them:
+    the stream knew nothing of the block, yet no row shows; the skip is said, the lines after the block show."""
+    stream = LineStream(label, "/lustre/logs/main.out")
+    head = BLOCK.index(b"key:")
+    assert stream.feed(TailChunk(False, 0, 0, BLOCK[:head])) == [f"{label} | epoch 1"]
+    lines = stream.feed(TailChunk(False, head, cut - head, BLOCK[cut:]))
+    assert "skipped" in lines[0]
+    assert _shown_rows(lines) == []
+    assert lines[-1] == f"{label} | epoch 2"
+
+
+@pytest.mark.parametrize("cut", range(BLOCK.index(b"key:") + 1, BLOCK.index(b"-----END") + 1))
+def test_a_stream_resumed_inside_a_key_block_shows_none_of_it(tmp_path: Path, cut: int) -> None:
+    """A triggerer restart while a key block was being shown, the cursor anywhere in it (in a row, in the BEGIN
+    line): the new stream starts without the old one's state, yet no row (nor the rest of a cut one) shows."""
+    log, cursor = tmp_path / "main.out", tmp_path / "cur"
+    log.write_bytes(BLOCK[:cut])
+    first = follow(LineStream("main.out", str(log), str(cursor)))
+    assert first[0] == "main.out | epoch 1"
+    with log.open("ab") as out:
+        out.write(BLOCK[cut:])
+    second = follow(LineStream("main.out", str(log), str(cursor)))
+    assert _shown_rows(first + second) == []
+    assert second[-1] == "main.out | epoch 2"
+
+
+def test_a_stream_resumed_in_an_unknown_place_withholds_only_what_may_be_a_key_row(tmp_path: Path) -> None:
+    """Resumed from its cursor, a stream shows text; a base64-only line (a key row, or the rest of a cut one) is
+    withheld under one line that says so; once an END or BEGIN says where the stream stands, all shows again."""
+    log, cursor = tmp_path / "main.out", tmp_path / "cur"
+    log.write_bytes(b"epoch 1\n")
+    follow(LineStream("main.out", str(log), str(cursor)))
+    with log.open("ab") as out:
+        out.write(f"nQ==\nepoch 2\n{ROWS[0]}\n{ROWS[-1]}\n{PEM_END}\n{ROWS[0]}\nok\n".encode())
+    assert follow(LineStream("main.out", str(log), str(cursor))) == [
+        f"main.out | {withheld_note(1)}",
+        "main.out | epoch 2",
+        f"main.out | {withheld_note(2)}",
+        f"main.out | {REDACTED}",
+        f"main.out | {ROWS[0]}",
+        "main.out | ok",
+    ]
+
+
+def test_a_stream_read_from_the_files_start_withholds_nothing() -> None:
+    """Where the stream knows it is outside any block (the file's start, and every poll after it), base64 shows."""
+    stream = LineStream("main.out", "/lustre/logs/main.out")
+    assert stream.feed(TailChunk(False, 0, 0, f"{ROWS[0]}\n".encode())) == [f"main.out | {ROWS[0]}"]
+    assert stream.feed(TailChunk(False, 65, 0, b"ok\n")) == ["main.out | ok"]
+
+
+@pytest.mark.parametrize("cut", range(1, len(PEM_BEGIN)))
+def test_a_too_long_line_cut_inside_a_key_marker_shows_no_key(cut: int) -> None:
+    """A line too long to wait for (a JSON value holding an escaped key) is shown unfinished, cut inside its BEGIN
+    marker: the rest, read as a line of its own, ends the block with its END, so what comes before that is redacted."""
+    stream = LineStream("main.out", "/lustre/logs/main.out")
+    head = b"{" + b"y" * MAX_PENDING_BYTES + b' "key": "' + PEM_BEGIN.encode()[:cut]
+    body = PEM_BEGIN.encode()[cut:] + f'\\n{ROWS[0]}\\n{PEM_END}\\n"}}\n'.encode()
+    lines = stream.feed(TailChunk(False, 0, 0, head)) + stream.feed(TailChunk(False, len(head), 0, body))
+    assert ROWS[0][:8] not in "".join(lines)
+    assert lines[-1].endswith(f'{REDACTED}\\n"}}')
 
 
 # ---------------------------------------------------------------------- show_lines

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import json
+import random
+import textwrap
 import urllib.parse
 from typing import Any
 
@@ -15,13 +17,16 @@ import pytest
 
 from airflow_provider_tao_slurm.core.secrets import (
     REDACTED,
+    KeyBlock,
     SecretFinding,
     assert_no_secrets,
     is_secret_name,
+    key_block_at,
     lint_script,
-    redact_line,
+    redact_chunk,
     redact_obj,
     redact_text,
+    withheld_note,
 )
 from airflow_provider_tao_slurm.exceptions import SecretLeakError
 
@@ -396,10 +401,134 @@ PEM_END = "-----END " + "RSA PRIVATE KEY-----"
         ),
     ],
 )
-def test_redact_line_redacts_a_private_key_spread_over_lines(lines: list[str], expected: list[str]) -> None:
-    shown, in_key = [], False
+def test_redact_chunk_redacts_a_private_key_spread_over_lines(lines: list[str], expected: list[str]) -> None:
+    shown, state = [], KeyBlock.OUTSIDE
     for line in lines:
-        text, in_key = redact_line(line, (), in_key)
+        text, state = redact_chunk(line, (), state)
         shown.append(text)
     assert shown == expected
-    assert redact_line(lines[0])[0] == redact_text(lines[0])  # one line alone: as redact_text
+    assert redact_chunk("\n".join(lines)) == ("\n".join(expected), state)  # one piece: the same
+    assert redact_chunk(lines[0])[0] == redact_text(lines[0])  # one line alone: as redact_text
+
+
+# ---------------------------------------------------------------------- a key block read in pieces, from anywhere
+
+# A realistic key body: 24 rows of 64 base64 characters and a short last row (8, padded).
+KEY_ROWS = textwrap.wrap(base64.b64encode(random.Random(41).randbytes(1157)).decode(), 64)
+ROW, ROW2, LAST = KEY_ROWS[0], KEY_ROWS[1], KEY_ROWS[-1]
+KEY_TEXT = "\n".join(["epoch 1 loss=0.5", f"key: {PEM_BEGIN}", *KEY_ROWS, f"{PEM_END} ok", "done", "epoch 2", ""])
+UNKNOWN, AFTER_TEXT = KeyBlock.UNKNOWN, KeyBlock.UNKNOWN_AFTER_TEXT
+OUTSIDE, INSIDE = KeyBlock.OUTSIDE, KeyBlock.INSIDE
+
+
+@pytest.mark.parametrize(
+    ("lines", "start", "expected", "end"),
+    [
+        pytest.param(
+            [ROW, ROW2, LAST, PEM_END + " ok", "after"],
+            UNKNOWN,
+            [withheld_note(3), REDACTED + " ok", "after"],
+            OUTSIDE,
+            id="unknown-rows-then-the-end",
+        ),
+        pytest.param(
+            ["x9Z", ROW, "epoch 3 loss=0.1"],
+            UNKNOWN,
+            [withheld_note(2), "epoch 3 loss=0.1"],
+            AFTER_TEXT,
+            id="unknown-a-cut-row-first-however-short",
+        ),
+        pytest.param([ROW, LAST], UNKNOWN, [withheld_note(2)], UNKNOWN, id="unknown-the-short-last-row"),
+        pytest.param(
+            [ROW, "", LAST], UNKNOWN, [withheld_note(1), "", withheld_note(1)], UNKNOWN, id="unknown-blank-keeps-it"
+        ),
+        pytest.param(
+            ["epoch 3 loss=0.1", "done", "[rank0] ok."],
+            UNKNOWN,
+            ["epoch 3 loss=0.1", "done", "[rank0] ok."],
+            AFTER_TEXT,
+            id="unknown-text-shows",
+        ),
+        pytest.param(["done"], AFTER_TEXT, ["done"], AFTER_TEXT, id="after-text-a-short-word-shows"),
+        pytest.param(["done"], UNKNOWN, [withheld_note(1)], UNKNOWN, id="unknown-a-short-word-first-is-withheld"),
+        pytest.param(
+            ["epoch 3", ROW, LAST, "epoch 4"],
+            AFTER_TEXT,
+            ["epoch 3", withheld_note(2), "epoch 4"],
+            AFTER_TEXT,
+            id="after-text-a-whole-row",
+        ),
+        pytest.param(
+            ["epoch 3", PEM_BEGIN, ROW, PEM_END, ROW],
+            UNKNOWN,
+            ["epoch 3", REDACTED, REDACTED, REDACTED, ROW],
+            OUTSIDE,
+            id="unknown-a-begin-makes-it-known",
+        ),
+        pytest.param(
+            ["Proc-Type: 4,ENCRYPTED", "DEK-Info: AES-128-CBC,0123ABCD", "", ROW, LAST, PEM_END],
+            UNKNOWN,
+            ["Proc-Type: 4,ENCRYPTED", "DEK-Info: AES-128-CBC,0123ABCD", "", withheld_note(2), REDACTED],
+            OUTSIDE,
+            id="unknown-encrypted-key-headers",
+        ),
+        pytest.param(
+            ["RSA PRIVATE KEY-----", ROW, LAST, "-----END RSA PRIV"],
+            UNKNOWN,
+            ["RSA PRIVATE KEY-----", withheld_note(2), "-----END RSA PRIV"],
+            AFTER_TEXT,
+            id="unknown-cut-marker-lines",
+        ),
+        pytest.param(
+            [PEM_BEGIN + "MIIE" + PEM_END + " x", ROW],
+            UNKNOWN,
+            [REDACTED + " x", ROW],
+            OUTSIDE,
+            id="unknown-a-one-line-block-makes-it-known",
+        ),
+        pytest.param(["token " + GHP], UNKNOWN, ["token " + REDACTED], AFTER_TEXT, id="unknown-patterns-redacted"),
+        pytest.param(
+            [f"x{ROW2}{PEM_END} ok"], OUTSIDE, [REDACTED + " ok"], OUTSIDE, id="outside-a-stray-end-ends-a-block"
+        ),
+        pytest.param([ROW, "done"], OUTSIDE, [ROW, "done"], OUTSIDE, id="outside-base64-shows"),
+        pytest.param(
+            [ROW, LAST, PEM_END + " ok", ROW],
+            INSIDE,
+            [REDACTED, REDACTED, REDACTED + " ok", ROW],
+            OUTSIDE,
+            id="inside-to-the-end",
+        ),
+    ],
+)
+def test_redact_chunk_from_each_state(lines: list[str], start: KeyBlock, expected: list[str], end: KeyBlock) -> None:
+    """Each state a piece can start in: what is withheld (a run of rows: one note), shown, and where it ends."""
+    assert redact_chunk("\n".join(lines), (), start) == ("\n".join(expected), end)
+
+
+def _leaked(shown: str) -> list[str]:
+    """The lines of ``shown`` that are a key row or a piece of one."""
+    return [line for line in shown.split("\n") if line.strip() and any(line.strip() in row for row in KEY_ROWS)]
+
+
+@pytest.mark.parametrize("cut", range(len(KEY_TEXT)))
+def test_a_piece_read_from_anywhere_shows_no_piece_of_a_key(cut: int) -> None:
+    """A piece read from any offset without the state before it (after skipped bytes, a restart, a log tail):
+    no row of the key and no piece of one shows, however the offset cuts a row or a marker line; the lines after
+    the block do (as the text before it when read whole)."""
+    shown, end = redact_chunk(KEY_TEXT[cut:], (), key_block_at(cut))
+    assert _leaked(shown) == []
+    assert not any(row in shown for row in KEY_ROWS)
+    if cut <= KEY_TEXT.index("epoch 2"):
+        assert "epoch 2" in shown.split("\n")
+    if PEM_END in KEY_TEXT[cut:]:
+        assert end is OUTSIDE
+    assert end is not INSIDE
+
+
+@pytest.mark.parametrize("cut", [index + 1 for index, char in enumerate(KEY_TEXT) if char == "\n"])
+def test_pieces_cut_between_lines_with_the_state_carried_read_as_one(cut: int) -> None:
+    """Pieces that follow each other, each started with the state the one before returned, read as the whole text."""
+    first, state = redact_chunk(KEY_TEXT[: cut - 1], (), OUTSIDE)
+    second, state = redact_chunk(KEY_TEXT[cut:], (), state)
+    assert (f"{first}\n{second}", state) == redact_chunk(KEY_TEXT, (), OUTSIDE)
+    assert _leaked(f"{first}\n{second}") == []

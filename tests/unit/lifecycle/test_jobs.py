@@ -20,6 +20,7 @@ from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
+from airflow_provider_tao_slurm.core.secrets import REDACTED
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_native
 from airflow_provider_tao_slurm.core.usage import JobUsage
 from airflow_provider_tao_slurm.exceptions import (
@@ -656,7 +657,7 @@ def test_records_are_written_redacted() -> None:
 @pytest.mark.parametrize(
     ("text", "max_bytes", "expected"),
     [
-        pytest.param("abcdef", 4, "cdef", id="last-bytes"),
+        pytest.param("ab cd ef", 5, "cd ef", id="last-bytes"),  # a base64-only cut line would be withheld
         pytest.param("abc", 10, "abc", id="short-log"),
         pytest.param(None, 10, "", id="missing"),
         pytest.param("x secret-value y", 100, "x ${REDACTED} y", id="redacted"),
@@ -668,6 +669,23 @@ def test_log_tail(text: str | None, max_bytes: int, expected: str) -> None:
         hook.files["/l/main.out"] = text
 
     assert JobLifecycle(hook).log_tail("/l/main.out", max_bytes, secrets=["secret-value"]) == expected
+
+
+@pytest.mark.parametrize("rows_kept", range(1, 5))
+def test_a_log_tail_that_starts_inside_a_key_block_withholds_its_rows(rows_kept: int) -> None:
+    """The tail an error message or a failure summary quotes starts inside a key block (its BEGIN cut off, a row
+    cut in two): no row nor piece of one is in it; what follows the block is, and a line says what was withheld."""
+    rows = [f"MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ff{n:06d}" for n in range(4)]
+    text = "\n".join(["epoch 1", "-----BEGIN " + "PRIVATE KEY-----", *rows, "-----END " + "PRIVATE KEY-----", "boom"])
+    hook = LifecycleHook()
+    hook.files["/l/main.out"] = text
+    tail_bytes = len(text) - text.index(rows[-rows_kept]) - 7  # 7 bytes into a row
+
+    tail = JobLifecycle(hook).log_tail("/l/main.out", tail_bytes)
+
+    assert tail.split("\n")[-2:] == [REDACTED, "boom"]
+    assert "withheld" in tail
+    assert not [line for line in tail.split("\n") if any(line in row for row in rows)]
 
 
 # ---------------------------------------------------------------------- continue_slice: a training over several slices

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import re
@@ -1026,6 +1027,37 @@ def test_the_end_redacts_a_private_key_printed_over_many_lines(capfd: pytest.Cap
     out = "".join(capfd.readouterr())
     assert "main.out | epoch 2" in out
     assert not any(line in out for line in body)
+
+
+# Rows of a private key's body: 300 of them hold more than the end of a log the sensor shows (FINAL_LOG_BYTES).
+KEY_ROWS = [f"MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0g{n:04d}" for n in range(300)]
+
+
+@pytest.mark.parametrize("native", ["COMPLETED", "FAILED"])
+@pytest.mark.parametrize(
+    "shown",
+    [pytest.param(None, id="the-logs-end-starts-in-the-block"), pytest.param(290, id="the-live-lines-ended-in-it")],
+)
+def test_the_end_read_from_inside_a_key_block_shows_none_of_it(
+    capfd: pytest.CaptureFixture[str], native: str, shown: int | None
+) -> None:
+    """The end of the log starts inside a key block whose BEGIN it does not hold (the log's last bytes, or what
+    follows the live lines, which ended inside the block): no row is shown, classified or recorded."""
+    hook = SensorHook()
+    handle = make_handle()
+    key = ["-----BEGIN " + "PRIVATE KEY-----", *KEY_ROWS, "dGFpbA==", "-----END " + "PRIVATE KEY-----"]
+    text = "\n".join(["epoch 1", *key, "epoch 2", ""])
+    hook.files[f"{handle['log_dir']}/main.out"] = text
+    offsets = {} if shown is None else {"main.out": text.index(KEY_ROWS[shown])}
+
+    sensor, event = sensor_with(hook), terminal(native, exit_code=int(native == "FAILED"), log_offsets=offsets)
+    with pytest.raises(JobFailedError) if native == "FAILED" else contextlib.nullcontext() as failed:
+        complete(sensor, event, handle)
+
+    out = "".join(capfd.readouterr()) + hook.files[handle["record_path"]] + str(failed and failed.value)
+    assert "main.out | epoch 2" in out
+    assert "withheld" in out
+    assert not any(row in out for row in [*KEY_ROWS, "dGFpbA=="])
 
 
 def test_a_secret_this_worker_cannot_resolve_keeps_the_jobs_lines_out_of_the_task_log(

@@ -631,11 +631,54 @@ def test_a_restarted_trigger_resumes_the_stream_from_the_cursor(
             await task
 
     run(until_two_polls())
-    second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [b"c\n"])
+    second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [b"c d\n"])  # not a base64-only word
     monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
     run(all_events(SlurmJobTrigger(**kwargs)))
 
-    assert live_lines(capsys.readouterr().out) == ["main.out | a", "main.out | b", "main.out | c"]
+    assert live_lines(capsys.readouterr().out) == ["main.out | a", "main.out | b", "main.out | c d"]
+
+
+@pytest.mark.parametrize("cut", ["in-a-row", "in-the-begin-line", "between-rows"])
+def test_a_trigger_rebuilt_in_the_middle_of_a_key_block_shows_none_of_it(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], cut: str
+) -> None:
+    """A triggerer restart while the job prints a private key: the rebuilt trigger has only what serialize() gave
+    (the cursor's path, no key state), resumes in the middle of the block, and shows none of its rows."""
+    rows = [("MIIEowIBAAKCAQEAu1SU1LfVLPHCozMxH2Mo4lgOEePzNm0tRgeLezV6ffAt0gunV" + str(n))[-64:] for n in range(4)]
+    text = "\n".join(["epoch 1", "-----BEGIN " + "PRIVATE KEY-----", *rows, "Zm9v", "-----END " + "PRIVATE KEY-----"])
+    text += "\nepoch 2\n"
+    at = {
+        "in-a-row": text.index(rows[1]) + 20,
+        "in-the-begin-line": text.index("PRIVATE KEY"),
+        "between-rows": text.index(rows[2]),
+    }[cut]
+    log = tmp_path / "main.out"
+    streams = [{"label": "main.out", "path": str(log), "cursor_path": str(tmp_path / ".cursor")}]
+    first = WritingHook([squeue("RUNNING")], log, [text[:at].encode()])
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: first)
+    _, kwargs = make(log_streams=streams).serialize()
+    assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores: no in-memory state rides along
+
+    async def until_two_polls() -> None:
+        events = SlurmJobTrigger(**kwargs).run()
+        task = asyncio.ensure_future(anext(events))
+        while first.tail_calls < 2:
+            await asyncio.sleep(POLL / 4)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run(until_two_polls())
+    second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [text[at:].encode()])
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
+    run(all_events(SlurmJobTrigger(**kwargs)))
+
+    lines = live_lines(capsys.readouterr().out)
+    shown = [line.split(" | ", 1)[1] for line in lines]
+    assert not [line for line in shown if line and any(line in row + "Zm9v" for row in rows)]
+    assert shown[0] == "epoch 1"
+    assert shown[-1] == "epoch 2"
+    assert any("withheld" in line for line in shown)
 
 
 # ------------------------------------------------------------------ end markers
