@@ -5,7 +5,9 @@ SLURM job of OUR user and that the job's record tells the truth:
 
 - the record store (read, mark, write; every write redacted);
 - submit-once and adoption: any try finds the job of the try before it (not only the first
-  try's) before submitting, and only ever our own jobs (the hook filters lookups by user);
+  try's) before submitting, and only ever our own jobs (the hook filters lookups by user); every
+  job adopted, on every path, is released, given its log directory and recorded by
+  :func:`~airflow_provider_tao_slurm.lifecycle.submission.adopt_job`;
 - infrastructure resubmission: new record with ``retry_of``, the failed nodes excluded as
   precisely as the evidence allows, never more than the partition can spare;
 - settling: cancel (recorded with its source), vanished and unrecognised jobs (recorded UNKNOWN,
@@ -49,7 +51,7 @@ from airflow_provider_tao_slurm.exceptions import (
     TaoSlurmError,
     job_failed,
 )
-from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
+from airflow_provider_tao_slurm.lifecycle.submission import adopt_job, bind_adopted, find_job, submit_job, write_record
 from airflow_provider_tao_slurm.lifecycle.support import resolve_secret, utc_now
 from airflow_provider_tao_slurm.lifecycle.watch import Step, Watch, WatchRules, observe
 
@@ -138,7 +140,7 @@ class JobLifecycle:
 
     def write_record(self, path: str, record: JobRecord, secrets: Iterable[str] = ()) -> None:
         """Write ``record`` (redacted) to ``path``."""
-        self.hook.write_file(path, to_json(record, list(secrets)).encode(), "644")
+        write_record(self.hook, path, record, list(secrets))
 
     # ------------------------------------------------------------------ submit once / adopt
 
@@ -147,9 +149,11 @@ class JobLifecycle:
 
         The first try submits the job minted from the DAG, task, run and map index. A later try
         looks for the newest record of an earlier try (try N-1's, else N-2's, ... else the first's):
-        when that record is not terminal, its job is adopted (or, if no job of ours carries its
-        name, submitted under that name: the earlier try died before sbatch); when it is terminal,
-        this try submits a fresh job whose ``retry_of`` is that record.
+        when that record is not terminal, its job is adopted (:func:`~.submission.adopt_job`: released,
+        given its log directory, the record bound to it) or, if no job of ours carries its name,
+        submitted under that name (the earlier try died before sbatch); when it is terminal, this try
+        submits a fresh job whose ``retry_of`` is that record. With no record at all, our job of the
+        first name is adopted too (the record the caller opens is bound to it by :meth:`submit_once`).
 
         :raises JobLookupError: when the scheduler could not be asked (never read as "no job").
         :raises RemoteReadError: when an earlier try's record could not be read (never read as "no record").
@@ -181,37 +185,41 @@ class JobLifecycle:
                 break
         if latest is None:
             layout = JobLayout(results_base, first)
-            return Attempt(first, layout, adopted=self.adopt(first, layout.log_dir))
+            found, _ = self._adopt_by_name(first, layout, None)
+            return Attempt(first, layout, adopted=found)
         if latest.terminal_state is None:
             layout = JobLayout(results_base, latest.job_id)
-            return Attempt(
-                latest.job_id,
-                layout,
-                retry_of=latest.retry_of,
-                previous=latest,
-                adopted=self.adopt(latest.job_id, layout.log_dir),
-            )
+            found, previous = self._adopt_by_name(latest.job_id, layout, latest)
+            return Attempt(latest.job_id, layout, retry_of=latest.retry_of, previous=previous, adopted=found)
         fresh = mint(ti.try_number)
         self.log.info(
             "Job %s already ended %s: this try submits a fresh job %s", latest.job_id, latest.terminal_state, fresh
         )
         return Attempt(fresh, JobLayout(results_base, fresh), retry_of=latest.job_id)
 
-    def adopt(self, job_name: str, log_dir: str) -> str | None:
-        """Our job named ``job_name`` (live or finished), released and given its log directory; else None.
+    def _adopt_by_name(
+        self, job_name: str, layout: JobLayout, record: JobRecord | None
+    ) -> tuple[str | None, JobRecord | None]:
+        """Adopt our job named ``job_name`` (live or finished) with its ``record`` (:func:`adopt_job`).
 
-        An earlier try may have died between ``sbatch --hold`` and the release (a killed worker, a cut
-        connection): the adopted job is released (a no-op otherwise).
-
+        :returns: the adopted SLURM job id (None when no job of ours has the name) and the record, bound
+            to that job when there is one.
         :raises AmbiguousSubmissionError: when several of our jobs carry that name.
         :raises JobLookupError: when the lookup failed.
         """
         found = find_job(self.hook, job_name)
         if found is None:
-            return None
-        self.log.info("Adopting SLURM job %s (%s) submitted by an earlier try", found, job_name)
-        self.hook.prepare_job_logs(log_dir, job_name, found)
-        return found
+            return None, record
+        bound = adopt_job(
+            self.hook,
+            job_name,
+            found,
+            log_dir=layout.log_dir,
+            log=self.log,
+            why="submitted by an earlier try",
+            record=(layout.record_path, record) if record is not None else None,
+        )
+        return found, bound
 
     def submit_once(
         self,
@@ -224,18 +232,25 @@ class JobLifecycle:
     ) -> tuple[str, JobRecord]:
         """Stage ``files`` and submit ``attempt``'s script, unless it adopts a job; mark the record RUNNING.
 
+        An adopted job (released by :meth:`plan_attempt`) stages and submits nothing: ``record`` is bound
+        to it (:func:`~.submission.bind_adopted`) and written unless it already was.
+
         :returns: the SLURM job id and the written record.
         """
         slurm_id = attempt.adopted
-        if slurm_id is None:
-            slurm_id = submit_job(
-                self.hook,
-                attempt.layout.script_path,
-                attempt.job_id,
-                log_dir=attempt.layout.log_dir,
-                log=self.log,
-                stage=(results_base, files),  # one round trip: unpack the files, then sbatch
-            )
+        if slurm_id is not None:
+            bound = bind_adopted(record, slurm_id, "submit", secrets)
+            if bound is not record:
+                self.write_record(attempt.layout.record_path, bound, secrets)
+            return slurm_id, bound
+        slurm_id = submit_job(
+            self.hook,
+            attempt.layout.script_path,
+            attempt.job_id,
+            log_dir=attempt.layout.log_dir,
+            log=self.log,
+            stage=(results_base, files),  # one round trip: unpack the files, then sbatch
+        )
         record = _running(record, slurm_id, f"submitted as SLURM job {slurm_id}", "submit", secrets)
         self.write_record(attempt.layout.record_path, record, secrets)
         return slurm_id, record
@@ -280,8 +295,7 @@ class JobLifecycle:
         )
         self.write_record(handle.record_path, record)
         if found is not None:
-            slurm_id = found
-            self.log.info("Adopting SLURM job %s, resubmitted by an earlier try of this sensor", slurm_id)
+            slurm_id = self._adopt_next(record, new_id, layout, found, "resubmitted by an earlier try of this sensor")
         else:
             hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
             slurm_id = self._submit_retry(handle, record, new_id, layout, excluded, stage, ("its resubmission", hint))
@@ -342,8 +356,9 @@ class JobLifecycle:
         self.write_record(handle.record_path, record)
         layout = JobLayout(handle.results_base, new_id)
         if found is not None:
-            slurm_id = found
-            self.log.info("Adopting SLURM job %s, the next slice an earlier try of this sensor started", slurm_id)
+            slurm_id = self._adopt_next(
+                record, new_id, layout, found, "the next slice an earlier try of this sensor started"
+            )
         else:
             hint = "check the partition and the account, then clear the task"
             slurm_id = self._submit_retry(
@@ -387,6 +402,28 @@ class JobLifecycle:
         new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
         return new_id, find_job(self.hook, new_id)
 
+    def _adopt_next(self, record: JobRecord, new_id: str, layout: JobLayout, found: str, why: str) -> str:
+        """Adopt ``found``, the job ``new_id`` an earlier try started after ``record``'s (:func:`adopt_job`).
+
+        That try may have died inside the submission (held, no log directory, its record not yet bound):
+        the job is released, its log directory created and its record bound to it (opened now if that
+        try left none).
+
+        :raises RemoteReadError: when the job's record could not be read (never read as "no record").
+        """
+        existing = self.read_record(layout.record_path) or _retry_record(record, new_id)
+        adopt_job(
+            self.hook,
+            new_id,
+            found,
+            log_dir=record.log_dir,
+            log=self.log,
+            why=why,
+            record=(layout.record_path, existing),
+            source="sensor",
+        )
+        return found
+
     def _exclusions(
         self, handle: JobHandle, record: JobRecord, state: JobState, verdict: Classification, *, check_fit: bool
     ) -> list[str]:
@@ -425,11 +462,17 @@ class JobLifecycle:
         return excluded
 
     def _expand(self, node_list: str | None) -> list[str]:
-        """Expand a SLURM hostlist (``n[1-2]``) into node names (``sinfo`` does it)."""
+        """Expand a SLURM hostlist (``n[1-2]``) into node names, each once (``sinfo`` does it).
+
+        sinfo prints a node once per partition it is in (hidden ones included): the names are kept once,
+        in sinfo's order, so that the allocation's size is the job's node count.
+        """
         if not node_list:
             return []
         listed = self.hook.run(commands.existing_nodes(node_list), what="expanding the failed job's node list")
-        return [line.strip() for line in listed.stdout.splitlines() if line.strip()] if listed.rc == 0 else []
+        if listed.rc != 0:
+            return []
+        return list(dict.fromkeys(line.strip() for line in listed.stdout.splitlines() if line.strip()))
 
     def _shape(self, handle: JobHandle, allocation: Sequence[str]) -> tuple[int, list[str]]:
         """Return the job's node count and partitions: from the handle, else from the staged ``meta`` file."""
@@ -462,19 +505,7 @@ class JobLifecycle:
         :param stage: the secret sidecar to stage again, if any.
         :param refused: what the job is to the one it follows and the fix, for the error when sbatch refuses it.
         """
-        retry = open_record(
-            job_id=new_id,
-            cluster=record.cluster,
-            image=record.image,
-            network_arch=record.network_arch,
-            action=record.action,
-            results_dir=record.results_dir,
-            job_dir=record.job_dir,
-            log_dir=record.log_dir,
-            job_name=new_id,
-            now=utc_now(),
-            retry_of=record.job_id,
-        )
+        retry = _retry_record(record, new_id)
         self.write_record(layout.record_path, retry)
         script = handle.script_path or JobLayout(handle.results_base, handle.job_id).script_path
         try:
@@ -730,6 +761,23 @@ def _followed_by(handle: JobHandle, record: JobRecord, new_id: str, slurm_id: st
         submitted_at=utc_now(),
         retry_of=handle.job_id,
         **changes,
+    )
+
+
+def _retry_record(record: JobRecord, new_id: str) -> JobRecord:
+    """Open the record of the job ``new_id`` that runs ``record``'s job's script again after it."""
+    return open_record(
+        job_id=new_id,
+        cluster=record.cluster,
+        image=record.image,
+        network_arch=record.network_arch,
+        action=record.action,
+        results_dir=record.results_dir,
+        job_dir=record.job_dir,
+        log_dir=record.log_dir,
+        job_name=new_id,
+        now=utc_now(),
+        retry_of=record.job_id,
     )
 
 

@@ -7,12 +7,16 @@ or raises; this module owns what that round trip cannot know:
 
 - a submission whose outcome is unknown (the command timed out, the connection dropped, the reply
   had no id, or the job exists but could not be checked or released) is looked up by its exact
-  name on every login host before anything else happens: one job of ours is adopted (its log
-  directory created, released); none after :data:`RECONCILE_TIMEOUT_S` means it never reached
+  name on every login host before anything else happens: one job of ours is adopted
+  (:func:`adopt_job`); none after :data:`RECONCILE_TIMEOUT_S` means it never reached
   SLURM, and it is submitted again, once (the duplicate check in the round trip keeps the older
   of two racing jobs, so even a very late first reply cannot leave two);
 - a name carried by several of our jobs stops everything (:class:`AmbiguousSubmissionError`), in
-  one place for every lookup.
+  one place for every lookup;
+- adoption (:func:`adopt_job`): every path that takes over a job of ours found by name (a submit
+  task's retry, a sensor's retry that finds the next slice or the infrastructure resubmission an
+  earlier try started, an unknown outcome reconciled here) releases it, creates its log directory
+  and records it through that one function.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_provider_tao_slurm.core.records import JobRecord, mark, to_json
+from airflow_provider_tao_slurm.core.states import TaoState
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobLookupError,
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
+from airflow_provider_tao_slurm.lifecycle.support import utc_now
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -85,6 +92,75 @@ def reconcile(
         time.sleep(RECONCILE_INTERVAL_S if interval is None else interval)
 
 
+def adopt_job(
+    hook: SlurmHook,
+    job_name: str,
+    slurm_id: str,
+    *,
+    log_dir: str,
+    log: logging.Logger | Any,
+    why: str,
+    record: tuple[str, JobRecord] | None = None,
+    source: str = "submit",
+    secrets: Sequence[str] = (),
+) -> JobRecord | None:
+    """Adopt our SLURM job ``slurm_id`` named ``job_name``: release it, create its log directory, record it.
+
+    Every adoption of the provider comes here. The try that submitted the job may have died between
+    ``sbatch --hold`` and the release (a killed worker, a cut connection): without the release the job
+    stays held (``JobHeldUser``) and is watched forever, and without its log directory it fails at
+    start (exit 0:53). Both steps are idempotent (:func:`~airflow_provider_tao_slurm.core.commands.prepare_job_logs`:
+    a job already released or ended is left as it is).
+
+    :param log_dir: the base log directory (the job logs to ``<log_dir>/<job_name>-<slurm_id>``).
+    :param why: who submitted the job, for the log (``"submitted by an earlier try"``).
+    :param record: ``(path, record)``: the job's record, written bound to ``slurm_id`` and RUNNING
+        (:func:`bind_adopted`). None where there is no record yet: the caller records the job as it
+        records a submission (an unknown outcome reconciled by :func:`submit_job`, a submit task whose
+        earlier try left no record).
+    :param source: who adopts, in the record (``"submit"``, ``"sensor"``).
+    :param secrets: secret values to mask in the written record.
+    :returns: the record as written, or None without one.
+    :raises RemoteCommandError: when the release or the log directory failed (nothing is recorded).
+    :raises RecordError: when the record is bound to another SLURM job.
+    """
+    log.info("Adopting SLURM job %s (%s), %s: releasing it if held", slurm_id, job_name, why)
+    hook.prepare_job_logs(log_dir, job_name, slurm_id)
+    if record is None:
+        return None
+    path, current = record
+    bound = bind_adopted(current, slurm_id, source, secrets)
+    if bound is not current:
+        write_record(hook, path, bound, secrets)
+    return bound
+
+
+def bind_adopted(record: JobRecord, slurm_id: str, source: str, secrets: Sequence[str] = ()) -> JobRecord:
+    """``record`` bound to the adopted SLURM job ``slurm_id`` and RUNNING.
+
+    A record already RUNNING for that job, or already terminal (an earlier try watched the job to its
+    end), is returned as it is (the same object).
+
+    :raises RecordError: when the record is bound to another SLURM job.
+    """
+    if record.terminal_state is not None or (record.backend_ref == slurm_id and record.state is TaoState.RUNNING):
+        return record
+    return mark(
+        record,
+        TaoState.RUNNING,
+        now=utc_now(),
+        message=f"adopted SLURM job {slurm_id}",
+        source=source,
+        backend_ref=slurm_id,
+        secrets=secrets,
+    )
+
+
+def write_record(hook: SlurmHook, path: str, record: JobRecord, secrets: Sequence[str] = ()) -> None:
+    """Write ``record`` (redacted with ``secrets``) to ``path``."""
+    hook.write_file(path, to_json(record, list(secrets)).encode(), "644")
+
+
 def submit_job(
     hook: SlurmHook,
     script_path: str,
@@ -119,9 +195,8 @@ def submit_job(
                 "The outcome of sbatch for job %s is unknown (%s): looking for it by its exact name", job_name, exc
             )
         found = reconcile(hook, job_name, log, timeout=reconcile_timeout, interval=reconcile_interval)
-        if found is not None:
-            log.info("Adopting SLURM job %s (%s), submitted by that sbatch", found, job_name)
-            hook.prepare_job_logs(log_dir, job_name, found)
+        if found is not None:  # the caller records it as it records any submission
+            adopt_job(hook, job_name, found, log_dir=log_dir, log=log, why="submitted by that sbatch")
             return found
         if attempt == 1:
             log.warning(

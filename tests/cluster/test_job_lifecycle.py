@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -21,6 +22,7 @@ from clusterkit import (
     image,
     jobs_named,
     record_of,
+    remote_text,
     secret_value,
     sensor_for,
     sidecar_mode,
@@ -32,8 +34,12 @@ from clusterkit import (
 )
 from deferral import context, defer, first_event, resume, run_async, wait_until
 
+from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core import states as core_states
-from airflow_provider_tao_slurm.core.records import mint_job_id
+from airflow_provider_tao_slurm.core.failures import Classification
+from airflow_provider_tao_slurm.core.layout import JobLayout
+from airflow_provider_tao_slurm.core.records import mint_job_id, open_record
+from airflow_provider_tao_slurm.core.resubmission import remaining_nodes
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import (
     JobFailedError,
@@ -45,6 +51,7 @@ from airflow_provider_tao_slurm.exceptions import (
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 from airflow_provider_tao_slurm.lifecycle.submission import find_job
+from airflow_provider_tao_slurm.lifecycle.support import utc_now
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -104,6 +111,75 @@ def test_try_3_adopts_the_job_of_sigkilled_try_2(
     sensor = sensor_for(third)
     deferred = defer(sensor, ctx)
     assert resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger)))["terminal_state"] == "COMPLETE"
+
+
+@pytest.mark.parametrize("path", ["infrastructure-resubmission", "next-slice"])
+def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
+    path: str, conn: str, image: str, dag_id: str, ssh_run: SshRun, slurm_hook: SlurmHook, record_property: Any
+) -> None:
+    """A job ended (a NODE_FAIL to resubmit, a TIMEOUT slice to continue). The sensor's try opened the record of
+    the job that follows it and was killed inside that job's submission: the job of the next name stands held
+    (``sbatch --hold`` as the cluster user, as a killed worker leaves it), its log directory missing. The sensor's
+    retry ran. Expected: it submits nothing, adopts that job (releasing it, creating its log directory, binding
+    its record), and the job runs to COMPLETED, writing its log; one job of that name."""
+    slicing = {"max_continuations": 1} if path == "next-slice" else {}
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "echo ran-$SLURM_JOB_ID", secret_env=None, requeue=False, **slicing), ctx)
+    first_id = handle["slurm_job_id"]
+    assert wait_until(lambda: final_state(ssh_run, first_id) == "COMPLETED", "the first job ended", timeout=120)
+    _, node, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", first_id, "-o", "NodeList"]))
+
+    sensor_ti = SimpleNamespace(dag_id=dag_id, task_id="wait", run_id="r1", map_index=-1, try_number=2)
+    new_id = mint_job_id(dag_id, "wait", "r1", retry_of=handle["job_id"])
+    lifecycle = JobLifecycle(slurm_hook)
+    record = lifecycle.require_record(JobHandle.from_dict(handle))
+    new_path = JobLayout(handle["results_base"], new_id).record_path
+    lifecycle.write_record(  # what the killed try wrote before its sbatch
+        new_path,
+        open_record(
+            job_id=new_id,
+            cluster=record.cluster,
+            image=record.image,
+            network_arch=record.network_arch,
+            action=record.action,
+            results_dir=record.results_dir,
+            job_dir=record.job_dir,
+            log_dir=record.log_dir,
+            job_name=new_id,
+            now=utc_now(),
+            retry_of=record.job_id,
+        ),
+    )
+    env = ["--export=ALL,TAO_SLURM_SLICE=2"] if slicing else ["--export=ALL"]
+    rc, out, err = ssh_run(
+        join(["sbatch", "--hold", "--parsable", f"--job-name={new_id}", *env, handle["script_path"]])
+    )
+    assert rc == 0, err
+    held = out.strip().split(";")[0]
+    try:
+        assert squeue_field(ssh_run, held, "%T|%r") == "PENDING|JobHeldUser"
+
+        if path == "next-slice":
+            state = core_states.state_from_native(first_id, "TIMEOUT", source="sacct", exit_code=0, signal=0,
+                                                  node_list=node.strip())  # fmt: skip
+            new = lifecycle.continue_slice(sensor_ti, JobHandle.from_dict(handle), record, state, None)
+        else:
+            state = core_states.state_from_native(first_id, "NODE_FAIL", source="sacct", exit_code=0, signal=0,
+                                                  node_list=node.strip())  # fmt: skip
+            verdict = Classification(core_states.ErrClass.ERR_INFRA, "node failure", "State=NODE_FAIL", True)
+            new = lifecycle.resubmit(sensor_ti, JobHandle.from_dict(handle), record, state, verdict)
+        left = squeue_field(ssh_run, held, "%T|%r")
+        record_property("detail", f"{path}: held job {held} was adopted; after the retry squeue says {left}")
+
+        assert (new.job_id, new.slurm_job_id) == (new_id, held)
+        assert not left.endswith("JobHeldUser"), left
+        assert jobs_named(ssh_run, new_id) == [held]
+        adopted = record_of(ssh_run, new_path)
+        assert (adopted["backend_ref"], adopted["transitions"][-1]["state"]) == (held, "RUNNING")
+        assert wait_until(lambda: final_state(ssh_run, held) == "COMPLETED", "the adopted job ran", timeout=120)
+        assert f"ran-{held}" in remote_text(ssh_run, f"{new.log_dir}/main.out")
+    finally:  # a job left held would wait forever
+        ssh_run(join(["scancel", held]))
 
 
 # ---------------------------------------------------------------------- 2. only our own jobs
@@ -289,6 +365,39 @@ def test_node_failure_of_a_job_the_partition_could_not_fit_again_is_not_resubmit
     record = record_of(ssh_run, handle["record_path"])
     assert (record["terminal_state"], record["err_class"]) == ("ERROR", "ERR_INFRA")
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+def test_node_states_read_for_a_resubmission_see_the_hidden_partition(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, slurm_hook: SlurmHook
+) -> None:
+    """A 1-node job ran on the hidden partition (``Hidden=YES``: plain sinfo lists none of its nodes) and ended
+    NODE_FAIL on its node. Expected: the node states a resubmission reads list the hidden partition's nodes, the
+    failed node's hostlist expands, and the exclusions leave the other node: the job is resubmittable
+    (before, "leaves 0 node(s)" failed it)."""
+    _, plain, _ = ssh_run(join(["sinfo", "-h", "-N", "-o", "%N|%P|%t"]))
+    assert f"|{cluster.hidden_partition}|" not in plain, "the test cluster hides the partition from plain sinfo"
+    ctx = context(dag_id, "submit", "r1")
+    handle = submit(submit_op(image, "sleep 1", secret_env=None, partition=cluster.hidden_partition), ctx)
+    assert wait_until(lambda: final_state(ssh_run, handle["slurm_job_id"]) == "COMPLETED", "job ended", timeout=120)
+    _, node, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", handle["slurm_job_id"], "-o", "NodeList"]))
+    node = node.strip()
+
+    rows = commands.parse_node_states(slurm_hook.run(commands.node_states(), check=True).stdout)
+    listed = slurm_hook.run(commands.existing_nodes(node), check=True).stdout.split()
+    lifecycle = JobLifecycle(slurm_hook)
+    state = core_states.state_from_native(handle["slurm_job_id"], "NODE_FAIL", source="sacct", exit_code=0, signal=0,
+                                          node_list=node)  # fmt: skip
+    verdict = Classification(core_states.ErrClass.ERR_INFRA, "node failure", "State=NODE_FAIL", True)
+    job = JobHandle.from_dict(handle)
+    excluded = lifecycle._exclusions(job, lifecycle.require_record(job), state, verdict, check_fit=True)
+
+    hidden = sorted(row.name for row in rows if row.partition == cluster.hidden_partition)
+    assert hidden == ["n1", "n2"]
+    assert set(listed) == {node}  # once per partition of the node, the hidden one included
+    assert lifecycle._expand(node) == [node]
+    assert excluded == [node]
+    assert remaining_nodes([cluster.hidden_partition], excluded, rows) == [n for n in hidden if n != node]
+    assert record_of(ssh_run, handle["record_path"])["terminal_state"] is None  # nothing settled: it fits
 
 
 def squeue_node_state(ssh_run: SshRun, node: str) -> str:

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from airflow.triggers.base import TriggerEvent
 
     from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
-    from tests.cluster.conftest import SshRun
+    from tests.cluster.conftest import ClusterEnv, SshRun
 
 pytestmark = pytest.mark.cluster
 
@@ -311,11 +311,15 @@ def resubmission(ssh_run: SshRun, failure: NodeFailure, ctx: dict[str, Any]) -> 
     return again.value, resume(failure.sensor, ctx, again.value, event)
 
 
+@pytest.mark.parametrize("hidden", [False, True], ids=["default-partition", "hidden-partition"])
 def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
-    conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str
+    hidden: bool, conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str, cluster: ClusterEnv
 ) -> None:
+    """On the hidden partition too (``Hidden=YES``): the node states the resubmission reads list its nodes (plain
+    sinfo lists none, and the job failed "leaves 0 node(s)")."""
     ctx = context(dag_id, "submit", "r1")
-    failure = through_node_failure(ssh_run, submit_op(image, "sleep 8", requeue=False), ctx)
+    on = {"partition": cluster.hidden_partition} if hidden else {}
+    failure = through_node_failure(ssh_run, submit_op(image, "sleep 8", requeue=False, **on), ctx)
     handle, first_id = failure.handle, failure.handle["slurm_job_id"]
     assert failure.event.payload["native"] == "NODE_FAIL"
 

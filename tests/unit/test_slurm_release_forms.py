@@ -359,7 +359,7 @@ def test_an_unreadable_show_job_reply_is_an_error_naming_the_command_and_the_tex
 
 # ------------------------------------------------------------------------------------- sinfo nodes
 
-#: ``sinfo -h -N -o '%N|%P|%t'``: release, line, usable (healthy and answering).
+#: ``sinfo -a -h -N -o '%N|%P|%t'``: release, line, usable (healthy and answering).
 SINFO_NODE_FORMS = [
     ("22.05 idle", "n1|polar*|idle", True),
     ("22.05 mixed", "n1|polar|mix", True),

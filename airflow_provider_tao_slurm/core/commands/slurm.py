@@ -365,21 +365,26 @@ _NODELIST_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-\[\],]*")
 
 
 def existing_nodes(node_list: str) -> str:
-    """``sinfo -h -N -o %N -n LIST``: the nodes of a SLURM hostlist (``n[1-2]``) that exist, one per line.
+    """``sinfo -a -h -N -o %N -n LIST``: the nodes of a SLURM hostlist (``n[1-2]``) that exist, one per line.
+
+    ``-a``: a node only in a hidden partition (``Hidden=YES``) is listed too, as by every sinfo the
+    provider sends.
 
     :raises ValidationError: for a list with characters a hostlist cannot have.
     """
     if not _NODELIST_RE.fullmatch(node_list or ""):
         raise ValidationError(f"node list {node_list!r} is not a SLURM hostlist such as n1 or n[1-3,5]")
-    return join(["sinfo", "-h", "-N", "-o", "%N", "-n", node_list])
+    return join(["sinfo", "-a", "-h", "-N", "-o", "%N", "-n", node_list])
 
 
 def node_states() -> str:
-    """``sinfo -h -N -o '%N|%P|%t'``: every node of every partition with its short state, one per line.
+    """``sinfo -a -h -N -o '%N|%P|%t'``: every node of every partition with its short state, one per line.
 
-    Read it with :func:`parse_node_states`; a node in several partitions has one line per partition.
+    ``-a``: hidden partitions (``Hidden=YES``) too, so that a job on one is resubmitted on its nodes
+    (plain sinfo lists none of them there). Read it with :func:`parse_node_states`; a node in several
+    partitions has one line per partition.
     """
-    return join(["sinfo", "-h", "-N", "-o", "%N|%P|%t"])
+    return join(["sinfo", "-a", "-h", "-N", "-o", "%N|%P|%t"])
 
 
 @dataclass(frozen=True)

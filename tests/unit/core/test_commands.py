@@ -130,7 +130,7 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
         lambda: commands.sacct_states(["12", "13"], "now-2days"),
         "sacct -X -n -P -j 12,13 -o JobIDRaw,JobName,State,ExitCode,Reason,NodeList,Start,End --starttime=now-2days",
     ),
-    ("node-states", commands.node_states, "sinfo -h -N -o '%N|%P|%t'"),
+    ("node-states", commands.node_states, "sinfo -a -h -N -o '%N|%P|%t'"),
     ("scancel", lambda: commands.scancel(["12", "13"]), "scancel -Q 12 13"),
     ("scancel-guarded", lambda: commands.scancel(["12"], name="tao-x"), "scancel -Q --name=tao-x 12"),
     ("scancel-by-name", lambda: commands.scancel([], name="tao-x"), "scancel -Q --name=tao-x"),
@@ -468,7 +468,7 @@ def test_slurm_commands_argv(shell: str, work: Path, stand_ins: dict[str, str]) 
             ["squeue", "-h", "-t", "all", "-j", "1,2_3", "-o", "%i|%j|%T|%r|%N|%S|%e"],
         ),
         (commands.scancel(["5"], name="tao-a", user="a.b"), ["scancel", "-Q", "--name=tao-a", "--user=a.b", "5"]),
-        (commands.node_states(), ["sinfo", "-h", "-N", "-o", "%N|%P|%t"]),
+        (commands.node_states(), ["sinfo", "-a", "-h", "-N", "-o", "%N|%P|%t"]),
         (commands.sinfo_partitions(), ["sinfo", "-a", "-h", "-o", "%P|%l|%G"]),
         (
             commands.sacctmgr_assoc("a.b@c", "acct"),
@@ -980,7 +980,7 @@ def test_prepare_job_logs() -> None:
 
 
 def test_existing_nodes() -> None:
-    assert commands.existing_nodes("n[1-2],gpu3") == "sinfo -h -N -o %N -n 'n[1-2],gpu3'"
+    assert commands.existing_nodes("n[1-2],gpu3") == "sinfo -a -h -N -o %N -n 'n[1-2],gpu3'"
 
 
 @pytest.mark.parametrize("bad", ["", "-n1", "n1;id", "n 1", "n1\nn2"])

@@ -52,8 +52,10 @@ def ti(try_number: int, task_id: str = TASK) -> SimpleNamespace:
     return SimpleNamespace(dag_id=DAG, task_id=task_id, run_id=RUN, map_index=-1, try_number=try_number)
 
 
-def record_of(job_id: str, state: TaoState | None = TaoState.RUNNING, *, retry_of: str | None = None) -> JobRecord:
-    """A record of ``job_id``: just opened (None), submitted (RUNNING) or settled (a terminal state)."""
+def record_of(
+    job_id: str, state: TaoState | None = TaoState.RUNNING, *, retry_of: str | None = None, slurm_id: str = "500"
+) -> JobRecord:
+    """A record of ``job_id``: just opened (None), submitted as ``slurm_id`` (RUNNING) or settled (a terminal state)."""
     layout = JobLayout(BASE, job_id)
     record = open_record(
         job_id=job_id,
@@ -70,7 +72,7 @@ def record_of(job_id: str, state: TaoState | None = TaoState.RUNNING, *, retry_o
     )
     if state is None:
         return record
-    record = mark(record, TaoState.RUNNING, now=NOW, message="submitted", source="submit", backend_ref="500")
+    record = mark(record, TaoState.RUNNING, now=NOW, message="submitted", source="submit", backend_ref=slurm_id)
     if state is TaoState.RUNNING:
         return record
     extra = {"err_class": ErrClass.ERR_PROGRAM} if state is TaoState.ERROR else {}
@@ -90,7 +92,7 @@ class LifecycleHook(FakeSlurmHook):
     def _cluster(self, command: str) -> CommandResult | None:
         if command == commands.node_states():
             return CommandResult(0, self.sinfo, "")
-        if command.startswith("sinfo -h -N -o %N -n"):
+        if command.startswith("sinfo -a -h -N -o %N -n"):
             return CommandResult(0, self.allocation, "")
         if "-newer" in command:  # the slice's new checkpoints
             return self.checkpoints
@@ -163,13 +165,13 @@ def test_the_first_try_submits_the_first_id_without_any_lookup() -> None:
         ),
         pytest.param(
             3,
-            [record_of(tried(2), retry_of=FIRST), record_of(FIRST, TaoState.ERROR)],
+            [record_of(tried(2), retry_of=FIRST, slurm_id="600"), record_of(FIRST, TaoState.ERROR)],
             {tried(2): ["600"]},
             Attempt(
                 tried(2),
                 JobLayout(BASE, tried(2)),
                 retry_of=FIRST,
-                previous=record_of(tried(2), retry_of=FIRST),
+                previous=record_of(tried(2), retry_of=FIRST, slurm_id="600"),
                 adopted="600",
             ),
             [tried(2)],
@@ -237,6 +239,48 @@ def test_plan_attempt(
     assert hook.staged == []
     if attempt.adopted is not None:  # an adopted job is released and gets its log directory
         assert hook.released == [(f"{BASE}/logs", attempt.job_id, attempt.adopted)]
+
+
+@pytest.mark.parametrize("try_number", [2, 3])
+def test_a_retry_adopts_and_releases_the_job_of_a_try_killed_inside_its_submission(try_number: int) -> None:
+    """The earlier try opened its record and was killed inside the submission (after ``sbatch --hold``, before the
+    release): its job is held and its record bound to no job. The retry releases the job, creates its log
+    directory and binds the record to it; submit_once then writes nothing more and submits nothing."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST, None))
+    hook.found = {FIRST: ["77"]}
+
+    attempt = JobLifecycle(hook).plan_attempt(ti(try_number), BASE)
+
+    assert (attempt.job_id, attempt.adopted) == (FIRST, "77")
+    assert hook.released == [(f"{BASE}/logs", FIRST, "77")]
+    written = read_record(hook, FIRST)
+    assert (written.state, written.backend_ref, written.transitions[-1].message) == (
+        TaoState.RUNNING,
+        "77",
+        "adopted SLURM job 77",
+    )
+    assert attempt.previous == written
+    slurm_id, record = JobLifecycle(hook).submit_once(attempt, results_base=BASE, files={}, record=attempt.previous)
+    assert (slurm_id, record, hook.submits, hook.staged) == ("77", written, [], [])
+    assert hook.released == [(f"{BASE}/logs", FIRST, "77")], "released once"
+
+
+def test_submit_once_binds_the_record_opened_for_a_job_adopted_without_one() -> None:
+    """Try 2 found our job of the first name but no record (plan_attempt released it); the record the operator
+    opens is bound to the adopted job and written."""
+    hook = LifecycleHook()
+    hook.found = {FIRST: ["77"]}
+    attempt = JobLifecycle(hook).plan_attempt(ti(2), BASE)
+    assert (attempt.adopted, attempt.previous, hook.released) == ("77", None, [(f"{BASE}/logs", FIRST, "77")])
+
+    slurm_id, record = JobLifecycle(hook).submit_once(
+        attempt, results_base=BASE, files={}, record=record_of(FIRST, None)
+    )
+
+    assert (slurm_id, record.state, record.backend_ref) == ("77", TaoState.RUNNING, "77")
+    assert read_record(hook, FIRST) == record
+    assert (hook.submits, hook.staged) == ([], [])
 
 
 def test_plan_attempt_reads_the_newest_try_first() -> None:
@@ -511,6 +555,43 @@ def test_resubmit_adopts_the_job_an_earlier_try_resubmitted() -> None:
     assert hook.submits == []
     assert (new.job_id, new.slurm_job_id, new.infra_retries) == (RETRY_ID, "501", 1)
     assert hook.submits == []  # the adopted job runs: only its exclusions are re-derived from the same evidence
+    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "501")]
+
+
+@pytest.mark.parametrize("left", ["opened", "none"])
+def test_an_adopted_resubmission_is_released_and_its_record_bound(left: str) -> None:
+    """The sensor's earlier try was killed inside the resubmission's submission: the job is held and its record
+    opened but bound to no job (or, killed earlier still, missing). The retry releases the job, creates its log
+    directory and binds its record to it; nothing is submitted."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    if left == "opened":
+        store(hook, record_of(RETRY_ID, None, retry_of=FIRST))
+    hook.found = {RETRY_ID: ["501"]}
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+
+    new = JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
+
+    assert (new.slurm_job_id, hook.submits) == ("501", [])
+    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "501")]
+    adopted = read_record(hook, RETRY_ID)
+    assert (adopted.state, adopted.backend_ref, adopted.retry_of) == (TaoState.RUNNING, "501", FIRST)
+    assert adopted.transitions[-1].source == "sensor"
+
+
+def test_an_adopted_resubmission_that_already_ended_keeps_its_record() -> None:
+    """An earlier try watched the resubmission to its end: adopting it again releases nothing held and leaves the
+    settled record as it is."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    settled = record_of(RETRY_ID, TaoState.COMPLETE, retry_of=FIRST, slurm_id="501")
+    store(hook, settled)
+    hook.found = {RETRY_ID: ["501"]}
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL")
+
+    JobLifecycle(hook).resubmit(SENSOR_TI, handle(), read_record(hook, FIRST), state, verdict)
+
+    assert read_record(hook, RETRY_ID) == settled
 
 
 def test_an_adopted_resubmission_keeps_the_nodes_it_excludes() -> None:
@@ -542,6 +623,23 @@ def test_a_second_resubmission_still_checks_the_partition_from_the_meta_file() -
 
     with pytest.raises(JobFailedError, match="could never start"):
         JobLifecycle(hook).resubmit(SENSOR_TI, retried, read_record(hook, RETRY_ID), state, verdict)
+
+
+def test_a_node_in_several_partitions_counts_once_in_the_allocation() -> None:
+    """sinfo -a lists a node once per partition (hidden ones too): a 1-node job whose shape is known from nothing
+    but its allocation is a 1-node job, and the partition's other node is enough to resubmit it."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.sinfo = "n1|polar_hidden|idle\nn2|polar_hidden|idle\nn1|polar*|idle\nn2|polar*|idle\n"
+    hook.allocation = "n1\nn1\n"  # n1 of polar and of the hidden polar_hidden
+    state, verdict = failure("NODE_FAIL", "State=NODE_FAIL", node_list="n1")
+
+    new = JobLifecycle(hook).resubmit(
+        SENSOR_TI, handle(partition="polar_hidden"), read_record(hook, FIRST), state, verdict
+    )
+
+    assert new.exclude_nodes == ("n1",)
+    assert [s.extra_args for s in hook.submits] == [("--exclude=n1",)]
 
 
 def test_a_refused_resubmission_settles_both_records() -> None:
@@ -773,6 +871,27 @@ def test_a_next_slice_an_earlier_try_started_is_adopted() -> None:
     new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
     assert (hook.submits, new.slurm_job_id, new.slice_number) == ([], "611", 2)
+    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "611")]
+    adopted = read_record(hook, RETRY_ID)
+    assert (adopted.state, adopted.backend_ref, adopted.retry_of) == (TaoState.RUNNING, "611", FIRST)
+
+
+def test_a_held_next_slice_of_a_try_killed_inside_its_submission_is_released() -> None:
+    """The sensor's earlier try opened the next slice's record and was killed after ``sbatch --hold``: the retry
+    releases that slice, creates its log directory and binds its record; it submits no second slice."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    store(hook, record_of(RETRY_ID, None, retry_of=FIRST))
+    hook.found[RETRY_ID] = ["611"]
+    hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
+
+    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    assert (hook.submits, new.slurm_job_id) == ([], "611")
+    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "611")]
+    adopted = read_record(hook, RETRY_ID)
+    assert (adopted.state, adopted.backend_ref) == (TaoState.RUNNING, "611")
+    assert [t.state for t in adopted.transitions] == [TaoState.PENDING, TaoState.RUNNING]
 
 
 def test_a_checkpoint_listing_that_failed_decides_nothing() -> None:
