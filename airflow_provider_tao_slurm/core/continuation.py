@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from airflow_provider_tao_slurm.core.resources import format_duration
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.storage import display_value
 from airflow_provider_tao_slurm.exceptions import ValidationError
@@ -229,7 +230,7 @@ def continuation_verdict(
     :param checkpoints: checkpoints written during the slice (oldest first).
     :param last_checkpoint: the newest checkpoint of any earlier slice, for the message.
     """
-    hours = f"{time_hours * 60:g} min" if time_hours < 1 else f"{time_hours:g} h"
+    hours = format_duration(time_hours)
     if not checkpoints:
         return Verdict(
             False,

@@ -2,31 +2,69 @@
 
 A site's shape is read from the cluster, never assumed: each partition's ``MaxTime`` in every form
 SLURM prints (``M:SS`` for the sub-hour debug partitions most sites have), whether it is the
-default, hidden partitions (``-a``), and the GPUs per node and GPU types of its nodes (GRES). One
-partition whose line cannot be read never fails a job that does not use it: it is kept with a
-``problem`` that a job asking for it is refused with, and the hook names it in a warning.
+default, hidden partitions (``-a``), the GPUs per node and GPU types of its nodes (GRES), their CPUs
+and memory, whether the partition is up, and whether it is open to every user (``AllowGroups``,
+``RootOnly``). One partition whose line cannot be read never fails a job that does not use it: it is
+kept with a ``problem`` that a job asking for it is refused with, and the hook names it in a warning.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from airflow_provider_tao_slurm.core.resources import (
     MAX_GPUS_PER_NODE,
     Resources,
+    default_cpus_per_task,
+    format_duration,
     layout_gpus,
     parse_slurm_time,
     whole_node,
 )
 from airflow_provider_tao_slurm.exceptions import ResourceError
 
-#: ``sinfo`` output format read by :func:`parse_sinfo_partitions`: ``name[*]|time limit|GRES``.
-SINFO_FORMAT = "%P|%l|%G"
+#: ``sinfo`` output format read by :func:`parse_sinfo_partitions`: ``name[*]|time limit|GRES|availability|
+#: CPUs per node|memory MB per node|AllowGroups|RootOnly``. (The hook's partition cache is named after it:
+#: change ``hooks.slurm.PARTITION_CACHE_NAME`` with it.)
+SINFO_FORMAT = "%P|%l|%G|%a|%c|%m|%g|%r"
+#: sinfo's ``%a`` for a partition that runs jobs; ``down`` queues them without starting any, ``drain``
+#: and ``inact`` take none.
+UP = "up"
 
 _GRES_SPLIT_RE = re.compile(r",(?![^(]*\))")
 _GPU_GRES_RE = re.compile(r"gpu(?::([^:(]+))?(?::(\d+))?(?:\(.*\))?")
+#: sinfo's CPUs (``8``) or memory (``8192``, in MB; a suffixed size from a wrapper) per node; ``+`` when
+#: the nodes of the line differ and this is the smallest (sinfo without ``-e``).
+_AMOUNT_RE = re.compile(r"(\d+(?:\.\d+)?)([KMGTP]?)(\+?)", re.IGNORECASE)
+_MB_PER_UNIT = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024**2, "P": 1024**3}
+#: What sinfo prints for a value it does not have.
+_NO_VALUE = frozenset({"", "(null)", "n/a"})
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """The nodes of one sinfo line of a partition: GPUs, CPUs and memory of each.
+
+    :param gpus: GPUs per node (0: none).
+    :param cpus: CPUs per node (``None``: not known).
+    :param memory_mb: memory per node in MB (``None``: not known).
+    :param at_least: sinfo printed ``8+``: the nodes differ and these are the smallest; some have more,
+        so nothing is refused on these figures (a default made from them fits every node).
+    """
+
+    gpus: int
+    cpus: int | None
+    memory_mb: int | None
+    at_least: bool = False
+
+    def holds(self, cpus: int, memory_mb: int | None) -> bool:
+        """Whether a node of this shape can hold one task of ``cpus`` CPUs and ``memory_mb`` MB (``None``: any)."""
+        if self.at_least:
+            return True
+        cpus_fit = self.cpus is None or cpus <= self.cpus
+        return cpus_fit and (memory_mb is None or self.memory_mb is None or memory_mb <= self.memory_mb)
 
 
 @dataclass(frozen=True)
@@ -40,6 +78,10 @@ class Partition:
     :param gpu_types: the GPU types its nodes have (typed GRES), in sinfo's order.
     :param problem: why sinfo's line for it could not be read (``None`` when it could); a job that
         asks for the partition is refused with it, other jobs are not affected.
+    :param state: sinfo's availability (``%a``): :data:`UP`, ``down``, ``drain`` or ``inact``.
+    :param allow_groups: the only groups that may submit there (``AllowGroups``; empty: every group).
+    :param root_only: only root may submit there (``RootOnly=YES``).
+    :param shapes: its node shapes with their CPUs and memory (one per sinfo line that had them).
     """
 
     name: str
@@ -48,19 +90,50 @@ class Partition:
     gpus_per_node: int = 0
     gpu_types: tuple[str, ...] = ()
     problem: str | None = None
+    state: str = UP
+    allow_groups: tuple[str, ...] = ()
+    root_only: bool = False
+    shapes: tuple[NodeShape, ...] = ()
 
     @property
     def has_gpus(self) -> bool:
         """True when at least one of its nodes has a GPU."""
         return self.gpus_per_node > 0
 
+    @property
+    def is_up(self) -> bool:
+        """True when the partition starts jobs (sinfo's availability ``up``)."""
+        return self.state == UP
+
+    @property
+    def restriction(self) -> str | None:
+        """Why not every user may submit there (``RootOnly``, ``AllowGroups``), ``None`` when anyone may."""
+        if self.root_only:
+            return "only root may submit there (RootOnly=YES)"
+        if self.allow_groups:
+            return f"only groups {', '.join(self.allow_groups)} may submit there (AllowGroups)"
+        return None
+
     def describe(self) -> str:
-        """``polar (4 h, 4 GPUs/node: a100, h100)`` for messages."""
-        limit = "no time limit" if self.max_time_hours is None else f"{self.max_time_hours:g} h"
-        gpus = "no GPUs"
+        """``polar (4 h, 4 GPUs/node: a100, h100, 8 CPUs/node, 8192 MB/node)`` for messages (``, DOWN`` when not up)."""
+        limit = "no time limit" if self.max_time_hours is None else format_duration(self.max_time_hours)
+        parts = [limit, "no GPUs"]
         if self.has_gpus:
-            gpus = f"{self.gpus_per_node} GPUs/node" + (f": {', '.join(self.gpu_types)}" if self.gpu_types else "")
-        return f"{self.name} ({limit}, {gpus})"
+            parts[1] = f"{self.gpus_per_node} GPUs/node" + (f": {', '.join(self.gpu_types)}" if self.gpu_types else "")
+        for figure, unit in (
+            (_largest(s.cpus for s in self.shapes), "CPUs"),
+            (_largest(s.memory_mb for s in self.shapes), "MB"),
+        ):
+            if figure is not None:
+                plus = "+" if any(s.at_least for s in self.shapes) else ""
+                parts.append(f"{figure}{plus} {unit}/node")
+        if not self.is_up:
+            parts.append(self.state.upper())
+        return f"{self.name} ({', '.join(parts)})"
+
+
+def _largest(values: Iterable[int | None]) -> int | None:
+    return max((v for v in values if v is not None), default=None)
 
 
 def _gpus(gres: str) -> tuple[int, tuple[str, ...]]:
@@ -80,25 +153,62 @@ def _gpus(gres: str) -> tuple[int, tuple[str, ...]]:
     return count, tuple(types)
 
 
+def _amount(text: str, what: str) -> tuple[int | None, bool]:
+    """Read sinfo's CPUs or memory (MB) per node: the number and whether it is a smallest (``8+``).
+
+    :raises ValueError: naming the text, for what is neither a number nor sinfo's "no value".
+    """
+    cleaned = text.strip()
+    if cleaned.lower() in _NO_VALUE:
+        return None, False
+    match = _AMOUNT_RE.fullmatch(cleaned)
+    if match is None:
+        raise ValueError(f"sinfo printed the {what} {cleaned!r}, which is not a number")
+    number, unit, plus = match.groups()
+    value = int(float(number) * _MB_PER_UNIT[unit.upper()])
+    return (value or None), bool(plus)  # 0: a partition without nodes, or a node without RealMemory
+
+
+def _groups(text: str) -> tuple[str, ...]:
+    """Read sinfo's ``%g``: ``all`` (every group may submit) or the ``AllowGroups`` list."""
+    cleaned = text.strip()
+    return () if cleaned.lower() in _NO_VALUE | {"all"} else tuple(g for g in cleaned.split(",") if g)
+
+
 def _read_line(line: str) -> Partition:
-    name, _, rest = line.partition("|")
-    limit, _, gres = rest.partition("|")
-    bare = name.rstrip("*")
+    name, limit, gres, state, cpus_text, memory_text, groups, root = (line.split("|") + [""] * 8)[:8]
+    partition = Partition(
+        name.rstrip("*"),
+        None,
+        name.endswith("*"),
+        state=state.strip().lower() or UP,
+        allow_groups=_groups(groups),
+        root_only=root.strip().lower() == "yes",
+    )
     try:
         hours = parse_slurm_time(limit)
     except ResourceError:
-        return Partition(bare, None, name.endswith("*"), problem=f"sinfo printed the time limit {limit.strip()!r}")
+        return replace(partition, problem=f"sinfo printed the time limit {limit.strip()!r}, which is not a SLURM time")
     count, types = _gpus(gres)
-    return Partition(bare, hours, name.endswith("*"), count, types)
+    partition = replace(partition, max_time_hours=hours, gpus_per_node=count, gpu_types=types)
+    try:
+        cpus, cpus_more = _amount(cpus_text, "CPUs per node")
+        memory, memory_more = _amount(memory_text, "memory per node")
+    except ValueError as err:
+        return replace(partition, problem=str(err))
+    if cpus is None and memory is None:
+        return partition  # a line without either adds nothing to the GPU shape
+    return replace(partition, shapes=(NodeShape(count, cpus, memory, cpus_more or memory_more),))
 
 
 def _merge(first: Partition, other: Partition) -> Partition:
-    """One partition seen on several sinfo lines (its nodes differ in GRES)."""
+    """One partition seen on several sinfo lines (its nodes differ in GRES, CPUs or memory)."""
     return replace(
         first,
         gpus_per_node=max(first.gpus_per_node, other.gpus_per_node),
         gpu_types=first.gpu_types + tuple(t for t in other.gpu_types if t not in first.gpu_types),
         problem=first.problem or other.problem,
+        shapes=first.shapes + tuple(s for s in other.shapes if s not in first.shapes),
     )
 
 
@@ -166,8 +276,8 @@ def check_partition_limits(
             continue
         if partition.problem is not None:
             raise ResourceError(
-                f"partition {name} cannot be checked: {partition.problem}, which is not a SLURM time; ask the site "
-                "what its limit is, or pick another partition"
+                f"partition {name} cannot be checked: {partition.problem}; ask the site what its limits are, or pick "
+                "another partition"
             )
         limit = partition.max_time_hours
         if limit is not None and time_hours > limit + 1e-9:
@@ -178,8 +288,8 @@ def check_partition_limits(
             ]
             hint = f"; partitions that allow it: {', '.join(longer)}" if longer else ""
             raise ResourceError(
-                f"partition {name} allows at most {limit:g} h, but {param}={time_hours:g}: lower {param} or pick "
-                f"a partition with a longer limit{hint}"
+                f"partition {name} allows at most {format_duration(limit)}, but {param}={time_hours:g} "
+                f"({format_duration(time_hours)}): lower {param} or pick a partition with a longer limit{hint}"
             )
 
 
@@ -226,41 +336,112 @@ def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Pa
             f"gpu_type={resources.gpu_type!r}: no node of {shapes} has that GPU type; use one of "
             f"{', '.join(sorted(types))} or pick a partition that has it"
         )
+    hosts = [s for p in chosen for s in p.shapes if s.gpus >= gpus_per_node]
+    cpus = resources.cpus_per_task
+    if resources.cpus_default and any(s.cpus for s in hosts):
+        cpus = min(default_cpus_per_task(gpus_per_node, s.cpus, s.gpus) for s in hosts if s.cpus)
+    if hosts and not any(s.holds(cpus, resources.mem_mb) for s in hosts):
+        raise ResourceError(_no_node_holds(resources, cpus, gpus_per_node, hosts, shapes))
     return replace(
         resources,
         num_nodes=num_nodes,
         gpus_per_node=gpus_per_node,
+        cpus_per_task=cpus,
         exclusive=whole_node(gpus_per_node, max((p.gpus_per_node for p in chosen), default=None)),
         partition=",".join(partitions),
         layout_total=None,
+        cpus_default=False,
     )
+
+
+def _no_node_holds(resources: Resources, cpus: int, gpus_per_node: int, hosts: Sequence[NodeShape], shapes: str) -> str:
+    """Write the refusal of a task no node can hold: what the nodes have and the values that fit."""
+    most_cpus = _largest(s.cpus for s in hosts)
+    most_memory = _largest(s.memory_mb for s in hosts)
+    fixes = []
+    if most_cpus is not None and cpus > most_cpus:
+        default = min(default_cpus_per_task(gpus_per_node, s.cpus, s.gpus) for s in hosts if s.cpus)
+        fixes.append(
+            f"cpus_per_task={cpus} (one task per node) is more than the {most_cpus} CPUs of its nodes with "
+            f"{gpus_per_node} GPU(s): ask for at most {most_cpus}, or leave cpus_per_task out ({default} from the "
+            "node shape)"
+        )
+    if resources.mem_mb is not None and most_memory is not None and resources.mem_mb > most_memory:
+        fixes.append(
+            f"mem_mb={resources.mem_mb} is more than the {most_memory} MB of its nodes: ask for at most "
+            f"{most_memory}, or leave mem_mb out (the partition's default)"
+        )
+    if not fixes:  # each fits some node, but no node both
+        fixes.append(f"no node has both cpus_per_task={cpus} and mem_mb={resources.mem_mb}: lower one")
+    return (
+        f"the job cannot start on {shapes}: {'; '.join(fixes)}. SLURM would keep it PENDING (BadConstraints) "
+        "forever, so it is not submitted"
+    )
+
+
+def skip_reason(partition: Partition, time_hours: float) -> str | None:
+    """Why the automatic choice of a conversion partition passes over ``partition`` (``None``: usable).
+
+    Usable means a job submitted there can start: its sinfo line was read, it is up (a ``down``
+    partition queues jobs and starts none, ``drain`` and ``inact`` take none), every user may submit
+    there, and its limit allows ``time_hours``.
+
+    Who may submit is read from the same sinfo line (``%g`` AllowGroups, ``%r`` RootOnly), not asked
+    per user: whether this user is in one of the groups would take another command, and sinfo
+    without ``-a`` (which leaves out the partitions a user's groups may not use) also leaves out the
+    ``Hidden=YES`` partitions the provider must see. So a partition open to some groups only is never
+    chosen automatically; a member names it in the connection's ``conversion_partition`` extra.
+    ``AllowAccounts``/``AllowQos`` are not in sinfo's output: sbatch refuses a job there at once
+    ("Invalid account or account/partition combination"), an error naming the cause, never a job
+    that pends.
+    """
+    if partition.problem is not None:
+        return partition.problem
+    if not partition.is_up:
+        return f"it is {partition.state.upper()}"
+    if partition.restriction is not None:
+        return partition.restriction
+    limit = partition.max_time_hours
+    if limit is not None and limit + 1e-9 < time_hours:
+        return f"it allows at most {format_duration(limit)}, the conversion asks for {format_duration(time_hours)}"
+    return None
+
+
+def skipped_cpu_partitions(known: Sequence[Partition], time_hours: float) -> list[str]:
+    """Return the partitions without GPUs that the automatic conversion choice passes over, ``name: reason`` each."""
+    return [
+        f"{p.name}: {reason}" for p in known if not p.has_gpus and (reason := skip_reason(p, time_hours)) is not None
+    ]
 
 
 def cpu_partition(known: Sequence[Partition], cluster: str, time_hours: float) -> str:
-    """Return the partition a conversion goes to when none is configured: one whose nodes have no GPUs.
+    """Return the partition a conversion goes to when none is configured: a usable one whose nodes have no GPUs.
 
-    The cluster's default partition is taken when it has no GPUs; otherwise the first partition
-    without GPUs (in sinfo's order) whose limit allows ``time_hours``. A GPU partition is never
-    chosen: an image conversion there holds a GPU node for minutes without using its GPUs.
+    The cluster's default partition is taken when it has no GPUs and is usable; otherwise the first
+    usable partition without GPUs in sinfo's order (:func:`skip_reason`: up, open to every user, a
+    limit that allows ``time_hours``). A GPU partition is never chosen: an image conversion there
+    holds a GPU node for minutes without using its GPUs.
 
-    :raises ResourceError: when no partition without GPUs fits, naming the CPU partitions there are
-        and the fix (the connection's ``conversion_partition`` extra, or ``partition=``).
+    :raises ResourceError: when no partition without GPUs is usable, naming each one and why it was
+        passed over, and the fix (the connection's ``conversion_partition`` extra, or ``partition=``).
     """
-    usable = [
-        p
-        for p in known
-        if not p.has_gpus and p.problem is None and (p.max_time_hours is None or p.max_time_hours + 1e-9 >= time_hours)
-    ]
+    usable = [p for p in known if not p.has_gpus and skip_reason(p, time_hours) is None]
     usable.sort(key=lambda p: not p.is_default)
     if usable:
         return usable[0].name
-    cpu = [p.describe() for p in known if not p.has_gpus]
+    skipped = skipped_cpu_partitions(known, time_hours)
     raise ResourceError(
-        f"no conversion partition is configured and cluster {cluster!r} has no partition without GPUs that allows "
-        f"{time_hours:g} h (partitions without GPUs: {'; '.join(cpu) or 'none'}); image conversion never runs on a "
-        "GPU partition: set the connection's conversion_partition extra (or partition= on EnrootImportOperator) to "
-        "a CPU partition"
+        f"no conversion partition is configured and cluster {cluster!r} has no usable partition without GPUs for "
+        f"{format_duration(time_hours)} (passed over: {'; '.join(skipped) or 'none: it has no CPU partition'}); "
+        "image conversion never runs on a GPU partition: set the connection's conversion_partition extra (or "
+        "partition= on EnrootImportOperator) to a CPU partition you may use"
     )
+
+
+def unavailable(partitions: Sequence[str], known: Sequence[Partition]) -> list[Partition]:
+    """Return the partitions among ``partitions`` that are not up (``down``, ``drain`` or ``inact``)."""
+    by_name = {p.name: p for p in known}
+    return [by_name[name] for name in partitions if name in by_name and not by_name[name].is_up]
 
 
 def choose_partitions(
@@ -268,11 +449,25 @@ def choose_partitions(
 ) -> tuple[str, ...]:
     """Return the partitions a job goes to: ``requested``, else the cluster's default.
 
-    A CPU job (``cpu_only``: an image conversion) that requests none goes to a partition without GPUs
-    (:func:`cpu_partition`) instead of the default.
+    A CPU job (``cpu_only``: an image conversion) that requests none goes to a usable partition
+    without GPUs (:func:`cpu_partition`) instead of the default. A conversion whose requested
+    partitions are none of them up is refused (it would pend, or be refused by sbatch); a GPU job's
+    partitions that are not up are the caller's warning (:func:`unavailable`): a site's maintenance
+    may end.
 
-    :raises ResourceError: as :func:`resolve_partitions` and :func:`cpu_partition` do.
+    :raises ResourceError: as :func:`resolve_partitions` and :func:`cpu_partition` do, and for a
+        conversion on partitions that are not up, naming their state and the usable ones.
     """
     if cpu_only and not requested:
         return (cpu_partition(known, cluster, time_hours),)
-    return resolve_partitions(requested, known, cluster)
+    chosen = resolve_partitions(requested, known, cluster)
+    down = unavailable(chosen, known)
+    if cpu_only and len(down) == len(chosen):
+        usable = [p.name for p in known if not p.has_gpus and skip_reason(p, time_hours) is None]
+        raise ResourceError(
+            f"the conversion partition {', '.join(f'{p.name} is {p.state.upper()}' for p in down)} on cluster "
+            f"{cluster!r}: a conversion there would never start; ask the site when it is back, or set the "
+            "connection's conversion_partition extra (or partition= on EnrootImportOperator) to a partition that is "
+            f"up (usable without GPUs: {', '.join(usable) or 'none'})"
+        )
+    return chosen

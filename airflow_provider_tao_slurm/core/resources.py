@@ -1,11 +1,15 @@
 """Resource requests of a GPU job: defaults, validation and SLURM time formats.
 
-TAO conventions: 1 node, 4 GPUs, 16 CPUs per task, a 4 h wall limit and a program timeout derived
+TAO conventions: 1 node, 4 GPUs, a 4 h wall limit and a program timeout derived
 from it (:func:`program_timeout_seconds`: 3.8 h for 4 h; the program must stop before SLURM kills the
 job), requeue on. A job that asks for every GPU of its nodes asks for them exclusively
 (:func:`whole_node`, against the partition's node size read from the cluster). A total GPU count is
-laid out as whole nodes of the partition's own shape
+laid out as whole nodes of the partition's own shape, and the CPUs per task not given default to
+the node's share for the job's GPUs (16, the TAO default, only where the node shape is unknown)
 (:func:`~airflow_provider_tao_slurm.core.partitions.fit_gpus`).
+
+Every duration shown to a user is written by :func:`format_duration` (``45 s``, ``1 min``,
+``1 h 30 min``, ``2 d``), never as a fraction of an hour.
 
 Nothing here knows a site: no partition name is built in. The partition comes from the operator or
 the connection, else it is the cluster's default partition; the time limit checked is the requested
@@ -49,6 +53,8 @@ DEFAULT_NUM_NODES = 1
 DEFAULT_GPUS_PER_NODE = 4
 #: The seed's node size: the layout of a ``total_gpus`` request until the partition's own is known.
 MAX_GPUS_PER_NODE = 8
+#: CPUs per task where the node shape is unknown (the TAO default); with a known shape the default is
+#: the node's CPUs for the job's share of its GPUs (:func:`default_cpus_per_task`).
 DEFAULT_CPUS_PER_TASK = 16
 DEFAULT_TIME_HOURS = 4.0
 #: The margin between the wall limit and the program timeout derived from it: a twentieth of the wall
@@ -93,6 +99,9 @@ class Resources:
     sbatch_extra: tuple[str, ...] = ()
     #: A ``total_gpus`` request still to be laid out on the partition's node shape (``None``: laid out).
     layout_total: int | None = None
+    #: ``cpus_per_task`` was not given: :data:`DEFAULT_CPUS_PER_TASK` until the node shape is known, then
+    #: :func:`default_cpus_per_task` (``fit_gpus`` sets it and clears this).
+    cpus_default: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -185,6 +194,24 @@ def seconds_as_hours(seconds: int) -> float:
         if round(hours * 3600) == seconds:
             return hours
     return seconds / 3600
+
+
+def default_cpus_per_task(gpus_per_node: int, node_cpus: int, node_gpus: int | None) -> int:
+    """Return the CPUs per task of a GPU job that does not say: the node's CPUs for its share of the GPUs.
+
+    One task per node, so the task gets ``node_cpus x gpus_per_node / node_gpus`` (rounded down, at
+    least 1, at most ``node_cpus``): 4 of 4 GPUs on an 8-CPU node get all 8 CPUs (a whole-node job
+    gets the whole node), 1 of 4 gets 2, 4 of 8 GPUs on a 64-CPU node get 32. Other jobs on the node
+    get their share too, so the job never pends on CPUs its GPUs' share does not have.
+
+    :param gpus_per_node: the GPUs the job asks for on each node.
+    :param node_cpus: the CPUs of the node (sinfo ``%c``).
+    :param node_gpus: the GPUs of the node; ``None`` or 0 when not known: the node's CPUs, at most
+        :data:`DEFAULT_CPUS_PER_TASK`.
+    """
+    if not node_gpus:
+        return max(1, min(node_cpus, DEFAULT_CPUS_PER_TASK))
+    return max(1, min(node_cpus, node_cpus * gpus_per_node // node_gpus))
 
 
 def whole_node(gpus_per_node: int, node_gpus: int | None) -> bool:
@@ -310,7 +337,7 @@ class JobParameters:
 
     partition: tuple[str, ...]
     account: str | None
-    cpus_per_task: int
+    cpus_per_task: int | None
     mem_mb: int | None
     time_hours: float
     gpu_type: str | None = None
@@ -321,7 +348,7 @@ def check_job_parameters(
     *,
     partition: str | Sequence[str] | None = None,
     account: str | None = None,
-    cpus_per_task: int = DEFAULT_CPUS_PER_TASK,
+    cpus_per_task: int | None = None,
     mem_mb: int | None = None,
     time_hours: float = DEFAULT_TIME_HOURS,
     gpu_type: str | None = None,
@@ -337,7 +364,8 @@ def check_job_parameters(
 
     :param partition: partition name(s), see :func:`parse_partitions` (``None`` or empty: not given).
     :param account: SLURM account, or ``None`` for the user's default.
-    :param cpus_per_task: CPUs per task (one task per node).
+    :param cpus_per_task: CPUs per task (one task per node), or ``None`` for the default from the node
+        shape (:func:`default_cpus_per_task`).
     :param mem_mb: memory per node in MB, or ``None`` for the partition default.
     :param time_hours: the job's wall-time limit in hours.
     :param gpu_type: the GPU type (``--gres=gpu:<type>:<n>``), or ``None`` for any.
@@ -349,7 +377,7 @@ def check_job_parameters(
     :raises ResourceError: (or ``ValidationError`` for a site option) naming the parameter, the bad
         value and the fix.
     """
-    cpus = check_count("cpus_per_task", cpus_per_task)
+    cpus = None if cpus_per_task is None else check_count("cpus_per_task", cpus_per_task)
     _seconds("time_hours", time_hours)
     return JobParameters(
         partition=parse_partitions(partition),
@@ -421,7 +449,7 @@ def gpu_resources(
     return Resources(
         num_nodes=nodes,
         gpus_per_node=gpus,
-        cpus_per_task=job.cpus_per_task,
+        cpus_per_task=DEFAULT_CPUS_PER_TASK if job.cpus_per_task is None else job.cpus_per_task,
         time_hours=time_hours,
         timeout_hours=float(timeout_hours),
         partition=",".join(job.partition),
@@ -432,6 +460,7 @@ def gpu_resources(
         gpu_type=job.gpu_type,
         sbatch_extra=job.sbatch_extra,
         layout_total=layout_total,
+        cpus_default=job.cpus_per_task is None,
     )
 
 
@@ -439,7 +468,7 @@ def build_resources(
     *,
     num_nodes: int = DEFAULT_NUM_NODES,
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE,
-    cpus_per_task: int = DEFAULT_CPUS_PER_TASK,
+    cpus_per_task: int | None = None,
     time_hours: float = DEFAULT_TIME_HOURS,
     timeout_hours: float | None = None,
     partition: str | Sequence[str] | None,
@@ -643,7 +672,7 @@ class GpuHours:
     def describe(self) -> str:
         """``2 node(s) x 1 GPU(s) per node x 2 h = 4 GPU hours per slice; at most 2 slices = 8 GPU hours``."""
         text = (
-            f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s) per node x {self.time_hours:g} h = "
+            f"{self.num_nodes} node(s) x {self.gpus_per_node} GPU(s) per node x {format_duration(self.time_hours)} = "
             f"{self.per_slice:g} GPU hours"
         )
         if self.slices == 1:
@@ -670,6 +699,27 @@ def gpu_hours_request(num_nodes: int, gpus_per_node: int, time_hours: float, max
     slices = max_continuations + 1
     at_most = round(slices * num_nodes * gpus_per_node * time_hours, 4)  # from the exact slice, rounded once
     return GpuHours(num_nodes, gpus_per_node, time_hours, per_slice, slices, at_most)
+
+
+_DURATION_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+
+
+def format_duration(hours: float) -> str:
+    """Write a duration for people, exactly to the second: ``45 s``, ``1 min``, ``1 h 30 min``, ``2 d 4 h``.
+
+    The one form every message uses for a time limit or a wall time (never ``0.0166667 h``): whole
+    days, hours, minutes and seconds, largest first, the zero ones left out.
+
+    :param hours: a duration in hours (rounded to whole seconds; what rounds to none reads ``0 s``).
+    :returns: e.g. ``1 min`` for 1/60, ``1 h 30 min`` for 1.5, ``3 h 48 min`` for 3.8, ``2 d`` for 48.
+    """
+    rest = max(round(hours * 3600), 0)
+    parts = []
+    for unit, size in _DURATION_UNITS:
+        count, rest = divmod(rest, size)
+        if count:
+            parts.append(f"{count} {unit}")
+    return " ".join(parts) or "0 s"
 
 
 def hours_to_slurm_time(hours: float) -> str:

@@ -15,6 +15,8 @@ The format constants below are the only place the hook and the parsers agree on 
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import functools
 import re
 from collections.abc import Iterable, Mapping
@@ -162,6 +164,8 @@ class JobState:
     :param message: human text: the state as printed, a note on it, and the reason.
     :param placeholder: ``True`` for sacct's early row (JobName ``allocation``, State PENDING) that it
         shows for a few seconds after submit, even for a job that already runs.
+    :param run: which run of the job the row is (0 for the first; each requeue adds one), counted from
+        ``sacct -D``'s rows (:func:`parse_sacct` with ``count_runs``); ``None`` where not counted.
     """
 
     job_id: str
@@ -179,6 +183,7 @@ class JobState:
     err_class: ErrClass | None = None
     message: str = ""
     placeholder: bool = False
+    run: int | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -400,27 +405,32 @@ def _squeue_line(line: str) -> JobState | None:
     )
 
 
-def parse_sacct(text: str) -> dict[str, JobState]:
+def parse_sacct(text: str, *, count_runs: bool = False) -> dict[str, JobState]:
     """Parse ``sacct -X -n -P -o SACCT_FIELDS`` output (any number of jobs).
 
     With ``-D`` (or a requeued job's history) an id repeats; the last row, the newest
-    incarnation, wins. Step rows (``12.batch``, ``12.extern``, ``12.0``) are ignored.
+    incarnation, wins. Step rows (``12.batch``, ``12.extern``, ``12.0``) are ignored. With ``-D``
+    every run of a requeued job has its row: ``count_runs`` sets each state's :attr:`JobState.run`
+    to the number of rows before its own (the run the newest row is).
 
     ``ExitCode`` is kept as printed. A status above 128 is a signal: SLURM 25.11 and later print it as
     is (``137:0`` for a program killed by SIGKILL), older releases subtract 128 (``9:0``). Nothing in
     this provider decides on a status above 124, so both forms classify the same.
 
     :param text: sacct's stdout.
+    :param count_runs: the output is ``sacct -D``'s: count the runs.
     :returns: job id -> state.
     :raises RemoteCommandError: for a job row that cannot be read (too few columns, an ``ExitCode``
         that is not ``status:signal``).
     """
-    states = {}
+    states: dict[str, JobState] = {}
+    rows: collections.Counter[str] = collections.Counter()
     for line in text.splitlines():
         row = _row(line, _SACCT_COLUMNS, "sacct")
         if row is None:
             continue
         exit_code, signal = _exit_status(row["exit_code"], line)
+        rows[row["job_id"]] += 1
         states[row["job_id"]] = state_from_native(
             row["job_id"],
             row["state"],
@@ -433,6 +443,8 @@ def parse_sacct(text: str) -> dict[str, JobState]:
             end=row["end"],
             name=row["name"],
         )
+    if count_runs:
+        return {job_id: dataclasses.replace(state, run=rows[job_id] - 1) for job_id, state in states.items()}
     return states
 
 
@@ -539,6 +551,12 @@ PENDING_HINTS: Mapping[str, str] = MappingProxyType(
         "PartitionTimeLimit": "time_hours exceeds the partition's limit and the job can never start; cancel it and "
         "lower time_hours or pick a longer partition",
         "PartitionNodeLimit": "the job asks for more nodes than the partition allows; cancel it and ask for fewer",
+        "BadConstraints": "no node of the partition can hold what the job asks for on one node (CPUs x tasks per node, "
+        "memory, GPUs or features) and it can never start; cancel it and ask for at most what a node has "
+        "(cpus_per_task left out takes it from the node shape), or pick a partition with larger nodes",
+        "PartitionDown": "the partition is down: the job starts when the site brings it up; cancel it and pick "
+        "another partition not to wait",
+        "PartitionInactive": "the partition is inactive and starts no job; cancel it and pick another partition",
         "Reservation": "waiting for its reservation to start",
         "BeginTime": "held until its begin time (a requeued job waits about two minutes)",
         "JobHeldUser": "held by its owner; `scontrol release <id>` lets it start",

@@ -28,8 +28,8 @@ KNOWN = [
 ]
 
 
-def test_sinfo_asks_for_hidden_partitions_and_gres() -> None:
-    assert commands.sinfo_partitions() == "sinfo -a -h -o '%P|%l|%G'"
+def test_sinfo_asks_for_hidden_partitions_gres_state_shape_and_access() -> None:
+    assert commands.sinfo_partitions() == "sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r'"
 
 
 @pytest.mark.parametrize(
@@ -79,7 +79,7 @@ def test_an_unreadable_line_is_kept_as_a_problem_and_fails_only_its_own_jobs() -
     partitions, unreadable = parse_sinfo_partitions(stdout)
     assert partitions == [
         Partition("polar", 4.0, True, 4),
-        Partition("odd", None, problem="sinfo printed the time limit '4 hours'"),
+        Partition("odd", None, problem="sinfo printed the time limit '4 hours', which is not a SLURM time"),
     ]
     assert unreadable == ["|1:00:00|gpu:4", "junk"]
     check_partition_limits(4.0, ("polar",), partitions)
@@ -114,7 +114,7 @@ def test_resolve_partitions_refuses_what_the_cluster_lacks() -> None:
         pytest.param(4.0, ("polar",), None, id="at-the-limit"),
         pytest.param(5.0, ("polar",), "partition polar allows at most 4 h, but time_hours=5", id="over"),
         pytest.param(47.0, ("polar_long",), None, id="long-partition"),
-        pytest.param(49.0, ("polar_long",), "partition polar_long allows at most 48 h", id="over-long"),
+        pytest.param(49.0, ("polar_long",), "allows at most 2 d, but time_hours=49 (2 d 1 h)", id="over-long"),
         pytest.param(1000.0, ("scratch",), None, id="unlimited"),
         pytest.param(5.0, ("polar_long", "polar"), "partition polar allows at most 4 h", id="every-partition-counts"),
     ],
@@ -132,8 +132,8 @@ def test_time_over_partition_limit_message() -> None:
     with pytest.raises(ResourceError) as caught:
         check_partition_limits(5, ("polar",), KNOWN)
     assert str(caught.value) == (
-        "partition polar allows at most 4 h, but time_hours=5: lower time_hours or pick a partition with a longer "
-        "limit; partitions that allow it: polar_long, scratch, cpu"
+        "partition polar allows at most 4 h, but time_hours=5 (5 h): lower time_hours or pick a partition with a "
+        "longer limit; partitions that allow it: polar_long, scratch, cpu"
     )
 
 
@@ -204,9 +204,10 @@ def test_cpu_partition_refuses_a_cluster_without_one() -> None:
     with pytest.raises(ResourceError) as caught:
         cpu_partition([*KNOWN[:3], Partition("cpu_short", 1.0)], "mini", 2.0)
     assert str(caught.value) == (
-        "no conversion partition is configured and cluster 'mini' has no partition without GPUs that allows 2 h "
-        "(partitions without GPUs: cpu_short (1 h, no GPUs)); image conversion never runs on a GPU partition: set the "
-        "connection's conversion_partition extra (or partition= on EnrootImportOperator) to a CPU partition"
+        "no conversion partition is configured and cluster 'mini' has no usable partition without GPUs for 2 h "
+        "(passed over: cpu_short: it allows at most 1 h, the conversion asks for 2 h); image conversion never runs on "
+        "a GPU partition: set the connection's conversion_partition extra (or partition= on EnrootImportOperator) to "
+        "a CPU partition you may use"
     )
 
 

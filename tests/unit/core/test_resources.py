@@ -45,6 +45,7 @@ def test_defaults() -> None:
         requeue=True,
         exclude_nodes=(),
         mem_mb=None,
+        cpus_default=True,  # 16 until the node shape is known (fit_gpus)
     )
     assert resources.slurm_time == "04:00:00"
     assert resources.timeout_seconds == 13680
