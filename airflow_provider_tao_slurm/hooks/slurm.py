@@ -694,21 +694,23 @@ class SlurmHook(BaseHook):
         """Accounting's word on many jobs in one ``sacct`` (slurmdbd; slurmctld is not asked).
 
         The shared poller confirms end markers with it: the state of a job that accounting shows
-        ended is the state the record settles on.
+        ended is the state the record settles on. Every run of a requeued job is listed (``sacct -D``),
+        so each state says which run it is (:attr:`~airflow_provider_tao_slurm.core.states.JobState.run`).
 
         :raises RemoteCommandError: when sacct failed (e.g. slurmdbd is down).
         """
         ids = list(dict.fromkeys(job_ids))
         if not ids:
             return {}
-        result = await self.a_run(commands.sacct_states(ids, since))
+        result = await self.a_run(commands.sacct_states(ids, since, every_run=True))
         if result.rc != 0:
             raise RemoteCommandError(
                 f"sacct failed on {result.host} (exit {result.rc}): {result.stderr.strip()[-300:]}",
                 rc=result.rc,
                 stderr=result.stderr,
             )
-        return {job_id: state for job_id, state in parse_sacct(result.stdout).items() if job_id in ids}
+        states = parse_sacct(result.stdout, count_runs=True)
+        return {job_id: state for job_id, state in states.items() if job_id in ids}
 
     async def a_read_log(self, path: str, offset: int = 0, max_bytes: int = 65536) -> TailChunk[str]:
         """Async twin of :meth:`read_log`."""

@@ -86,13 +86,26 @@ ENDED_BY_ITS_SCRIPT = frozenset({"COMPLETED", "FAILED", "OUT_OF_MEMORY"})
 
 
 def _confirms(state: JobState, marker: EndMarker) -> bool:
-    """Whether accounting's end is the one the marker's run left: an end its script gives, with its exit code.
+    """Whether accounting's end is the one the marker's run left.
 
-    A requeued job's row can show a transient end of the run SLURM is restarting (seen under load: FAILED
-    with the SIGTERM'd script's code while a planted or stale marker said 0); an end with another exit
-    code is not this marker's, and the scheduler queries decide.
+    That is the job's newest run, ended as its script ends it (no signal), with the marker's exit code.
+    A requeued job keeps its id, and its rows (``sacct -D``) hold every run: only the newest run's end is
+    the job's, and only when it is the marker's run. A run SLURM is restarting can show a transient end
+    (seen under load: FAILED, its script SIGTERMed, ``0:15``, while a planted or stale marker of that run
+    said 0); an end by a signal, with another exit code, or of another run is not this marker's, and the
+    scheduler queries decide.
     """
-    return state.native in ENDED_BY_ITS_SCRIPT and state.exit_code == marker.exit_code
+    return (
+        state.native in ENDED_BY_ITS_SCRIPT
+        and not state.signal
+        and state.exit_code == marker.exit_code
+        and state.run == marker.restart
+    )
+
+
+def _superseded(state: JobState | None, marker: EndMarker) -> bool:
+    """Whether accounting already shows a later run of the job than the marker's (SLURM requeued it)."""
+    return state is not None and state.run is not None and state.run > marker.restart
 
 
 @dataclass
@@ -389,7 +402,9 @@ class StatusPoller:
         accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit code
         other than the marker's, or when it is still unconfirmed after :data:`END_MARKER_CONFIRM_S`
         seconds: a requeued job runs again and leaves a new marker; with accounting down the scheduler
-        queries decide. A marker accounting answered for without an end is asked about again after
+        queries decide. Accounting lists every run of a requeued job (``sacct -D``): a marker whose run is
+        not the newest accounting shows is dropped at once (:func:`_confirms`, :func:`_superseded`). A
+        marker accounting answered for without an end is asked about again after
         :data:`END_MARKER_RECHECK_S`, doubling per answer; a failed query is no answer: its markers are
         asked about again after :data:`END_MARKER_INTERVAL_S`.
         """
@@ -411,8 +426,8 @@ class StatusPoller:
         for queue, waiting in list(self._unconfirmed.items()):
             marker = waiting.marker
             state = states.get(marker.slurm_job_id)
-            ended = state is not None and state.accounted
-            if not ended and now - waiting.found < END_MARKER_CONFIRM_S:
+            ended = state is not None and state.accounted and not _superseded(state, marker)
+            if not ended and not _superseded(state, marker) and now - waiting.found < END_MARKER_CONFIRM_S:
                 if answered:
                     waiting.answers += 1
                     waiting.due = now + min(END_MARKER_RECHECK_S * 2 ** (waiting.answers - 1), END_MARKER_INTERVAL_S)
@@ -423,10 +438,10 @@ class StatusPoller:
             self._next_run[queue] = marker.restart + 1
             if ended and state is not None and _confirms(state, marker):
                 confirmed[queue] = state
-            elif ended:
+            elif ended or _superseded(state, marker):
                 log.debug(
-                    "SLURM job %s ended %s, not as its run %d's marker says (exit code %d): the scheduler queries "
-                    "report it",
+                    "SLURM job %s shows %s, not run %d's end as its marker says (exit code %d): the scheduler "
+                    "queries report it",
                     marker.slurm_job_id,
                     state,
                     marker.restart,

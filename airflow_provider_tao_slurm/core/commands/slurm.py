@@ -149,17 +149,20 @@ def squeue_states(job_ids: Sequence[str], user: str | None = None) -> str:
     return join(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", SQUEUE_FORMAT])
 
 
-def sacct_states(job_ids: Sequence[str], starttime: str) -> str:
+def sacct_states(job_ids: Sequence[str], starttime: str, *, every_run: bool = False) -> str:
     """``sacct -X -n -P -j ID,... -o SACCT_FIELDS --starttime=START``: final states and exit codes.
 
     :param job_ids: SLURM job ids (duplicates are dropped).
     :param starttime: ``now-<n><unit>`` or ``YYYY-MM-DDTHH:MM:SS``.
+    :param every_run: ``-D``: a row for every run of a requeued job, oldest first (parse with
+        ``count_runs``), not only its newest.
     :returns: the command line; parse its output with ``states.parse_sacct``.
     :raises ValidationError: for an empty list, a bad id or a bad start time.
     """
     return join(
         [
             "sacct",
+            *(["-D"] if every_run else []),
             "-X",
             "-n",
             "-P",

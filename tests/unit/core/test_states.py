@@ -644,3 +644,37 @@ def test_pending_reasons_get_a_hint(reason: str, words: str) -> None:
 @pytest.mark.parametrize("reason", [None, "", "None", "SomethingNew"])
 def test_other_reasons_get_no_hint(reason: str | None) -> None:
     assert pending_hint(reason) is None
+
+
+SACCT_ROW = "{id}|tao-x|{state}|{code}|None|n1|2026-12-04T05:00:00|{end}"
+
+
+@pytest.mark.parametrize(
+    ("rows", "expected"),
+    [
+        # one run
+        ([("7", "COMPLETED", "0:0", "2026-12-04T05:08:30")], {"7": ("COMPLETED", 0)}),
+        # requeued once: the first run's row, then the newest (pending again)
+        ([("7", "REQUEUED", "0:15", "2026-12-04T05:01:00"), ("7", "PENDING", "0:0", "Unknown")], {"7": ("PENDING", 1)}),
+        # requeued twice, ended; another job beside it, and step rows that are not runs
+        (
+            [
+                ("7", "NODE_FAIL", "0:0", "2026-12-04T05:01:00"),
+                ("8", "RUNNING", "0:0", "Unknown"),
+                ("7", "REQUEUED", "0:15", "2026-12-04T05:02:00"),
+                ("7.batch", "CANCELLED", "0:15", "2026-12-04T05:02:00"),
+                ("7", "COMPLETED", "0:0", "2026-12-04T05:08:30"),
+            ],
+            {"7": ("COMPLETED", 2), "8": ("RUNNING", 0)},
+        ),
+    ],
+    ids=["one-run", "requeued-pending", "requeued-twice-ended"],
+)
+def test_sacct_every_run_counts_the_runs_of_a_requeued_job(
+    rows: list[tuple[str, str, str, str]], expected: dict[str, tuple[str, int]]
+) -> None:
+    """``sacct -D`` lists every run of a requeued job, oldest first: the newest row wins and says which run it is."""
+    text = "\n".join(SACCT_ROW.format(id=i, state=st, code=code, end=end) for i, st, code, end in rows) + "\n"
+    parsed = parse_sacct(text, count_runs=True)
+    assert {job: (state.native, state.run) for job, state in parsed.items()} == expected
+    assert {state.run for state in parse_sacct(text).values()} == {None}, "without -D no run is counted"

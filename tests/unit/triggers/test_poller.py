@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import subprocess
 import time
@@ -547,8 +548,18 @@ def fast_markers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(poller_module, "END_MARKER_RECHECK_S", 0.01)
 
 
-def ended(job_id: str, native: str = "COMPLETED", code: int = 0, end: str | None = "2026-12-04T05:08:30") -> JobState:
-    return state_from_native(job_id, native, source="sacct", exit_code=code, signal=0, end=end)
+def ended(
+    job_id: str,
+    native: str = "COMPLETED",
+    code: int = 0,
+    end: str | None = "2026-12-04T05:08:30",
+    *,
+    signal: int = 0,
+    run: int = 0,
+) -> JobState:
+    """Accounting's row of an ended job, as ``sacct -D`` gives it (``run``: which run of the job it is)."""
+    state = state_from_native(job_id, native, source="sacct", exit_code=code, signal=signal, end=end)
+    return dataclasses.replace(state, run=run)
 
 
 @pytest.mark.usefixtures("fast_markers")
@@ -586,14 +597,16 @@ def test_end_markers_are_read_between_status_queries_and_each_subscriber_gets_it
 
 
 @pytest.mark.usefixtures("fast_markers")
+@pytest.mark.parametrize("counted", [1, None], ids=["accounting-shows-run-1", "accounting-lags"])
 def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marker_counts(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, counted: int | None
 ) -> None:
-    """Run 0's marker, then SLURM requeued the job (accounting: PENDING): run 0 is dropped after the confirm
-    window and never asked about again; run 1's marker, once accounting shows the end, ends the watch."""
-    monkeypatch.setattr(poller_module, "END_MARKER_CONFIRM_S", 0.1)
+    """Run 0's marker, then SLURM requeued the job (accounting: PENDING; ``sacct -D`` counts run 1, or not yet):
+    run 0 is dropped (at once when accounting shows the later run, else after the confirm window) and never
+    asked about again; run 1's marker, once accounting shows run 1's end, ends the watch."""
+    monkeypatch.setattr(poller_module, "END_MARKER_CONFIRM_S", 0.1 if counted is None else 3600)
     ends = FakeEnds([[marker("1", restart=0)]])
-    requeued = state_from_native("1", "PENDING", source="sacct", reason="BeginTime")
+    requeued = dataclasses.replace(state_from_native("1", "PENDING", source="sacct", reason="BeginTime"), run=counted)
     accounting = FakeAccounting([{"1": requeued}])
 
     async def scenario() -> list[PollUpdate]:
@@ -605,7 +618,7 @@ def test_a_marker_accounting_does_not_confirm_is_dropped_and_the_next_runs_marke
         assert len(accounting.calls) == asked, "a dropped run's marker is not asked about again"
         assert queue.qsize() == 1  # the first poll's RUNNING only
         ends.answers = [[marker("1", restart=0), marker("1", restart=1, code=0)]]
-        accounting.answers = [{"1": ended("1")}]
+        accounting.answers = [{"1": ended("1", run=1)}]
         await asyncio.sleep(0.2)
         poller.unsubscribe("1", queue)
         return [queue.get_nowait() for _ in range(queue.qsize())]
@@ -771,6 +784,10 @@ def test_a_failed_accounting_query_is_no_answer_its_markers_wait_and_are_asked_a
     [
         pytest.param(ended("1", "FAILED", 143), ("sacct", "FAILED", 143), id="another-exit-code"),
         pytest.param(ended("1", "NODE_FAIL", 0), ("sacct", "NODE_FAIL", 0), id="an-end-no-script-gives"),
+        # the run SLURM is restarting, its script SIGTERMed (0:15; seen under load before the requeue shows)
+        pytest.param(ended("1", "FAILED", 0, signal=15), ("sacct", "FAILED", 0), id="ended-by-a-signal"),
+        # a requeued job's newest run ended as a script ends, but it is run 1: the marker is run 0's
+        pytest.param(ended("1", run=1), ("sacct", "COMPLETED", 0), id="another-run"),
     ],
 )
 def test_a_mismatching_end_leaves_the_job_to_the_scheduler_queries_the_batch_confirms_the_rest(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import subprocess
@@ -46,11 +47,11 @@ def squeue(native: str, reason: str | None = None) -> dict[str, JobState]:
 
 
 def sacct(
-    native: str, exit_code: int = 0, signal: int = 0, end: str | None = "2026-12-04T05:08:30"
+    native: str, exit_code: int = 0, signal: int = 0, end: str | None = "2026-12-04T05:08:30", run: int = 0
 ) -> dict[str, JobState]:
-    return {
-        JOB: state_from_native(JOB, native, source="sacct", exit_code=exit_code, signal=signal, node_list="n1", end=end)
-    }
+    """Accounting's newest row of the job, as ``sacct -D`` gives it (``run``: which run it is)."""
+    state = state_from_native(JOB, native, source="sacct", exit_code=exit_code, signal=signal, node_list="n1", end=end)
+    return {JOB: dataclasses.replace(state, run=run)}
 
 
 class TriggerHook(FakeSlurmHook):
@@ -747,7 +748,7 @@ def test_a_marker_accounting_does_not_confirm_leaves_the_job_to_the_scheduler_qu
         asked = len(hook.accounting_asked)
         await asyncio.sleep(0.3)
         assert len(hook.accounting_asked) == asked, "the dropped run's marker is not asked about again"
-        hook.accounting = [sacct("FAILED", 2)]
+        hook.accounting = [sacct("FAILED", 2, run=1)]
         (ends / f"{JOB}-1-2.end").touch()
         return await task
 
