@@ -114,6 +114,8 @@ _PEM_BLOCK = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----E
 _PEM_BEGIN = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----")
 _PEM_END = re.compile(r"-----END [A-Z0-9 ]*PRIVATE KEY-----")
 # A line that may be a row of a private key's base64 body (PEM, OpenSSH): base64 characters only, padding last.
+#: The rank ``srun --label`` puts before each line of a multi-node job (``0: ``, `` 1: ``).
+_RANK_LABEL = re.compile(r"^ *\d+: ")
 _KEY_ROW = re.compile(r"[A-Za-z0-9+/]*={0,2}")  # the line is stripped, and not blank
 #: Shortest line taken for a whole row of a key's body where the key block is not known (rows are 64 or 70).
 MIN_KEY_ROW_CHARS = 16
@@ -344,8 +346,11 @@ def _redact_line(line: str, secrets: tuple[str, ...], state: KeyBlock) -> tuple[
 
 
 def _may_be_key_row(line: str, any_length: bool) -> bool:
-    """Tell whether ``line`` may be a row of a private key's base64 body (any length, or a whole row's)."""
-    word = line.strip()
+    """Tell whether ``line`` may be a row of a private key's base64 body (any length, or a whole row's).
+
+    A multi-node job's lines carry their rank (``srun --label``: ``0: ``), which is not part of the row.
+    """
+    word = _RANK_LABEL.sub("", line, count=1).strip()
     return _KEY_ROW.fullmatch(word) is not None and (any_length or len(word) >= MIN_KEY_ROW_CHARS)
 
 

@@ -56,7 +56,7 @@ DAG_ID = "example_tao_multinode"
 DAG_TIMEOUT_S = 420
 LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED"}
 RENDEZVOUS = re.compile(
-    r"^rendezvous host=(?P<host>\S+) WORLD_SIZE=(?P<world>\S*) NODE_RANK=(?P<rank>\S*) "
+    r"^(?P<label>\d+): rendezvous host=(?P<host>\S+) WORLD_SIZE=(?P<world>\S*) NODE_RANK=(?P<rank>\S*) "
     r"NUM_GPU_PER_NODE=(?P<gpus>\S*) MASTER_ADDR=(?P<addr>\S*) MASTER_PORT=(?P<port>\S*) nccl=\[(?P<nccl>[^]]*)\]$",
     re.MULTILINE,
 )
@@ -392,8 +392,11 @@ def test_multinode_dag_trains_on_both_nodes_with_the_probed_env(dag_run: DagRun,
     assert "gres/gpu=2" in row["AllocTRES"]
 
     log = read_remote(ssh_run, f"{handle['log_dir']}/main.out")
+    # every node's line carries its rank (srun --label): the same line from two nodes is told apart
     seen = sorted(
-        (m["host"], m["rank"], m["world"], m["gpus"], m["addr"], m["port"], m["nccl"]) for m in RENDEZVOUS.finditer(log)
+        (m["host"], m["rank"], m["world"], m["gpus"], m["addr"], m["port"], m["nccl"])
+        for m in RENDEZVOUS.finditer(log)
+        if m["label"] == m["rank"]
     )
     announced = re.search(r"^TAO_SLURM: rendezvous n1:(\d+), ", log, re.MULTILINE)
     assert announced, log[-3000:]

@@ -450,6 +450,13 @@ OUTSIDE, INSIDE = KeyBlock.OUTSIDE, KeyBlock.INSIDE
             id="unknown-text-shows",
         ),
         pytest.param(["done"], AFTER_TEXT, ["done"], AFTER_TEXT, id="after-text-a-short-word-shows"),
+        pytest.param(
+            ["0: epoch 3", f"1: {ROW}", f" 1: {LAST}", "0: epoch 4"],
+            AFTER_TEXT,
+            ["0: epoch 3", withheld_note(2), "0: epoch 4"],
+            AFTER_TEXT,
+            id="multi-node-rows-carry-their-rank",
+        ),
         pytest.param(["done"], UNKNOWN, [withheld_note(1)], UNKNOWN, id="unknown-a-short-word-first-is-withheld"),
         pytest.param(
             ["epoch 3", ROW, LAST, "epoch 4"],

@@ -26,9 +26,11 @@ from airflow_provider_tao_slurm.core.continuation import (
     grace_seconds,
     slice_marker,
 )
+from airflow_provider_tao_slurm.core.failures import classify
 from airflow_provider_tao_slurm.core.resources import build_resources
 from airflow_provider_tao_slurm.core.secrets import lint_script
 from airflow_provider_tao_slurm.core.shell import quote
+from airflow_provider_tao_slurm.core.states import ErrClass, state_from_native
 from airflow_provider_tao_slurm.core.templates import (
     MULTI_NODE_TEMPLATE,
     SINGLE_NODE_TEMPLATE,
@@ -344,16 +346,23 @@ def test_templates_found_and_packaged_at_the_looked_up_path() -> None:
 # --- the rendered scripts run under bash with a fake srun and scontrol ---------------------------
 
 FAKE_SRUN = r"""#!/bin/bash
-# Record the arguments (NUL separated), drop the leading srun options, run the command once per node.
+# Record the arguments (NUL separated), drop the leading srun options, run the command once per node
+# (with --label, each line of its stdout and stderr prefixed with its task number, as srun does).
 printf '%s\0' "$@" > "$FAKE_DIR/srun.args"
 if [ -n "${FAKE_SRUN_HANG:-}" ]; then : > "$FAKE_DIR/srun.started"; exec sleep 30; fi
+set -o pipefail
 nodes=1
+label=
 while [ $# -gt 0 ]; do
-    case "$1" in --nodes=*) nodes="${1#--nodes=}"; shift ;; --*) shift ;; *) break ;; esac
+    case "$1" in --nodes=*) nodes="${1#--nodes=}"; shift ;; --label) label=1; shift ;; --*) shift ;; *) break ;; esac
 done
 rc=0
 for ((node = 0; node < nodes; node++)); do
-    SLURM_NODEID=$node "$@" < /dev/null
+    if [ -n "$label" ]; then
+        ( { SLURM_NODEID=$node "$@" < /dev/null | sed "s/^/$node: /"; } 2>&1 1>&3 | sed "s/^/$node: /" >&2 ) 3>&1
+    else
+        SLURM_NODEID=$node "$@" < /dev/null
+    fi
     status=$?
     if [ "$status" -gt "$rc" ]; then rc=$status; fi
 done
@@ -608,22 +617,38 @@ def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
     run = Run(tmp_path, num_nodes=2, gpus_per_node=1, command=command, nccl_env={"NCCL_IB_DISABLE": "1"})
     result = run.run()
     assert result.returncode == 0, result.stderr
-    ranks = [line for line in result.stdout.splitlines() if line.startswith("rank=")]
+    ranks = [line for line in result.stdout.splitlines() if "rank=" in line]
     announced = [line for line in result.stdout.splitlines() if line.startswith("TAO_SLURM: rendezvous n1:")]
     port = int(announced[0].split(":")[2].split(",")[0])  # chosen on the node when the job started
     assert 1024 <= port <= 65535
-    assert ranks == [f"rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:{port} count=2/1 nccl=1" for rank in (0, 1)]
+    # each node's line carries its rank (srun --label); the batch script's own lines carry none
+    assert ranks == [
+        f"{rank}: rank={rank} tao_rank={rank} world=2 gpus=1 master=n1:{port} count=2/1 nccl=1" for rank in (0, 1)
+    ]
     assert announced == [f"TAO_SLURM: rendezvous n1:{port}, 2 nodes x 1 GPUs"]
     args = run.srun_args()
-    assert args[:6] == [
+    assert args[:7] == [
         "--input=none",
         "--export=ALL",
         "--nodes=2",
         "--ntasks-per-node=1",
         "--cpus-per-task=16",
         "--kill-on-bad-exit=1",
+        "--label",
     ]
     assert args[-3:] == ["tao-step", "13680", command]
+
+
+def test_run_multi_node_labels_each_nodes_errors_and_the_classifier_reads_past_the_label(tmp_path: Path) -> None:
+    command = 'echo "Epoch 1/2 on $NODE_RANK"; [ "$NODE_RANK" = 0 ] || { echo "CUDA out of memory" >&2; exit 1; }'
+    result = Run(tmp_path, num_nodes=2, gpus_per_node=1, command=command, nccl_env={}).run()
+    assert result.returncode == 1
+    epochs = [line for line in result.stdout.splitlines() if "Epoch" in line]
+    assert epochs == ["0: Epoch 1/2 on 0", "1: Epoch 1/2 on 1"]
+    assert "1: CUDA out of memory" in result.stderr.splitlines()
+    verdict = classify(state_from_native("7", "FAILED", source="sacct", exit_code=1), result.stderr)
+    assert verdict.err_class is ErrClass.ERR_PROGRAM
+    assert "CUDA out of memory" in verdict.reason + verdict.evidence, verdict
 
 
 def test_run_multi_node_fails_without_hosts(tmp_path: Path) -> None:
