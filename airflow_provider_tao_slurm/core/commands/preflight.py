@@ -1,7 +1,9 @@
 """Preflight probes: what ``srun`` offers on the login host, and what a GPU job needs on a node.
 
 The node probe is a short CPU-only job step; its answer uses the indexed framing of
-:mod:`~airflow_provider_tao_slurm.core.commands.checks`.
+:mod:`~airflow_provider_tao_slurm.core.commands.checks`. It also reads the site's Enroot mounts
+there, which the preflight caches per cluster (:func:`with_site_mounts` reads that cache back in
+another command's round trip).
 """
 
 from __future__ import annotations
@@ -11,8 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from airflow_provider_tao_slurm.core.commands.checks import _indexed_checks, _parse_indexed
-from airflow_provider_tao_slurm.core.commands.values import _SLURM_NAME_RE, _TOOL_RE, _absolute_all, _count, _names
-from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.core.commands.values import (
+    _SLURM_NAME_RE,
+    _TOOL_RE,
+    _absolute,
+    _absolute_all,
+    _count,
+    _names,
+)
+from airflow_provider_tao_slurm.core.mounts import ENROOT_SYSCONF_DEFAULT, Mount, parse_fstab
+from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError
 
 _SRUN_OPTION_RE = re.compile(r"--[a-z][a-z0-9-]*")
@@ -80,7 +90,9 @@ def _srun_step(partition: str, account: str | None, wait_seconds: int) -> list[s
 
 
 #: Run on a node by :func:`node_probe`: the node's name, whether its SPANK plugin configuration (the
-#: ``PlugStackConfig`` file and the files it includes) loads Pyxis, Enroot's version, then the indexed checks.
+#: ``PlugStackConfig`` file and the files it includes) loads Pyxis, Enroot's version, every line of the site's
+#: Enroot ``mounts.d/*.fstab`` files (in Enroot's order, each as ``FSTAB <line>``; awk ends a file's last line
+#: even without its newline) and then ``MOUNTS <dir>``, then the indexed checks.
 _NODE_PROBE = (
     f"echo '{STEP_STARTED}'; "
     'echo "NODE $(hostname)"; '
@@ -95,7 +107,10 @@ _NODE_PROBE = (
     "if cat $files 2>/dev/null | grep -v '^[[:space:]]*#' | grep -qi pyxis; then echo 'PYXIS yes'; "
     'else echo "PYXIS no $conf"; fi; '
     'if command -v enroot >/dev/null 2>&1; then echo "ENROOT $(enroot version 2>/dev/null | tail -n 1)"; '
-    "else echo 'ENROOT missing'; fi"
+    "else echo 'ENROOT missing'; fi; "
+    f"d=${{ENROOT_SYSCONF_PATH:-{ENROOT_SYSCONF_DEFAULT}}}/mounts.d; "
+    'for f in "$d"/*.fstab; do [ -f "$f" ] && awk \'{print "FSTAB " $0}\' "$f" 2>/dev/null; done; '
+    'echo "MOUNTS $d"'
 )
 
 
@@ -111,7 +126,9 @@ def node_probe(
 
     The step (no GPU requested, one minute) prints :data:`STEP_STARTED`, the node's name, whether the node's own SPANK
     plugin configuration loads Pyxis (a login host's ``srun --help`` only shows the login host's),
-    Enroot's version there, and whether each ``writable`` directory is a writable directory and
+    Enroot's version there, the site's Enroot mounts there (the ``*.fstab`` files of
+    ``$ENROOT_SYSCONF_PATH/mounts.d``, default ``/etc/enroot/mounts.d``: what Enroot mounts into every
+    container), and whether each ``writable`` directory is a writable directory and
     each ``readable`` path is readable *on that node* (shared storage mounted there). Read it with
     :func:`parse_node_probe`.
 
@@ -142,6 +159,8 @@ class NodeProbe:
     :param enroot: Enroot's version there, ``None`` when it is not installed.
     :param unwritable: the ``writable`` directories the node cannot write.
     :param unreadable: the ``readable`` paths the node cannot read.
+    :param site_mounts: the mounts the site's Enroot ``mounts.d`` files add to every container, in order.
+    :param mounts_dir: the ``mounts.d`` directory read.
     """
 
     node: str
@@ -150,6 +169,8 @@ class NodeProbe:
     enroot: str | None
     unwritable: list[str]
     unreadable: list[str]
+    site_mounts: tuple[Mount, ...] = ()
+    mounts_dir: str = ""
 
 
 def parse_node_probe(stdout: str, writable: Sequence[str], readable: Sequence[str] = ()) -> NodeProbe:
@@ -158,11 +179,14 @@ def parse_node_probe(stdout: str, writable: Sequence[str], readable: Sequence[st
     :raises RemoteCommandError: when a line is missing (the step did not run to its end).
     """
     found: dict[str, str] = {}
+    fstab: list[str] = []
     for line in stdout.splitlines():
         key, _, value = line.strip().partition(" ")
-        if key in ("NODE", "PYXIS", "ENROOT"):
+        if key in ("NODE", "PYXIS", "ENROOT", "MOUNTS"):
             found[key] = value.strip()
-    if set(found) != {"NODE", "PYXIS", "ENROOT"}:
+        elif key == "FSTAB":
+            fstab.append(value)
+    if set(found) != {"NODE", "PYXIS", "ENROOT", "MOUNTS"}:
         raise RemoteCommandError(
             f"the node check printed {stdout.strip()[-300:]!r}; it did not run to its end: run the preflight again"
         )
@@ -174,4 +198,47 @@ def parse_node_probe(stdout: str, writable: Sequence[str], readable: Sequence[st
         enroot=None if found["ENROOT"] in ("missing", "") else found["ENROOT"],
         unwritable=_parse_indexed(stdout, writable, "writable directory", "W") if writable else [],
         unreadable=_parse_indexed(stdout, readable, "readable path", "R") if readable else [],
+        site_mounts=parse_fstab(fstab),
+        mounts_dir=found["MOUNTS"],
     )
+
+
+#: The line :func:`with_site_mounts` prints between the command's output and the site-mounts cache.
+SITE_MOUNTS_MARKER = "#tao-slurm-site-mounts"
+#: The most bytes of the site-mounts cache read back.
+SITE_MOUNTS_MAX_BYTES = 65536
+
+
+def with_site_mounts(command: str, cache_path: str) -> str:
+    """Run ``command``, then print :data:`SITE_MOUNTS_MARKER` and the site-mounts cache, in one round trip.
+
+    The submit path reads the partition table before every submission; the site mounts the last
+    preflight cached (:meth:`~airflow_provider_tao_slurm.core.mounts.SiteMounts.to_json`) ride along, so
+    the mount check costs no round trip of its own. A failed ``command`` exits with its status before
+    the marker. The cache is read only when it is a plain file of our own (a link or another user's
+    file planted there is not read, as the partition cache); otherwise nothing follows the marker.
+    Read the reply with :func:`split_site_mounts`.
+
+    :param command: the command whose output comes first (it must not print the marker line).
+    :param cache_path: the cache's absolute path.
+    :raises ValidationError: for a relative path.
+    """
+    path = quote(_absolute(cache_path, "cache path"))
+    return (
+        f"{{ {command}; }} || exit $?; echo {quote(SITE_MOUNTS_MARKER)}; f={path}; "
+        'if [ -f "$f" ] && [ ! -L "$f" ] && [ -O "$f" ]; then '
+        f'head -c {SITE_MOUNTS_MAX_BYTES} -- "$f"; echo; fi'
+    )
+
+
+def split_site_mounts(stdout: str) -> tuple[str, str | None]:
+    """Split :func:`with_site_mounts`' reply into the command's output and the cache's text.
+
+    :returns: the command's output, and the cache's text (``""``: no cache; ``None``: no marker, the
+        reply stopped before it).
+    """
+    lines = stdout.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if line.rstrip("\n") == SITE_MOUNTS_MARKER:
+            return "".join(lines[:index]), "".join(lines[index + 1 :]).strip()
+    return stdout, None
