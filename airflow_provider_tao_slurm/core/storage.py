@@ -17,10 +17,13 @@ other scheme (``file://``, ``s3://``, ``http://``...) are refused.
 
 from __future__ import annotations
 
+import posixpath
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
 
-from airflow_provider_tao_slurm.exceptions import StoragePathError
+from airflow_provider_tao_slurm.core.mounts import parse_mounts, same_path_problem, spec_dataset_paths
+from airflow_provider_tao_slurm.exceptions import MissingPathsError, StoragePathError
 
 MAX_PATH_CHARS = 4096
 """Longest accepted path (Linux ``PATH_MAX``)."""
@@ -225,3 +228,50 @@ def join_under(base: str, *parts: str, param: str = "base") -> str:
         _check_segments("part", part, pieces)
         segments.extend(pieces)
     return "/".join([base, *segments])
+
+
+def spec_dataset_checks(
+    spec: Mapping[str, Any] | None, container_mounts: str | None, *, own: Sequence[str] = ()
+) -> list[tuple[str, str]]:
+    """Return the spec's dataset paths the login host can check, labelled with their place in the spec.
+
+    A path is checked as written when the job's mounts show the host's path there (``/lustre:/lustre``);
+    one the container reads elsewhere than the host (``/lustre/datasets:/data``) or through the site's
+    own mounts is left to the job, as is one under a directory of ``own`` (the job's own directories,
+    created when it is staged).
+
+    :param spec: the (bound) spec.
+    :param container_mounts: the job's ``--container-mounts`` (None: none).
+    :param own: host directories the job's staging creates.
+    :returns: ``(label, path)`` pairs (``("spec dataset.train", "/lustre/data/train")``), in the spec's order.
+    """
+    mounts = parse_mounts(container_mounts) if container_mounts is not None else ()
+    mine = [posixpath.normpath(directory) for directory in own]
+    checks = []
+    for where, path in spec_dataset_paths(spec).items():
+        normal = posixpath.normpath("/" + path.lstrip("/"))
+        inside = any(normal == directory or normal.startswith(directory + "/") for directory in mine)
+        if not inside and same_path_problem(mounts, normal) is None:
+            checks.append((where, normal))
+    return checks
+
+
+def missing_paths_error(
+    labelled: Sequence[tuple[str, str]], missing: Collection[str], cluster: str, *, outcome: str = "", fix: str
+) -> MissingPathsError:
+    """Return the error naming every missing dataset path at once, and the fix.
+
+    :param labelled: ``(label, path)`` pairs as checked, in order (a path may carry several labels).
+    :param missing: the paths the check found missing.
+    :param cluster: the cluster's name.
+    :param outcome: what the refusal spared, appended to the first line (e.g. ``", so nothing was submitted"``).
+    :param fix: what to correct besides copying the data (e.g. ``"correct the paths"``).
+    """
+    shown = [(label, path) for label, path in labelled if path in missing]
+    paths = list(dict.fromkeys(path for _, path in shown))
+    listing = "\n".join(f"- {label} = {path}" for label, path in shown)
+    return MissingPathsError(
+        f"{len(paths)} dataset path(s) do not exist on cluster {cluster!r} (checked from the login host){outcome}:\n"
+        f"{listing}\nCopy the data to shared storage (Lustre) first, or {fix}.",
+        missing=paths,
+    )

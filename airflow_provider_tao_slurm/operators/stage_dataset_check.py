@@ -34,8 +34,7 @@ class StageDatasetCheckOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> dict[str, str] | list[str]:
         """Resolve the paths, test them on the cluster and return them resolved."""
-        from airflow_provider_tao_slurm.core.storage import display_value, resolve_paths
-        from airflow_provider_tao_slurm.exceptions import MissingPathsError
+        from airflow_provider_tao_slurm.core.storage import display_value, missing_paths_error, resolve_paths
 
         resolved = resolve_paths(self.paths, param="paths")
         labelled = (
@@ -45,12 +44,6 @@ class StageDatasetCheckOperator(SlurmBaseOperator):
         )
         missing = set(self.hook.check_paths(list(dict.fromkeys(path for _, path in labelled))))
         if missing:
-            cluster = self.hook.settings.cluster_name
-            listing = "\n".join(f"- {label} = {path}" for label, path in labelled if path in missing)
-            raise MissingPathsError(
-                f"{len(missing)} dataset path(s) do not exist on cluster {cluster!r} (checked from the login "
-                f"host):\n{listing}\nCopy the data to shared storage (Lustre) first, or correct the paths.",
-                missing=list(dict.fromkeys(path for _, path in labelled if path in missing)),
-            )
+            raise missing_paths_error(labelled, missing, self.hook.settings.cluster_name, fix="correct the paths")
         self.log.info("All %d dataset path(s) exist on the cluster", len(labelled))
         return resolved

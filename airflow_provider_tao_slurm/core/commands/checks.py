@@ -11,10 +11,12 @@ import re
 from collections.abc import Sequence
 
 from airflow_provider_tao_slurm.core.commands.values import _TOOL_RE, _absolute_all, _names
-from airflow_provider_tao_slurm.core.shell import join
+from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import RemoteCommandError
 
 _INDEXED_RE = re.compile(r"(OK|MISSING) (\d+)")
+#: The line :func:`test_paths_then` prints between the path check's answer and the command's output.
+_PATHS_CHECKED = "== tao-slurm paths checked"
 
 
 def _indexed_checks(condition: str, items: list[str], prefix: str = "") -> str:
@@ -63,6 +65,38 @@ def parse_test_paths(stdout: str, paths: Sequence[str]) -> list[str]:
     :raises RemoteCommandError: when some path got no answer.
     """
     return _parse_indexed(stdout, paths, "path")
+
+
+def test_paths_then(paths: Sequence[str], command: str) -> str:
+    """:func:`test_paths`, then ``command``, in one round trip; read the answer with :func:`split_test_paths`.
+
+    The path check only prints: ``command`` runs whatever it found, and the exit status is ``command``'s.
+
+    :param paths: absolute cluster paths (none: ``command`` alone).
+    :param command: the command whose round trip carries the check.
+    :raises ValidationError: for a relative path.
+    """
+    if not paths:
+        return command
+    return f"{{ {test_paths(paths)}; }}; echo {quote(_PATHS_CHECKED)}; {command}"
+
+
+def split_test_paths(stdout: str, paths: Sequence[str]) -> tuple[list[str], str]:
+    """Return the paths a :func:`test_paths_then` answer found missing, and ``command``'s own stdout.
+
+    :param stdout: the round trip's stdout.
+    :param paths: the same paths, in the same order (none: all of ``stdout`` is the command's).
+    :raises RemoteCommandError: when some path got no answer (the check did not run to its end).
+    """
+    if not paths:
+        return [], stdout
+    checked, marker, rest = stdout.partition(f"{_PATHS_CHECKED}\n")
+    if not marker:
+        raise RemoteCommandError(
+            "the path check did not finish (its end line is missing); the login shell must be POSIX sh or bash and "
+            "the command must not be cut short: run it again"
+        )
+    return parse_test_paths(checked, paths), rest
 
 
 def which(tools: Sequence[str]) -> str:
