@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -479,6 +480,82 @@ def test_a_marker_accounting_does_not_confirm_does_not_end_the_watch(
     assert final_state(ssh_run, slurm_id) == "COMPLETED", "the record agrees with accounting"
     assert "rerun" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
     assert ends_listing(ssh_run, handle) == {}, "the settled job's markers are removed"
+
+
+#: The requeue stress case: jobs, requeues of each while it runs, and the seed of the moments.
+STRESS_JOBS, STRESS_REQUEUES, STRESS_SEED = 10, 2, 4111
+
+
+def test_requeues_at_random_moments_end_each_watch_once_on_its_true_end(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun
+) -> None:
+    """20 requeues at seeded random moments: 10 jobs, each requeued twice while it runs (1-8 s into a run),
+    all watched at once by their deferred sensors' triggers on the shared poller, end markers on. Expected:
+    each watch ends once, when the job's last run ends (accounting's COMPLETED of that run, its restart
+    count the requeues made), one job per name, and each record agrees with accounting."""
+    rng = random.Random(STRESS_SEED)
+    moments = [[rng.uniform(1, 8) for _ in range(STRESS_REQUEUES)] for _ in range(STRESS_JOBS)]
+    command = 'echo "run ${SLURM_RESTART_COUNT:-0}"; sleep 12'
+    watched = []
+    for k in range(STRESS_JOBS):
+        ctx = context(dag_id, f"submit{k}", "r1")
+        handle = submit(submit_op(image, command, task_id=f"submit{k}", requeue=True), ctx)
+        sensor = SlurmJobSensor(task_id=f"wait{k}", job=handle, poke_interval=30)
+        watched.append((ctx, handle, sensor, defer(sensor, ctx)))
+
+    def restarts(slurm_id: str) -> tuple[str, int]:
+        fields = scontrol_fields(ssh_run, slurm_id)
+        return fields["JobState"], int(fields["Restarts"])
+
+    async def requeue_while_running(slurm_id: str, at: list[float]) -> int:
+        done = 0
+        for run_index, delay in enumerate(at):
+            running = ("RUNNING", run_index)
+            await asyncio.to_thread(
+                wait_until, lambda want=running: restarts(slurm_id) == want, f"{slurm_id} run {run_index}", 180
+            )
+            await asyncio.sleep(delay)
+            rc, _, err = await asyncio.to_thread(ssh_run, join(["scontrol", "requeue", slurm_id]))
+            assert rc == 0, err
+            done += 1
+            await asyncio.to_thread(wait_until, lambda: restarts(slurm_id)[0] == "PENDING", f"{slurm_id} requeued")
+            rc, _, err = await asyncio.to_thread(ssh_run, f"scontrol update jobid={quote(slurm_id)} StartTime=now")
+            assert rc == 0, err
+        return done
+
+    async def every_event(trigger: SlurmJobTrigger) -> list[TriggerEvent]:
+        async with asyncio.timeout(600):
+            return [event async for event in trigger.run()]
+
+    async def scenario() -> tuple[list[list[TriggerEvent]], list[int]]:
+        watches = [asyncio.ensure_future(every_event(deferred.trigger)) for *_, deferred in watched]
+        requeued = await asyncio.gather(
+            *(
+                requeue_while_running(handle["slurm_job_id"], at)
+                for (_, handle, _, _), at in zip(watched, moments, strict=True)
+            )
+        )
+        return await asyncio.gather(*watches), list(requeued)
+
+    events, requeued = run_async(scenario())
+    assert requeued == [STRESS_REQUEUES] * STRESS_JOBS
+    for (ctx, handle, sensor, deferred), job_events, done in zip(watched, events, requeued, strict=True):
+        slurm_id = handle["slurm_job_id"]
+        assert len(job_events) == 1, f"job {slurm_id}: the watch ended {len(job_events)} times"
+        (event,) = job_events
+        assert event.payload["native"] == "COMPLETED", (slurm_id, event.payload)
+        assert scontrol_fields(ssh_run, slurm_id)["Restarts"] == str(done), "the event came after the last requeue"
+        assert final_state(ssh_run, slurm_id) == "COMPLETED", "the event agrees with accounting"
+        assert resume(sensor, ctx, deferred, event)["terminal_state"] == "COMPLETE"
+        runs = [
+            line
+            for line in remote_text(ssh_run, f"{handle['log_dir']}/main.out").splitlines()
+            if line.startswith("run ")
+        ]
+        assert runs[-1] == f"run {done}", runs
+    names = job_names(ssh_run, f"tao-{dag_id}.")
+    assert sorted(names) == sorted(handle["slurm_job_id"] for _, handle, _, _ in watched), "one job per name"
+    assert len(set(names.values())) == STRESS_JOBS, names
 
 
 def test_a_run_cancelled_or_requeued_by_sigterm_leaves_no_marker(
