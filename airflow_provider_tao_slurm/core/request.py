@@ -33,7 +33,7 @@ from airflow_provider_tao_slurm.core.continuation import (
 )
 from airflow_provider_tao_slurm.core.execution import Execution, build_step_command, canonical_sha256, parse_execution
 from airflow_provider_tao_slurm.core.images import ImageRef, parse_image
-from airflow_provider_tao_slurm.core.mounts import check_mounts, spec_dataset_paths
+from airflow_provider_tao_slurm.core.mounts import SiteMounts, check_mounts, spec_dataset_paths
 from airflow_provider_tao_slurm.core.resources import Resources, check_job_parameters, gpu_resources
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets, sidecar_text
 from airflow_provider_tao_slurm.core.specs import load_spec
@@ -242,6 +242,25 @@ class BoundRequest:
                 raise SecretLeakError(f"a secret_env value appears in {where}; reference it by name ($NAME) instead")
         return script
 
+    def check_mounts(self, site_mounts: SiteMounts | None) -> None:
+        """Check that the container sees the job's files.
+
+        The job directory and the results directory must be shown at their own path, every dataset
+        path of the spec where the spec names it.
+
+        :param site_mounts: the site's own container mounts as the last preflight cached them (counted
+            under the job's own), or None when no preflight did.
+        :raises ValidationError: naming every unseen path at once, the mounts counted and the mount to add.
+        """
+        request, layout = self.request, self.layout
+        check_mounts(
+            request.container_mounts,
+            same_path={"job directory (spec, staged files)": layout.job_dir, "results directory": layout.results_dir},
+            visible=spec_dataset_paths(self.spec),
+            origin=request.mounts_origin,
+            site_mounts=site_mounts,
+        )
+
     def open_record(self, *, now: str, retry_of: str | None, secrets: Sequence[str]) -> JobRecord:
         """Return the job's new record (PENDING), redacted of ``secrets``.
 
@@ -426,7 +445,7 @@ def submit_request(
     command: str | None,
     num_nodes: int,
     gpus_per_node: int,
-    cpus_per_task: int,
+    cpus_per_task: int | None,
     time_hours: float,
     timeout_hours: float | None,
     partition: str | None,
@@ -531,11 +550,24 @@ def submit_request(
     )
 
 
-def bind_request(request: SubmitRequest, layout: JobLayout) -> BoundRequest:
+def bind_request(
+    request: SubmitRequest,
+    layout: JobLayout,
+    *,
+    site_mounts: SiteMounts | None = None,
+    defer_mount_check: bool = False,
+) -> BoundRequest:
     """Bind ``request`` to the job of ``layout`` and check that its container sees the job's files.
+
+    The site's own mounts come from the cluster (the preflight's cache, read with the partition table),
+    so a caller that reads them after binding (the submit operator: its partition read comes after the
+    script is linted, so bad input costs no round trip) passes ``defer_mount_check`` and calls
+    :meth:`BoundRequest.check_mounts` once it has them, before anything is staged.
 
     :param request: the validated request.
     :param layout: the job's paths.
+    :param site_mounts: the site's own container mounts (None: not known).
+    :param defer_mount_check: leave the mount check to the caller.
     :raises ValidationError: when the container mounts do not show the job directory, the results
         directory or a dataset path of the spec (every unseen path named at once).
     """
@@ -553,13 +585,7 @@ def bind_request(request: SubmitRequest, layout: JobLayout) -> BoundRequest:
         command = build_step_command(bound, command, child_exit_code_path)
     env = {key: bind_text(value, values) for key, value in request.env.items()}
     spec = bind_value(request.spec, values, where="spec") if request.spec is not None else None
-    check_mounts(
-        request.container_mounts,
-        same_path={"job directory (spec, staged files)": layout.job_dir, "results directory": layout.results_dir},
-        visible=spec_dataset_paths(spec),
-        origin=request.mounts_origin,
-    )
-    return BoundRequest(
+    job = BoundRequest(
         request=request,
         layout=layout,
         command=command,
@@ -569,3 +595,6 @@ def bind_request(request: SubmitRequest, layout: JobLayout) -> BoundRequest:
         env_text=json.dumps(env, separators=(",", ":"), sort_keys=True),
         child_exit_code_path=child_exit_code_path,
     )
+    if not defer_mount_check:
+        job.check_mounts(site_mounts)
+    return job

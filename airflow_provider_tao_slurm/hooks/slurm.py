@@ -40,6 +40,7 @@ from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection, settings_from_env
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
 from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, tail_script
+from airflow_provider_tao_slurm.core.mounts import SiteMounts
 from airflow_provider_tao_slurm.core.partitions import Partition, parse_sinfo_partitions
 from airflow_provider_tao_slurm.core.secrets import redact_text
 from airflow_provider_tao_slurm.core.states import (
@@ -95,7 +96,10 @@ STAGING_FAILED = "#tao-slurm-staging-failed"
 PARTITION_CACHE_S = 600
 #: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
 #: cached by a version that asked sinfo for other fields is never read as this one's.
-PARTITION_CACHE_NAME = "partitions-a-gres"
+PARTITION_CACHE_NAME = "partitions-a-gres-avail-cpus-mem-access"
+#: The preflight's cache of the site's Enroot mounts (:class:`~airflow_provider_tao_slurm.core.mounts.SiteMounts`
+#: as JSON) under ``<results_dir>/.tao-slurm``; read back with every partition read.
+SITE_MOUNTS_CACHE_NAME = "site-mounts.json"
 
 
 #: event loop -> connection id -> the read of its settings in flight; a finished read is dropped at once.
@@ -137,6 +141,8 @@ class SlurmHook(BaseHook):
         self._async_settings: ClusterSettings | None = None
         self._client: paramiko.SSHClient | None = None
         self._host: str | None = None
+        #: The site mounts this hook's last partition read brought back (a 1-tuple once read).
+        self._site_mounts: tuple[SiteMounts | None] | None = None
 
     # ------------------------------------------------------------------ settings and connection
 
@@ -539,7 +545,7 @@ class SlurmHook(BaseHook):
             _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
 
     def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
-        """Return the cluster's partitions (hidden ones too) with their ``MaxTime``, default flag and GPU shape.
+        """Return the cluster's partitions (hidden ones too): ``MaxTime``, default flag, node shape, state and access.
 
         One ``sinfo -a`` answer is kept for :data:`PARTITION_CACHE_S` seconds on shared storage (under
         ``results_dir``) and serves every worker; ``fresh`` asks sinfo again. A partition whose line
@@ -548,11 +554,25 @@ class SlurmHook(BaseHook):
 
         :raises RemoteCommandError: when sinfo failed (e.g. the controller is down).
         """
+        return self.partition_limits_and_missing((), fresh=fresh)[0]
+
+    def partition_limits_and_missing(
+        self, paths: Sequence[str], *, fresh: bool = False
+    ) -> tuple[list[Partition], list[str]]:
+        """:meth:`partition_limits` and :meth:`check_paths` in the same round trip: the paths are tested first.
+
+        :param paths: absolute cluster paths that must exist (none: the partitions alone).
+        :returns: the partitions, and the paths that do not exist (in order).
+        :raises RemoteCommandError: when sinfo failed, or the path check's answer is incomplete.
+        """
         base = self.settings.results_dir
         cache = f"{base}/.tao-slurm/{PARTITION_CACHE_NAME}" if base else None
+        command = commands.test_paths_then(
+            paths, commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S, base)
+        )
+        site_cache = self._site_mounts_cache()
         result = self.run(
-            commands.sinfo_partitions_cached(cache, 1 if fresh else PARTITION_CACHE_S, base),
-            what="reading the partitions",
+            commands.with_site_mounts(command, site_cache) if site_cache else command, what="reading the partitions"
         )
         if result.rc != 0:
             raise RemoteCommandError(
@@ -561,7 +581,11 @@ class SlurmHook(BaseHook):
                 rc=result.rc,
                 stderr=result.stderr,
             )
-        partitions, unreadable = parse_sinfo_partitions(result.stdout)
+        stdout, site = commands.split_site_mounts(result.stdout)
+        if site_cache:
+            self._site_mounts = (self._read_site_mounts(site, site_cache),)
+        missing, table = commands.split_test_paths(stdout, paths)
+        partitions, unreadable = parse_sinfo_partitions(table)
         for partition in partitions:
             if partition.problem is not None:
                 self.log.warning(
@@ -572,7 +596,53 @@ class SlurmHook(BaseHook):
                 )
         for line in unreadable:
             self.log.warning("sinfo printed %r, which names no partition; the line is ignored", line)
-        return partitions
+        return partitions, missing
+
+    def _site_mounts_cache(self) -> str | None:
+        """Return the site-mounts cache's path (None without a results directory)."""
+        base = self.settings.results_dir
+        return f"{base}/.tao-slurm/{SITE_MOUNTS_CACHE_NAME}" if base else None
+
+    def _read_site_mounts(self, text: str | None, path: str) -> SiteMounts | None:
+        """Read the cache's text (None or empty: no cache); a cache that cannot be read is named in a warning."""
+        if not text:
+            return None
+        try:
+            return SiteMounts.from_json(text)
+        except (ValueError, KeyError, TypeError) as exc:
+            self.log.warning(
+                "The site-mounts cache %s cannot be read (%s); run SlurmPreflightOperator again", path, exc
+            )
+            return None
+
+    def site_mounts(self) -> SiteMounts | None:
+        """Return the site's Enroot mounts as the last preflight cached them; None when none did (or no results_dir).
+
+        The partition read (:meth:`partition_limits`, which every submission makes before sbatch) brings
+        the cache back in its own round trip; after it this answers from that read. Otherwise it reads
+        the cache in one round trip.
+
+        :raises RemoteCommandError: when the cache could not be read.
+        """
+        if self._site_mounts is None:
+            path = self._site_mounts_cache()
+            if path is None:
+                return None
+            result = self.run(commands.with_site_mounts("true", path), check=True, what="reading the site mounts")
+            self._site_mounts = (self._read_site_mounts(commands.split_site_mounts(result.stdout)[1], path),)
+        return self._site_mounts[0]
+
+    def write_site_mounts(self, site: SiteMounts) -> str | None:
+        """Cache ``site`` for every worker of the cluster under ``<results_dir>/.tao-slurm`` (temp file, then rename).
+
+        :returns: the cache's path, or None without a results directory (nothing is cached).
+        :raises RemoteCommandError: (or ``StoragePathError``) when it could not be written.
+        """
+        path = self._site_mounts_cache()
+        if path is not None:
+            self.write_file(path, site.to_json().encode())
+            self._site_mounts = (site,)
+        return path
 
     def install_enroot_credentials(self, registry: str, password: str, login: str = "$oauthtoken") -> None:
         """Install Enroot credentials for ``registry`` (mode 600) from a secret sent over stdin only."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -268,17 +268,50 @@ def sqsh_problem(hook: SlurmHook, path: str) -> str | None:
 
 
 def _chosen_partitions(
-    hook: SlurmHook, requested: object, time_hours: float, param: str, cpu_only: bool
+    hook: SlurmHook,
+    requested: object,
+    time_hours: float,
+    param: str,
+    cpu_only: bool,
+    datasets: Sequence[tuple[str, str]] = (),
 ) -> tuple[tuple[str, ...], list[Partition]]:
-    from airflow_provider_tao_slurm.core.partitions import check_partition_limits, choose_partitions
+    from airflow_provider_tao_slurm.core.partitions import (
+        check_partition_limits,
+        choose_partitions,
+        skipped_cpu_partitions,
+        unavailable,
+    )
     from airflow_provider_tao_slurm.core.resources import parse_partitions
+    from airflow_provider_tao_slurm.core.storage import missing_paths_error
 
     wanted = parse_partitions(requested)  # type: ignore[arg-type]
-    known = hook.partition_limits()
+    known, missing = hook.partition_limits_and_missing(list(dict.fromkeys(path for _, path in datasets)))
+    if missing:
+        raise missing_paths_error(
+            datasets,
+            missing,
+            hook.settings.cluster_name,
+            outcome=", so nothing was staged or submitted",
+            fix="correct them in the spec's dataset section",
+        )
     if any(name not in {p.name for p in known} for name in wanted):
         known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
-    chosen = choose_partitions(wanted, known, hook.settings.cluster_name, time_hours, cpu_only=cpu_only)
+    cluster = hook.settings.cluster_name
+    chosen = choose_partitions(wanted, known, cluster, time_hours, cpu_only=cpu_only)
     check_partition_limits(time_hours, chosen, known, param)
+    skipped = skipped_cpu_partitions(known, time_hours) if cpu_only and not wanted else []
+    if skipped:
+        hook.log.info(
+            "Conversion partition %s chosen on cluster %s; passed over: %s", chosen[0], cluster, "; ".join(skipped)
+        )
+    for partition in unavailable(chosen, known):
+        hook.log.warning(
+            "Partition %s on cluster %s is %s: a job there waits until the site brings it up%s",
+            partition.name,
+            cluster,
+            partition.state.upper(),
+            " (or starts on another of its partitions that is up)" if len(chosen) > 1 else "",
+        )
     return chosen, known
 
 
@@ -290,23 +323,32 @@ def partitions_for(
     :param requested: partition name(s) from the operator or the connection (None or empty: the default).
     :param time_hours: the wall time asked for.
     :param param: the parameter named in the error.
-    :param cpu_only: a CPU job (image conversion): with nothing requested it goes to a partition whose
-        nodes have no GPUs, never to a default partition with GPUs.
+    :param cpu_only: a CPU job (image conversion): with nothing requested it goes to a usable partition
+        whose nodes have no GPUs (up, open to every user), never to a default partition with GPUs; the
+        partitions passed over are logged with their reasons.
     :raises ResourceError: for an unknown partition, no default partition (no CPU partition with
         ``cpu_only``), or a time over a partition's limit.
     """
     return _chosen_partitions(hook, requested, time_hours, param, cpu_only)[0]
 
 
-def place_on_cluster(hook: SlurmHook, resources: Resources, *, param: str = "time_hours") -> Resources:
+def place_on_cluster(
+    hook: SlurmHook, resources: Resources, *, param: str = "time_hours", datasets: Sequence[tuple[str, str]] = ()
+) -> Resources:
     """Place a GPU request on the cluster: partitions resolved and checked, GPUs laid out on their nodes.
+
+    The dataset paths are tested (``test -e`` from the login host) in the round trip that reads the
+    partition table, before it: a submission pays no extra round trip for them, and a missing one
+    stops it before anything is staged or submitted.
 
     :param resources: the validated request (its ``partition`` as requested; empty: the default).
     :param param: the parameter named in a time-limit error.
+    :param datasets: ``(label, path)`` pairs of data the job reads, which must exist on shared storage.
     :returns: ``resources`` with ``partition`` resolved and the layout fitted to the partitions' nodes.
+    :raises MissingPathsError: naming every missing dataset path and the fix.
     :raises ResourceError: for an unknown partition, a time over its limit, or GPUs no node can hold.
     """
     from airflow_provider_tao_slurm.core.partitions import fit_gpus
 
-    chosen, known = _chosen_partitions(hook, resources.partition, resources.time_hours, param, False)
+    chosen, known = _chosen_partitions(hook, resources.partition, resources.time_hours, param, False, datasets)
     return fit_gpus(resources, chosen, known)

@@ -17,10 +17,12 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     install_registry_credentials,
     registry_credentials_from_connection,
     sqsh_problem,
+    utc_now,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.commands import NodeProbe
     from airflow_provider_tao_slurm.core.images import ImageRef
     from airflow_provider_tao_slurm.hooks.replies import CommandResult
 
@@ -62,7 +64,11 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     :param check_enroot: run the ``enroot version`` step on the conversion partition.
     :param check_gpu_node: run one short CPU-only step on a node of the (first) GPU partition: Pyxis
         in that node's SPANK plugin configuration, Enroot there, ``results_dir`` writable and
-        ``dataset_paths`` readable from that node.
+        ``dataset_paths`` readable from that node. The step also reads the site's own Enroot mounts there
+        (``$ENROOT_SYSCONF_PATH/mounts.d/*.fstab``, default ``/etc/enroot/mounts.d``: what every container
+        gets), says which it found, and caches them for the cluster under the connection's ``results_dir``
+        (``.tao-slurm/site-mounts.json``): ``SbatchSubmitOperator`` counts them when it checks that a job's
+        container sees its files. Run the preflight again after the site changes them.
     :param dataset_paths: dataset roots the jobs read (absolute, ``lustre:///`` or ``slurm://``); templated.
     :param enroot_wait_seconds: how long each of those steps may wait for a free node; a step that finds none
         (a busy partition) or that the site refuses to start (e.g. a job_submit rule requiring a GPU there)
@@ -356,10 +362,34 @@ class SlurmPreflightOperator(SlurmBaseOperator):
             f"{path} cannot be read {where} (shared storage not mounted there?); fix dataset_paths or the mounts"
             for path in probe.unreadable
         ]
+        site = self._site_mounts(probe)
         if problems:
             return False, "; ".join(problems)
         seen = ", ".join([f"{results[0]} writable", *(f"{path} readable" for path in datasets)])
-        return True, f"ok: {where}: Pyxis configured, enroot {probe.enroot}, {seen}"
+        return True, f"ok: {where}: Pyxis configured, enroot {probe.enroot}, {seen}; {site}"
+
+    def _site_mounts(self, probe: NodeProbe) -> str:
+        """Cache the site's Enroot mounts the node probe read; say which were found and where they are cached.
+
+        A cache that cannot be written is a warning, not a problem: the submissions then count no site
+        mounts and say so when they refuse a job.
+        """
+        from airflow_provider_tao_slurm.core.mounts import SiteMounts
+        from airflow_provider_tao_slurm.exceptions import ConnectionLostError, TaoSlurmError
+
+        site = SiteMounts(probe.site_mounts, utc_now(), probe.node, probe.mounts_dir)
+        found = f"site mounts from {probe.mounts_dir or 'mounts.d'}: {site.describe()}"
+        try:
+            path = self.hook.write_site_mounts(site)
+        except ConnectionLostError:
+            raise
+        except TaoSlurmError as exc:
+            text = f"{found} (not cached: {exc}; submissions count no site mounts until a preflight caches them)"
+            self.log.warning("Preflight on cluster %s: %s", self.hook.settings.cluster_name, text)
+            return text
+        if path is None:
+            return f"{found} (not cached: the connection has no results_dir)"
+        return f"{found} (cached in {path})"
 
     def _credentials(self, image: ImageRef, results_dir: str | None) -> tuple[bool, str]:
         """Registry credentials are needed only to convert ``image``: none while its converted copy is there."""

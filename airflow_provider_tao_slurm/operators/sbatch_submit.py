@@ -53,7 +53,9 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
     :param num_nodes: nodes (one task per node); default 1.
     :param gpus_per_node: GPUs per node, at most the partition's node size; default 4. Every GPU of the
         partition's nodes (4 of 4, 8 of 8, 16 of 16) takes the nodes whole (``--exclusive``); fewer share them.
-    :param cpus_per_task: CPUs per task; default 16.
+    :param cpus_per_task: CPUs per task (one task per node). Default ``None``: the node's CPUs for the job's
+        share of its GPUs (all of them for a whole-node job; 16 where the node shape is unknown). A value no
+        node of the partition can hold is refused before anything is submitted.
     :param time_hours: wall-time limit in hours (at most the partition's limit); default 4.
     :param timeout_hours: the program's own timeout in hours, below ``time_hours``. Default ``None``:
         derived from ``time_hours``, less a twentieth of it and at least 15 s (3.8 for 4 h, 1.9 for 2 h,
@@ -151,7 +153,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         command: str | None = None,
         num_nodes: int = 1,
         gpus_per_node: int = 4,
-        cpus_per_task: int = 16,
+        cpus_per_task: int | None = None,
         time_hours: float = 4.0,
         timeout_hours: float | None = None,
         partition: str | None = None,
@@ -360,8 +362,10 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         secret_values = list(secrets.values())
         lifecycle = JobLifecycle(self.hook, self.log)
         attempt = lifecycle.plan_attempt(ti, request.results_base)
-        job = bind_request(request, attempt.layout)
-        script, resources = self._script(job, secret_values)
+        job = bind_request(request, attempt.layout, defer_mount_check=True)
+        script, resources = self._script(job, secret_values, check_data=attempt.adopted is None)
+        # The site's own container mounts came back with the partition table (no round trip of their own).
+        job.check_mounts(self.hook.site_mounts())
         # An adopted job keeps the record its earlier try opened (history and submitted_at).
         previous = attempt.previous if attempt.adopted is not None else None
         record = previous or job.open_record(now=utc_now(), retry_of=attempt.retry_of, secrets=secret_values)
@@ -373,16 +377,26 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         self._handle = _job_handle(job, slurm_job_id, record, resources).to_dict()
         return self._handle
 
-    def _script(self, job: BoundRequest, secrets: Sequence[str]) -> tuple[str, Resources]:
+    def _script(self, job: BoundRequest, secrets: Sequence[str], *, check_data: bool) -> tuple[str, Resources]:
         """Return the batch script and the resources placed on the cluster.
 
         Checked as requested first (no cluster needed: bad input never costs a round trip), then for the
-        partitions the cluster confirms (its default one when none was given), with their MaxTime.
+        partitions the cluster confirms (its default one when none was given), with their MaxTime. With
+        ``check_data`` (a job to submit, not one adopted), every dataset path of the spec must exist on the
+        shared storage: tested from the login host in the round trip that reads the partition table (no
+        extra round trip; a missing path stops the task before anything is staged or submitted). A path
+        the container reads elsewhere than the host, or under the job's own directories, is left to the job
+        (:func:`~airflow_provider_tao_slurm.core.storage.spec_dataset_checks`).
         """
+        from airflow_provider_tao_slurm.core.storage import spec_dataset_checks
+
         script = job.draft_script(secrets)
         lint_bash(script)
         requested = job.request.resources
-        resources = place_on_cluster(self.hook, requested)
+        layout = job.layout
+        own = (layout.job_dir, layout.results_dir)
+        datasets = spec_dataset_checks(job.spec, job.request.container_mounts, own=own) if check_data else []
+        resources = place_on_cluster(self.hook, requested, datasets=datasets)
         if resources != requested:
             job.request.check_layout(resources)
             script = job.script(resources)

@@ -66,6 +66,7 @@ class ClusterEnv:
     debug_partition: str
     short_partition: str
     hidden_partition: str
+    down_partition: str
     urgent_partition: str
     qos: str
     node_features: dict[str, list[str]]

@@ -135,6 +135,11 @@ LOCK_FILE = Path("/run/slurmtest-harness.lock")
 SHARED = Path("/srv/lustre")
 CONTAINERS = SHARED / "containers"
 ENROOT_KNOBS = SHARED / ".harness" / "enroot.conf"
+#: A site mount every container gets (Enroot's mounts.d; the nodes are slurmds on this machine, so their steps
+#: read this /etc/enroot): the shared datasets directory, shown at SITE_MOUNT_DESTINATION.
+ENROOT_SITE_MOUNTS = Path("/etc/enroot/mounts.d/50-site.fstab")
+SITE_DATASETS = SHARED / "datasets"
+SITE_MOUNT_DESTINATION = "/datasets"
 #: Written by ``min-job-age``: the ``MinJobAge`` slurm.conf sets (absent: SLURM's default, 300 s).
 MIN_JOB_AGE = STATE / "min-job-age"
 #: Written by ``rate-limit``: the ``SlurmctldParameters`` slurm.conf sets (absent: none, no RPC limiter).
@@ -160,6 +165,9 @@ GPU_PARTITION = "polar"
 LONG_PARTITION = "polar_long"
 #: The CPU partition: its node has no GPUs (sinfo's GRES says so), as conversion partitions on real sites.
 CPU_PARTITION = "cpu_long"
+#: A CPU partition that is DOWN (``State=DOWN``: jobs queue and never start), ahead of the CPU partition in
+#: sinfo's order: an automatic conversion partition must pass it over.
+DOWN_PARTITION = "cpu_down"
 #: A GPU debug partition under an hour (sinfo prints ``30:00``), as most sites have one.
 DEBUG_PARTITION = "debug"
 DEBUG_MAX_TIME = "30"
@@ -463,6 +471,8 @@ def ensure_layout() -> None:
         (SHARED / USER, USER, 0o755),
         (SHARED / OTHER_USER, OTHER_USER, 0o755),
         (ENROOT_KNOBS.parent, "root", 0o755),
+        (SITE_DATASETS, "root", 0o755),
+        (ENROOT_SITE_MOUNTS.parent, "root", 0o755),
     ]
     for path, owner, mode in dirs:
         ensure_dir(path, owner, mode)
@@ -741,6 +751,7 @@ def slurm_conf() -> str:
         f"PartitionName={GPU_PARTITION} Nodes={','.join(GPU_NODES)} Default=YES MaxTime=04:00:00 "
         "DefaultTime=01:00:00 State=UP",
         f"PartitionName={LONG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00 State=UP",
+        f"PartitionName={DOWN_PARTITION} Nodes={','.join(CPU_NODES)} MaxTime=7-00:00:00 State=DOWN",
         f"PartitionName={CPU_PARTITION} Nodes={','.join(CPU_NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
         f"PartitionName={DEBUG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={DEBUG_MAX_TIME} State=UP",
         f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME} State=UP",
@@ -993,6 +1004,13 @@ def write_configs() -> list[str]:
             "root",
         ),
         (TASK_PROLOG, task_prolog(), 0o755, "root"),
+        (
+            ENROOT_SITE_MOUNTS,
+            f"# the site's datasets in every container (tests/cluster/harness.py)\n"
+            f"{SITE_DATASETS} {SITE_MOUNT_DESTINATION} none x-create=dir,bind,ro,nosuid,nodev,private\n",
+            0o644,
+            "root",
+        ),
     ]
     changed = [str(path) for path, content, mode, owner in files if write_file(path, content, mode=mode, owner=owner)]
     if not ENROOT_KNOBS.exists():
@@ -1800,6 +1818,7 @@ def cluster_env() -> dict[str, object]:
         "gpu_partition": GPU_PARTITION,
         "long_partition": LONG_PARTITION,
         "cpu_partition": CPU_PARTITION,
+        "down_partition": DOWN_PARTITION,
         "debug_partition": DEBUG_PARTITION,
         "short_partition": SHORT_PARTITION,
         "hidden_partition": HIDDEN_PARTITION,

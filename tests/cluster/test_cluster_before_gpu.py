@@ -170,12 +170,13 @@ def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results_dir} is writable",
-        "partitions": f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100); conversion on "
-        f"{cluster.cpu_partition} (168 h, no GPUs)",
+        "partitions": f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100, 8 CPUs/node, 8192 "
+        f"MB/node); conversion on {cluster.cpu_partition} (7 d, no GPUs, 8 CPUs/node, 8192 MB/node)",
         "account": f"ok: {cluster.user} may charge {cluster.account}",
         "enroot": f"ok: enroot 3.4.1 on partition {cluster.cpu_partition}",
         "gpu_node": f"ok: on node {node} of partition {cluster.gpu_partition}: Pyxis configured, enroot 3.4.1, "
-        f"{cluster.results_dir} writable",
+        f"{cluster.results_dir} writable; site mounts from /etc/enroot/mounts.d: {cluster.shared_dir}/datasets at "
+        f"/datasets (cached in {cluster.results_dir}/.tao-slurm/site-mounts.json)",
         "credentials": "ok: not needed for this image",
     }
 

@@ -160,3 +160,56 @@ def test_a_requeued_run_keeps_the_sidecar_for_the_next_run_which_removes_it(
     assert lines.count(f"secret-digest={digest(secret_value)}") == 2, "both runs had the secret"
     assert lines[-1] == REMOVED
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+
+
+# ---------------------------------------------------------------------- site container mounts (issue 42, item 4)
+
+
+def test_the_sites_own_container_mounts_count_once_the_preflight_read_them(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The harness mounts /srv/lustre/datasets at /datasets in every container (Enroot's mounts.d on the nodes).
+
+    On a results directory no preflight has cached anything in, a spec reading /datasets is refused, saying
+    the site mounts are not known; after the preflight read them there, it is submitted without a
+    container_mounts entry for it, and a path no mount shows is refused naming the site mounts counted.
+    """
+    from airflow.utils import timezone
+    from clusterkit import connection_json
+
+    from airflow_provider_tao_slurm.exceptions import ValidationError
+    from airflow_provider_tao_slurm.operators.preflight import SlurmPreflightOperator
+
+    results = f"{cluster.results_dir}/{dag_id}-site"
+    rc, _, err = ssh_run(f"mkdir -p -m 700 -- {quote(results)}")
+    assert rc == 0, err
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, extra={"results_dir": results}))
+    site = f"{cluster.shared_dir}/datasets at /datasets"  # harness.py: ENROOT_SITE_MOUNTS
+    dataset = {"dataset": {"train": "/datasets/coco/train"}}
+
+    def op(spec: dict[str, Any]) -> Any:
+        return submit_op(image, "true", spec=spec, secret_env={})
+
+    with pytest.raises(ValidationError) as unknown:
+        submit(op(dataset), context(dag_id, "unknown", "r1"))
+    assert "- spec dataset.train /datasets/coco/train: no mount shows it" in str(unknown.value)
+    assert "site's own container mounts (Enroot mounts.d) not known" in str(unknown.value)
+
+    report = SlurmPreflightOperator(task_id="preflight", check_enroot=False).execute({})
+    cache = f"{results}/.tao-slurm/site-mounts.json"
+    assert report["checks"]["gpu_node"].endswith(f"; site mounts from /etc/enroot/mounts.d: {site} (cached in {cache})")
+
+    handle = submit(op(dataset), context(dag_id, "counted", "r1"))
+    try:
+        assert handle["slurm_job_id"]
+    finally:
+        ssh_run(join(["scancel", handle["slurm_job_id"]]))
+
+    with pytest.raises(ValidationError) as refused:
+        submit(op({"dataset": {"train": "/nowhere/coco"}}), context(dag_id, "refused", "r1"))
+    message = str(refused.value)
+    assert "- spec dataset.train /nowhere/coco: no mount shows it" in message
+    today = timezone.utcnow().date().isoformat()
+    assert f"the site mounts {site} (site mounts read by the preflight on {today}; run SlurmPreflightOperator" in (
+        message
+    )

@@ -31,7 +31,7 @@ from clusterkit import (
 )
 from deferral import context, defer, first_event, resume, run_async, wait_until
 
-from airflow_provider_tao_slurm.core.partitions import Partition
+from airflow_provider_tao_slurm.core.partitions import NodeShape, Partition
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import JobFailedError, ResourceError, ValidationError
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -264,14 +264,17 @@ def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, 
     finally:
         hook.close()
     both = ("a100", "h100")
+    gpu = {"shapes": (NodeShape(4, 8, 8192),)}  # both GPU nodes: 8 CPUs, 8192 MB
+    cpu = {"shapes": (NodeShape(0, 8, 8192),)}
     assert partitions == {
-        cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both),
-        cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both),
-        cluster.cpu_partition: Partition(cluster.cpu_partition, 168.0),
-        cluster.debug_partition: Partition(cluster.debug_partition, 0.5, False, 4, both),
-        cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both),
-        cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both),
-        cluster.urgent_partition: Partition(cluster.urgent_partition, 1.0, False, 4, both),
+        cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both, **gpu),
+        cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both, **gpu),
+        cluster.down_partition: Partition(cluster.down_partition, 168.0, state="down", **cpu),
+        cluster.cpu_partition: Partition(cluster.cpu_partition, 168.0, **cpu),
+        cluster.debug_partition: Partition(cluster.debug_partition, 0.5, False, 4, both, **gpu),
+        cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both, **gpu),
+        cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both, **gpu),
+        cluster.urgent_partition: Partition(cluster.urgent_partition, 1.0, False, 4, both, **gpu),
     }
 
 
@@ -308,3 +311,43 @@ def test_total_gpus_is_laid_out_on_the_clusters_four_gpu_nodes(
     assert (nnodes, "gres/gpu=8" in tres.split(",")) == ("2", True), tres
     with pytest.raises(ResourceError, match=rf"gpus_per_node=8 cannot start on {cluster.gpu_partition} \(4 h, 4 GPUs"):
         submit(submit_op(image, "sleep 1", gpus_per_node=8, nccl_env={}), context(dag_id, "submit", "r2"))
+
+
+def test_the_conversion_partition_passes_over_a_down_one(
+    conn: str, cluster: ClusterEnv, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The cluster has a DOWN CPU partition (``cpu_down``) ahead of the usable one (``cpu_long``) in sinfo's order.
+    Expected: with no conversion partition configured the conversion goes to ``cpu_long`` and the log names
+    ``cpu_down`` as passed over, DOWN; ``cpu_down`` configured is refused with its state."""
+    from airflow_provider_tao_slurm.lifecycle.support import partitions_for
+
+    hook = SlurmHook()
+    try:
+        chosen = partitions_for(hook, None, 2.0, cpu_only=True)
+        assert chosen == (cluster.cpu_partition,)
+        assert f"passed over: {cluster.down_partition}: it is DOWN" in "".join(capfd.readouterr())
+        with pytest.raises(ResourceError, match=rf"the conversion partition {cluster.down_partition} is DOWN"):
+            partitions_for(hook, cluster.down_partition, 2.0, cpu_only=True)
+    finally:
+        hook.close()
+
+
+def test_cpus_per_task_come_from_the_node_shape(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
+    """The GPU nodes have 8 CPUs and 4 GPUs. Expected: cpus_per_task=16 is refused before sbatch, naming the 8
+    CPUs and the fix; a job that leaves cpus_per_task out gets its GPUs' share of the node (1 GPU: 2 CPUs)."""
+    from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+
+    def job(**cpus: int) -> SbatchSubmitOperator:
+        return SbatchSubmitOperator(
+            task_id="submit", image=image, command="sleep 1", gpus_per_node=1, time_hours=0.1, timeout_hours=0.05,
+            **cpus,
+        )  # fmt: skip
+
+    with pytest.raises(ResourceError, match=r"cpus_per_task=16 \(one task per node\) is more than the 8 CPUs") as err:
+        submit(job(cpus_per_task=16), context(dag_id, "submit", "r1"))
+    assert "BadConstraints" in str(err.value)
+    assert "leave cpus_per_task out (2 from the node shape)" in str(err.value)
+    handle = submit(job(), context(dag_id, "submit", "r2"))
+    rc, out, err = ssh_run(join(["scontrol", "show", "job", "-o", handle["slurm_job_id"]]))
+    assert rc == 0, err
+    assert " CPUs/Task=2 " in f" {out} "

@@ -129,6 +129,7 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
         f"{cluster.gpu_partition}*": idle,
         cluster.long_partition: idle,
         cluster.cpu_partition: dict.fromkeys(cluster.cpu_nodes, "idle"),
+        cluster.down_partition: dict.fromkeys(cluster.cpu_nodes, "idle"),  # the partition is down, not its node
         cluster.debug_partition: idle,
         cluster.short_partition: idle,
         cluster.urgent_partition: idle,
@@ -149,6 +150,7 @@ def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: Cluster
         f"{cluster.gpu_partition}*": "4:00:00",
         cluster.long_partition: "2-00:00:00",
         cluster.cpu_partition: "7-00:00:00",
+        cluster.down_partition: "7-00:00:00",
         cluster.debug_partition: "30:00",
         cluster.short_partition: "1:00",
         cluster.hidden_partition: "1-00:00:00",

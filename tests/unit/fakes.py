@@ -24,6 +24,7 @@ from airflow_provider_tao_slurm.hooks.replies import CommandResult, _file_text, 
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.mounts import SiteMounts
     from airflow_provider_tao_slurm.core.states import JobState
 
 #: The fake's cluster unless a test gives its own.
@@ -72,9 +73,12 @@ class FakeSlurmHook:
     - ``states``: what :meth:`get_states` reports per SLURM job id (absent: unknown to SLURM);
     - ``found``: our job ids per job name for :meth:`find_jobs_by_name`; ``lookup_error`` makes it fail;
     - ``next_job_id``: the id the next :meth:`submit` gets; ``submit_error`` makes sbatch refuse;
-    - ``job_info``: what ``scontrol show job`` says per id; ``partitions``: the partitions' limits.
+    - ``job_info``: what ``scontrol show job`` says per id; ``partitions``: the partitions' limits;
+    - ``absent``: paths that do not exist for a path check (every other path exists);
+    - ``site``: the site mounts a preflight cached (None: none did).
 
-    What was asked: ``reads`` (paths read), ``modes`` (of written files), ``commands``, ``staged``
+    What was asked: ``reads`` (paths read), ``modes`` (of written files), ``commands``, ``path_checks``
+    (the paths each :meth:`partition_limits_and_missing` tested), ``staged``
     (each staging's base and files) and ``staged_files`` (by absolute path), ``submits``,
     ``released`` (adopted jobs whose logs were prepared), ``lookups``, ``polls``, ``cancels``.
     """
@@ -103,6 +107,9 @@ class FakeSlurmHook:
         self.cancels: list[tuple[list[str], str | None]] = []
         self.job_info: dict[str, dict[str, str]] = {}
         self.partitions: list[Partition] = list(PARTITIONS)
+        self.absent: set[str] = set()
+        self.site: SiteMounts | None = None
+        self.path_checks: list[list[str]] = []
 
     # ------------------------------------------------------------------ commands and files
 
@@ -223,6 +230,17 @@ class FakeSlurmHook:
     def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
         """The cluster's ``partitions``."""
         return list(self.partitions)
+
+    def partition_limits_and_missing(
+        self, paths: Sequence[str], *, fresh: bool = False
+    ) -> tuple[list[Partition], list[str]]:
+        """:meth:`partition_limits` and the ``paths`` in ``absent`` (recorded in ``path_checks``)."""
+        self.path_checks.append(list(paths))
+        return self.partition_limits(fresh=fresh), [path for path in paths if path in self.absent]
+
+    def site_mounts(self) -> SiteMounts | None:
+        """The cluster's ``site`` mounts."""
+        return self.site
 
     # ------------------------------------------------------------------ async twins
 

@@ -17,7 +17,7 @@ The builders live in one module per subject and are all importable from here:
 - :mod:`.guard`: the shared-storage guard every writer runs first;
 - :mod:`.checks`: per-item checks (paths, tools);
 - :mod:`.enroot`: registry credentials and squashfs image checks;
-- :mod:`.preflight`: srun's options and the node probe;
+- :mod:`.preflight`: srun's options, the node probe and the read of its site-mounts cache;
 - :mod:`.markers`: the end markers batch scripts leave;
 - :mod:`.pacing`: the provider's own budget of slurmctld RPCs;
 - :mod:`.values`: the validation every builder shares.
@@ -28,7 +28,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core import partitions as _partitions
-from airflow_provider_tao_slurm.core.commands.checks import parse_test_paths, parse_which, test_paths, which
+from airflow_provider_tao_slurm.core.commands.checks import (
+    parse_test_paths,
+    parse_which,
+    split_test_paths,
+    test_paths,
+    test_paths_then,
+    which,
+)
 from airflow_provider_tao_slurm.core.commands.enroot import (
     ENROOT_CREDENTIALS,
     NGC_MACHINES,
@@ -69,14 +76,17 @@ from airflow_provider_tao_slurm.core.commands.pacing import (
     rpc_pacing,
 )
 from airflow_provider_tao_slurm.core.commands.preflight import (
+    SITE_MOUNTS_MARKER,
     STEP_STARTED,
     NodeProbe,
     missing_srun_options,
     node_probe,
     parse_node_probe,
+    split_site_mounts,
     srun_help,
     srun_probe,
     step_started,
+    with_site_mounts,
 )
 from airflow_provider_tao_slurm.core.commands.slurm import (
     IDS_ON_COMMAND_LINE,
@@ -109,6 +119,7 @@ __all__ = [
     "NGC_MACHINES",
     "PACED_PREFIX",
     "SHOW_JOB_KEYS",
+    "SITE_MOUNTS_MARKER",
     "SQUASHFS_MAGIC_HEX",
     "STEP_STARTED",
     "SUBMISSION_RPCS",
@@ -157,6 +168,8 @@ __all__ = [
     "show_job",
     "sinfo_partitions",
     "sinfo_partitions_cached",
+    "split_site_mounts",
+    "split_test_paths",
     "sqsh_check",
     "squeue_states",
     "srun_help",
@@ -164,8 +177,10 @@ __all__ = [
     "step_started",
     "tail_bytes",
     "test_paths",
+    "test_paths_then",
     "trusted_base",
     "which",
+    "with_site_mounts",
     "writable_dir",
     "write_file_from_stdin",
 ]

@@ -268,7 +268,7 @@ def scancel(job_ids: Sequence[str], *, name: str | None = None, user: str | None
 
 
 def sinfo_partitions() -> str:
-    """``sinfo -a -h -o '%P|%l|%G'``: every partition (hidden ones too), its time limit and its nodes' GRES.
+    """``sinfo -a -h -o SINFO_FORMAT``: every partition (hidden ones too), its limit, state, access and node shapes.
 
     Read it with :func:`~airflow_provider_tao_slurm.core.partitions.parse_sinfo_partitions`.
     """

@@ -34,6 +34,7 @@ from airflow_provider_tao_slurm.core.conversion import (
     render_conversion_script,
 )
 from airflow_provider_tao_slurm.core.images import parse_image
+from airflow_provider_tao_slurm.core.mounts import Mount
 from airflow_provider_tao_slurm.core.states import state_from_native
 from airflow_provider_tao_slurm.exceptions import (
     ImageConversionError,
@@ -145,7 +146,14 @@ class Cluster:
             conversion_partition="cpu_long",
             cluster_name="unit",
         )
-        env = {"PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}", "HOME": str(self.home)}
+        # The GPU node check reads the site's Enroot mounts here, not the machine's /etc/enroot.
+        self.mounts_d = self.stubs / "enroot" / "mounts.d"
+        self.mounts_d.mkdir(parents=True)
+        env = {
+            "PATH": f"{root / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "HOME": str(self.home),
+            "ENROOT_SYSCONF_PATH": str(self.stubs / "enroot"),
+        }
         self.hook = LocalHook(settings, env)
 
     def stub(self, name: str, text: str) -> None:
@@ -803,11 +811,12 @@ def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
         "tools": "ok: sbatch squeue sacct scancel srun",
         "pyxis": "ok: srun offers --container-image --container-mounts --no-container-mount-home",
         "results_dir": f"ok: {cluster.results} is writable",
-        "partitions": "ok: GPU jobs on polar (4 h, 4 GPUs/node: a100); conversion on cpu_long (168 h, no GPUs)",
+        "partitions": "ok: GPU jobs on polar (4 h, 4 GPUs/node: a100); conversion on cpu_long (7 d, no GPUs)",
         "account": "ok: alice may charge gpu_proj",
         "enroot": "ok: enroot 3.4.1 on partition cpu_long",
         "gpu_node": f"ok: on node {socket.gethostname()} of partition polar: Pyxis configured, enroot 3.4.1, "
-        f"{cluster.results} writable",
+        f"{cluster.results} writable; site mounts from {cluster.mounts_d}: none (cached in "
+        f"{cluster.results}/.tao-slurm/site-mounts.json)",
         "credentials": "ok: not needed for this image",
     }
     enroot, gpu_node = cluster.calls("srun")
@@ -893,7 +902,7 @@ def test_preflight_picks_a_partition_without_gpus_for_conversion_when_none_is_se
     report = preflight(cluster).execute({})
     assert report["checks"]["partitions"] == (
         "ok: GPU jobs on gpu (4 h, 8 GPUs/node: h100), the cluster's default; "
-        "conversion on cpu (24 h, no GPUs), chosen as a partition without GPUs"
+        "conversion on cpu (1 d, no GPUs), chosen as a partition without GPUs"
     )
     assert cluster.calls("srun")[0].startswith("--partition=cpu ")
 
@@ -904,10 +913,10 @@ def test_preflight_refuses_a_cluster_without_a_cpu_partition_for_conversion(clus
     with pytest.raises(PreflightError) as info:
         preflight(cluster, check_enroot=False).execute({})
     assert info.value.problems == [
-        "partitions: no conversion partition is configured and cluster 'unit' has no partition without GPUs that "
-        "allows 2 h (partitions without GPUs: none); image conversion never runs on a GPU partition: set the "
-        "connection's conversion_partition extra (or partition= on EnrootImportOperator) to a CPU partition; fix "
-        "partition / conversion_partition on the connection or the operator"
+        "partitions: no conversion partition is configured and cluster 'unit' has no usable partition without GPUs "
+        "for 2 h (passed over: none: it has no CPU partition); image conversion never runs on a GPU partition: set "
+        "the connection's conversion_partition extra (or partition= on EnrootImportOperator) to a CPU partition you "
+        "may use; fix partition / conversion_partition on the connection or the operator"
     ]
 
 
@@ -935,6 +944,40 @@ def test_preflight_checks_the_gpu_node_not_the_login_host(cluster: Cluster) -> N
         f"outside the container; ask the cluster admins to install Pyxis on the GPU nodes; {absent} cannot be read "
         f"{where} (shared storage not mounted there?); fix dataset_paths or the mounts"
     ]
+
+
+def test_preflight_reads_the_site_mounts_on_the_gpu_node_and_caches_them(cluster: Cluster) -> None:
+    """Enroot's mounts.d files on the node, in Enroot's order, comments and blank lines skipped; the cache
+    serves the partition read of every submission (no round trip of its own)."""
+    (cluster.mounts_d / "10-system.fstab").write_text("# system\n/etc/hosts /etc/hosts none x-create=file,bind\n\n")
+    (cluster.mounts_d / "50-site.fstab").write_text("/srv/lustre/datasets datasets none x-create=dir,bind,ro")
+    (cluster.mounts_d / "60-home.fstab").write_text("${HOME}/x ${HOME}/x none bind\n")
+    (cluster.mounts_d / "README").write_text("/not/a /mount none bind\n")
+
+    report = preflight(cluster, check_enroot=False).execute({})
+
+    cache = cluster.results / ".tao-slurm" / "site-mounts.json"
+    assert report["checks"]["gpu_node"].endswith(
+        f"; site mounts from {cluster.mounts_d}: /etc/hosts at /etc/hosts, /srv/lustre/datasets at /datasets "
+        f"(cached in {cache})"
+    )
+    assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    hook = LocalHook(cluster.hook.settings, cluster.hook.env)
+    hook.partition_limits()
+    commands_before = len(hook.commands)
+    site = hook.site_mounts()
+    assert len(hook.commands) == commands_before, "the partition read brought the site mounts back"
+    assert site is not None
+    assert site.mounts == (Mount("/etc/hosts", "/etc/hosts"), Mount("/srv/lustre/datasets", "/datasets"))
+    assert site.node == socket.gethostname()
+    assert site.directory == str(cluster.mounts_d)
+
+
+def test_without_a_preflight_the_site_mounts_are_unknown(cluster: Cluster) -> None:
+    assert cluster.hook.site_mounts() is None
+    (cluster.results / ".tao-slurm").mkdir(mode=0o700)
+    (cluster.results / ".tao-slurm" / "site-mounts.json").write_text("{not json")
+    assert LocalHook(cluster.hook.settings, cluster.hook.env).site_mounts() is None
 
 
 def test_preflight_says_an_account_it_could_not_verify(cluster: Cluster, capfd: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     ConnectionConfigError,
     ImageReferenceError,
+    MissingPathsError,
     ResourceError,
     SecretLeakError,
     StatusQueryError,
@@ -148,7 +149,7 @@ def test_literal_credential_in_command_is_refused() -> None:
         pytest.param({"partition": "grizzly"}, "partition grizzly does not exist on cluster 'mini'", id="unknown"),
         pytest.param(
             {"partition": "polar_long", "time_hours": 49, "timeout_hours": 48.5},
-            "partition polar_long allows at most 48 h",
+            "partition polar_long allows at most 2 d",
             id="long-over",
         ),
         pytest.param(
@@ -528,11 +529,16 @@ def test_a_job_whose_container_cannot_see_its_files_is_refused_before_anything_i
     assert (hook.staged, hook.submits, hook.files) == ([], [], {})
 
 
-def test_a_job_without_mounts_is_refused_before_any_ssh(no_ssh: SlurmHook) -> None:
-    no_ssh.settings = dataclasses.replace(SETTINGS, container_mounts="/scratch:/scratch")
+def test_a_job_without_mounts_is_refused_after_the_partition_read_alone() -> None:
+    """The site's own mounts come back with the partition table: the refusal costs no round trip of its own."""
+    hook = SubmitHook()
+    hook.settings = dataclasses.replace(SETTINGS, container_mounts="/scratch:/scratch")
 
     with pytest.raises(ValidationError, match=re.escape(f"- results directory {RESULTS_DIR}: no mount shows it")):
-        operator(no_ssh).execute(ctx())
+        operator(hook).execute(ctx())
+
+    assert len(hook.path_checks) == 1
+    assert (hook.staged, hook.submits, hook.files) == ([], [], {})
 
 
 @pytest.mark.parametrize(
@@ -556,6 +562,64 @@ def test_mounts_that_show_the_jobs_files_are_accepted(connection_mounts: str | N
 
     assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
     assert handle["results_dir"] == RESULTS_DIR
+
+
+# ---------------------------------------------------------------------- the spec's datasets exist (issue 42, item 11)
+
+DATASETS = {"train": "/lustre/data/train", "val": ["/lustre/data/val", "/lustre/data/val2"], "out": "{results_dir}/tf"}
+
+
+def test_a_spec_naming_a_missing_dataset_path_is_refused_before_anything_is_staged() -> None:
+    hook = SubmitHook()
+    hook.absent = {"/lustre/data/val", "/lustre/data/train"}
+
+    with pytest.raises(MissingPathsError) as refused:
+        operator(hook, spec={"dataset": DATASETS}).execute(ctx())
+
+    message = str(refused.value)
+    assert refused.value.missing == ["/lustre/data/train", "/lustre/data/val"]
+    assert "2 dataset path(s) do not exist on cluster 'mini'" in message
+    assert "so nothing was staged or submitted" in message
+    assert "- spec dataset.train = /lustre/data/train\n- spec dataset.val[0] = /lustre/data/val\n" in message
+    assert "Copy the data to shared storage (Lustre) first, or correct them in the spec's dataset section" in message
+    assert "val2" not in message
+    assert (hook.staged, hook.submits, hook.files) == ([], [], {})
+    # one round trip, the partition table's; the job's own results directory is created by staging, not checked
+    assert hook.path_checks == [["/lustre/data/train", "/lustre/data/val", "/lustre/data/val2"]]
+
+
+def test_a_spec_whose_datasets_exist_is_submitted_after_the_same_one_check() -> None:
+    hook = SubmitHook()
+
+    operator(hook, spec={"dataset": DATASETS}).execute(ctx())
+
+    assert hook.path_checks == [["/lustre/data/train", "/lustre/data/val", "/lustre/data/val2"]]
+    assert hook.submits == [(LAYOUT.script_path, JOB_ID, LAYOUT.log_dir, ())]
+
+
+def test_a_dataset_the_container_reads_elsewhere_than_the_host_is_left_to_the_job() -> None:
+    hook = SubmitHook()
+    hook.settings = dataclasses.replace(SETTINGS, container_mounts="/lustre:/lustre,/lustre/datasets:/data")
+    hook.absent = {"/data/coco"}
+
+    operator(hook, spec={"dataset": {"train": "/data/coco", "val": "/lustre/v"}}).execute(ctx())
+
+    assert hook.path_checks == [["/lustre/v"]]
+    assert len(hook.submits) == 1
+
+
+def test_a_retry_adopting_its_earlier_tries_job_does_not_check_the_data_again() -> None:
+    hook = SubmitHook()
+    first = operator(hook, spec={"dataset": DATASETS}).execute(ctx())
+    hook.found[JOB_ID] = [first["slurm_job_id"]]
+    hook.absent = {"/lustre/data/train"}  # gone since: the adopted job is the job's business now
+    hook.path_checks.clear()
+
+    second = operator(hook, spec={"dataset": DATASETS}).execute(ctx(try_number=2))
+
+    assert second["slurm_job_id"] == first["slurm_job_id"]
+    assert hook.path_checks == [[]]
+    assert len(hook.submits) == 1
 
 
 # ---------------------------------------------------------------------- trainings over several slices (issue 33)
