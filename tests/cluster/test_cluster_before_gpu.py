@@ -449,8 +449,9 @@ def test_without_a_conversion_partition_conversion_goes_to_a_partition_without_g
     monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", json.dumps(conn_json))
     report = SlurmPreflightOperator(task_id="preflight", check_enroot=False).execute({})
     assert report["checks"]["partitions"] == (
-        f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100), the cluster's default; "
-        f"conversion on {cluster.cpu_partition} (168 h, no GPUs), chosen as a partition without GPUs"
+        f"ok: GPU jobs on {cluster.gpu_partition} (4 h, 4 GPUs/node: a100, h100, 8 CPUs/node, 8192 MB/node), the "
+        f"cluster's default; conversion on {cluster.cpu_partition} (7 d, no GPUs, 8 CPUs/node, 8192 MB/node), chosen "
+        "as a partition without GPUs"
     )
     image = image_name("no-conversion-partition")
     importer(cluster, image, deferrable=False).execute({})
