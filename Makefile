@@ -15,7 +15,7 @@ SLURM ?=
 # `make test` also runs the cluster tests that touch what SLURM prints or decides (MATRIX_TESTS) on this
 # release, after the full suite on the machine's own (nothing more where the machine runs it itself).
 MATRIX_RELEASE ?= 26.05
-# About 13 minutes on 2 cores (26.05, in the sid tree).
+# About 15 minutes on 2 cores (26.05, in the sid tree).
 MATRIX_TESTS := \
 	tests/cluster/test_submit_watch.py \
 	tests/cluster/test_watch_live.py \
@@ -75,12 +75,8 @@ test: venv lint docs cluster-up
 matrix:
 	$(RELEASES) run --not-on-host $(MATRIX_RELEASE) -- make matrix-here
 
-# Left out here until issue 41 item 1 is fixed (a requeued run's accounting row can end that watch, about 1
-# run in 15 on every release): the full suite runs it on the machine's own release.
-MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_a_marker_accounting_does_not_confirm_does_not_end_the_watch
-
 matrix-here: venv cluster-up
-	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
+	$(BIN)/pytest $(MATRIX_TESTS)
 
 # RELIABILITY.md from the fault and security suites and the tests they cite, about 15 minutes
 # (make test regenerates it too, from the same tests in its full run).
