@@ -23,6 +23,7 @@ from clusterkit import (
     digest,
     final_state,
     image,
+    job_names,
     remote_text,
     secret_value,
     sensor_for,
@@ -213,3 +214,35 @@ def test_the_sites_own_container_mounts_count_once_the_preflight_read_them(
     assert f"the site mounts {site} (site mounts read by the preflight on {today}; run SlurmPreflightOperator" in (
         message
     )
+
+
+# ---------------------------------------------------------------------- the spec's datasets (issue 42, item 11)
+
+
+def test_a_spec_naming_missing_data_is_refused_before_sbatch(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """No StageDatasetCheckOperator before it: a spec naming a dataset path that does not exist on shared storage
+    is refused by the submit task itself, naming every missing path, before anything reaches SLURM (no job of its
+    name, no GPU allocation); once the data is there, the same spec goes."""
+    from airflow_provider_tao_slurm.exceptions import MissingPathsError
+
+    base = f"{cluster.shared_dir}/datasets-{dag_id}"
+    spec = {"dataset": {"train": f"{base}/coco/train", "val": f"{base}/coco/val"}}
+    ssh_run(f"rm -rf -- {quote(base)}")
+    with pytest.raises(MissingPathsError) as refused:
+        submit(submit_op(image, "true", spec=spec, secret_env={}), context(dag_id, "missing", "r1"))
+    assert refused.value.missing == [f"{base}/coco/train", f"{base}/coco/val"]
+    message = str(refused.value)
+    assert f"- spec dataset.train = {base}/coco/train" in message
+    assert "Copy the data to shared storage" in message
+    assert job_names(ssh_run, f"tao-{dag_id}.") == {}, "nothing reached SLURM"
+
+    rc, _, err = ssh_run(f"mkdir -p -- {quote(base)}/coco/train {quote(base)}/coco/val")
+    assert rc == 0, err
+    try:
+        handle = submit(submit_op(image, "true", spec=spec, secret_env={}), context(dag_id, "present", "r1"))
+        assert job_names(ssh_run, f"tao-{dag_id}.") == {handle["slurm_job_id"]: handle["job_id"]}
+        ssh_run(join(["scancel", handle["slurm_job_id"]]))
+    finally:
+        ssh_run(f"rm -rf -- {quote(base)}")
