@@ -12,8 +12,9 @@ connection per cluster account, shared by every trigger of a triggerer). Replies
 Every command string comes from :mod:`airflow_provider_tao_slurm.core.commands` (every value
 quoted); every output is parsed by the core. Secrets travel only over stdin.
 
-What tests, benchmarks and older code import from this module stays importable here (``async_pool``,
-``check_key_file``, ``LogChunk``, a few private helpers): those names are re-exported (``import x as x``).
+The public names code written against earlier releases imports from this module stay importable here
+(``async_pool``, ``check_key_file``, ``LogChunk``): they are re-exported (``import x as x``). Private
+helpers are imported from the module that owns them.
 """
 
 from __future__ import annotations
@@ -62,10 +63,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionOutcomeUnknownError,
 )
 from airflow_provider_tao_slurm.hooks.async_transport import async_pool as async_pool
-from airflow_provider_tao_slurm.hooks.failover import _describe_connect_error as _describe_connect_error
-from airflow_provider_tao_slurm.hooks.failover import _no_host_answered as _no_host_answered
 from airflow_provider_tao_slurm.hooks.failover import connect_first_blocking
-from airflow_provider_tao_slurm.hooks.options import _pinned_host_key as _pinned_host_key
 from airflow_provider_tao_slurm.hooks.options import check_key_file as check_key_file
 from airflow_provider_tao_slurm.hooks.options import ssh_options
 from airflow_provider_tao_slurm.hooks.replies import (
@@ -78,9 +76,7 @@ from airflow_provider_tao_slurm.hooks.replies import (
     _result,
     _tail_chunks,
 )
-from airflow_provider_tao_slurm.hooks.replies import _utf8_complete as _utf8_complete
 from airflow_provider_tao_slurm.hooks.transport import _exec_channel, connect
-from airflow_provider_tao_slurm.hooks.transport import _send_without_delay as _send_without_delay
 
 if TYPE_CHECKING:
     import paramiko

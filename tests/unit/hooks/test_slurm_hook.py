@@ -40,22 +40,18 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import (
-    STAGING_FAILED,
+from airflow_provider_tao_slurm.hooks.failover import _describe_connect_error, _no_host_answered
+from airflow_provider_tao_slurm.hooks.options import _pinned_host_key, check_key_file
+from airflow_provider_tao_slurm.hooks.replies import (
     CommandResult,
-    LogChunk,
-    SlurmHook,
     _check_scancel,
     _combine_poll,
-    _describe_connect_error,
     _log_chunk,
     _needs_sacct,
-    _no_host_answered,
-    _pinned_host_key,
-    _send_without_delay,
     _utf8_complete,
-    check_key_file,
 )
+from airflow_provider_tao_slurm.hooks.slurm import STAGING_FAILED, LogChunk, SlurmHook
+from airflow_provider_tao_slurm.hooks.transport import _send_without_delay
 
 HOST_KEY = Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
 SLURM_VARS = (
