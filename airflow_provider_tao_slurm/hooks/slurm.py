@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import io
 import os
 import re
 import shlex
-import tarfile
 import time
 import warnings
 import weakref
@@ -304,7 +302,7 @@ class SlurmHook(BaseHook):
         :param files: ``{relative path: (content, mode)}``, content ``None`` for a directory; secrets
             (the sidecar) go here too, never in argv.
         """
-        command, archive = _staging(base, files)
+        command, archive = commands.staging(base, files, int(time.time()))
         self.run(command, stdin=archive, check=True, what=f"staging files under {base}")
 
     def submit(
@@ -369,7 +367,7 @@ class SlurmHook(BaseHook):
         )
         archive = None
         if stage is not None:
-            staging, archive = _staging(*stage)
+            staging, archive = commands.staging(*stage, int(time.time()))
             command = f"{{ {staging}; }} || {{ rc=$?; echo {shlex.quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
         settings = self.settings
         pacing = commands.rpc_pacing(commands.SUBMISSION_RPCS, settings.rpc_bucket_size, settings.rpc_refill_rate)
@@ -838,25 +836,3 @@ def _deprecated(old: str, new: str) -> None:
         AirflowProviderDeprecationWarning,
         stacklevel=3,
     )
-
-
-def _staging(base: str, files: Mapping[str, tuple[bytes | None, int]]) -> tuple[str, bytes]:
-    """Return the command that unpacks ``files`` under ``base`` and the tar archive it reads on stdin."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, (content, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.mode = mode
-            info.mtime = int(time.time())
-            if content is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
-    command = commands.extract_tar(
-        base,
-        [name for name, (content, _mode) in files.items() if content is not None],
-        [name for name, (content, _mode) in files.items() if content is None],
-    )
-    return command, buffer.getvalue()

@@ -6,9 +6,11 @@ with :func:`~airflow_provider_tao_slurm.core.commands.guard.secure_dirs` first.
 
 from __future__ import annotations
 
+import io
 import posixpath
 import re
-from collections.abc import Sequence
+import tarfile
+from collections.abc import Mapping, Sequence
 
 from airflow_provider_tao_slurm.core.commands.guard import _chain, secure_dirs
 from airflow_provider_tao_slurm.core.commands.values import _absolute, _absolute_all, _count, _mode
@@ -19,6 +21,36 @@ from airflow_provider_tao_slurm.exceptions import RemoteCommandError, Validation
 MISSING_FILE_STATUS = 44
 
 _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
+
+
+def staging(base: str, files: Mapping[str, tuple[bytes | None, int]], mtime: int) -> tuple[str, bytes]:
+    """Return the command that unpacks ``files`` under ``base`` (:func:`extract_tar`) and the archive it reads.
+
+    :param base: absolute directory the names are relative to.
+    :param files: ``{relative path: (content, mode)}``, content ``None`` for a directory; secrets (the
+        sidecar) go here too, never in argv.
+    :param mtime: the members' modification time (the staging host's clock, seconds).
+    :returns: ``(command, tar archive)``: send the archive on the command's stdin.
+    :raises ValidationError: for a name with ``.`` or ``..`` or a relative base.
+    """
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name, (content, mode) in files.items():
+            info = tarfile.TarInfo(name)
+            info.mode = mode
+            info.mtime = mtime
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                archive.addfile(info)
+            else:
+                info.size = len(content)
+                archive.addfile(info, io.BytesIO(content))
+    command = extract_tar(
+        base,
+        [name for name, (content, _mode) in files.items() if content is not None],
+        [name for name, (content, _mode) in files.items() if content is None],
+    )
+    return command, buffer.getvalue()
 
 
 def extract_tar(base: str, members: Sequence[str] = (), directories: Sequence[str] = ()) -> str:

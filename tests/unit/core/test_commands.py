@@ -1610,10 +1610,8 @@ TREE: dict[str, tuple[bytes | None, int]] = {
 
 
 def _unpack_tree(base: Path) -> tuple[str, bytes]:
-    """The hook's own staging of :data:`TREE` under ``base``: the unpack command and the archive it reads."""
-    from airflow_provider_tao_slurm.hooks.slurm import _staging
-
-    return _staging(str(base), TREE)
+    """The staging of :data:`TREE` under ``base`` the hook sends: the unpack command and the archive it reads."""
+    return commands.staging(str(base), TREE, 1_700_000_000)
 
 
 def test_extract_tar_places_files_and_directories_with_their_modes_and_replaces_a_link(tmp_path: Path) -> None:
