@@ -23,7 +23,6 @@ import asyncio
 import dataclasses
 import os
 import re
-import shlex
 import time
 import warnings
 import weakref
@@ -36,6 +35,7 @@ from airflow.sdk import BaseHook
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.commands import STAGING_FAILED as STAGING_FAILED
 from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection, settings_from_env
 from airflow_provider_tao_slurm.core.defaults import DEFAULT_CONN_ID
 from airflow_provider_tao_slurm.core.logstream import TailChunk, TailRequest, tail_script
@@ -84,8 +84,6 @@ LogChunk = TailChunk
 
 #: sacct looks back this far when searching by name (without ``--starttime`` it starts at midnight).
 DEFAULT_SACCT_WINDOW = "now-7days"
-#: stderr marker of a combined stage-and-submit command whose staging failed (sbatch never ran).
-STAGING_FAILED = "#tao-slurm-staging-failed"
 #: How long one sinfo answer about the partitions serves every worker of a cluster.
 PARTITION_CACHE_S = 600
 #: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
@@ -368,7 +366,7 @@ class SlurmHook(BaseHook):
         archive = None
         if stage is not None:
             staging, archive = commands.staging(*stage, int(time.time()))
-            command = f"{{ {staging}; }} || {{ rc=$?; echo {shlex.quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
+            command = commands.staged_then(staging, command)
         settings = self.settings
         pacing = commands.rpc_pacing(commands.SUBMISSION_RPCS, settings.rpc_bucket_size, settings.rpc_refill_rate)
         try:

@@ -50,6 +50,7 @@ from airflow_provider_tao_slurm.core.commands.enroot import (
 )
 from airflow_provider_tao_slurm.core.commands.files import (
     MISSING_FILE_STATUS,
+    STAGING_FAILED,
     extract_tar,
     mkdirs,
     next_offset,
@@ -57,6 +58,7 @@ from airflow_provider_tao_slurm.core.commands.files import (
     read_file,
     remove_files,
     rename,
+    staged_then,
     staging,
     tail_bytes,
     writable_dir,
@@ -122,6 +124,7 @@ __all__ = [
     "SHOW_JOB_KEYS",
     "SITE_MOUNTS_MARKER",
     "SQUASHFS_MAGIC_HEX",
+    "STAGING_FAILED",
     "STEP_STARTED",
     "SUBMISSION_RPCS",
     "UNSAFE_PATH_RE",
@@ -175,6 +178,7 @@ __all__ = [
     "squeue_states",
     "srun_help",
     "srun_probe",
+    "staged_then",
     "staging",
     "step_started",
     "tail_bytes",

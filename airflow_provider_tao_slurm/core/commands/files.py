@@ -19,6 +19,8 @@ from airflow_provider_tao_slurm.exceptions import RemoteCommandError, Validation
 
 #: Exit status of :func:`read_file` when the file does not exist; any other failure keeps its own.
 MISSING_FILE_STATUS = 44
+#: stderr marker of a :func:`staged_then` command whose staging failed (the command after it never ran).
+STAGING_FAILED = "#tao-slurm-staging-failed"
 
 _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
 
@@ -51,6 +53,15 @@ def staging(base: str, files: Mapping[str, tuple[bytes | None, int]], mtime: int
         [name for name, (content, _mode) in files.items() if content is None],
     )
     return command, buffer.getvalue()
+
+
+def staged_then(staging_command: str, command: str) -> str:
+    """Run ``command`` right after ``staging_command`` in one round trip, only when the staging succeeded.
+
+    A failed staging keeps its exit status and prints :data:`STAGING_FAILED` on stderr, so the caller can
+    tell "nothing was run" from a failure of ``command`` itself.
+    """
+    return f"{{ {staging_command}; }} || {{ rc=$?; echo {quote(STAGING_FAILED)} >&2; exit $rc; }}; {command}"
 
 
 def extract_tar(base: str, members: Sequence[str] = (), directories: Sequence[str] = ()) -> str:

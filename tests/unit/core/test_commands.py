@@ -1694,3 +1694,16 @@ def test_remove_end_markers_removes_every_run_of_that_job_only_and_the_given_fil
         commands.remove_end_markers(str(ends), "12_3")
     with pytest.raises(ValidationError, match="absolute"):
         commands.remove_end_markers(str(ends), "12", ["relative/.secrets.env"])
+
+
+@pytest.mark.parametrize(
+    ("staging", "rc", "out", "marked"),
+    [("true", 0, "ran\n", False), ("(exit 3)", 3, "", True)],
+    ids=["staged", "staging-failed"],
+)
+def test_staged_then_runs_the_command_only_after_its_staging(staging: str, rc: int, out: str, marked: bool) -> None:
+    """A failed staging keeps its status and says so on stderr; the command after it never runs."""
+    proc = subprocess.run(
+        ["bash", "-c", commands.staged_then(staging, "echo ran")], capture_output=True, text=True, check=False
+    )
+    assert (proc.returncode, proc.stdout, commands.STAGING_FAILED in proc.stderr) == (rc, out, marked)
