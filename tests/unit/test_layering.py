@@ -235,3 +235,15 @@ def test_each_promise_has_one_path(path: Path) -> None:
 )
 def test_the_one_path_rules_bite(me: str, source: str) -> None:
     assert second_paths(me, source)
+
+
+def test_the_module_map_lists_every_module_once() -> None:
+    """docs/module-map.md has one line per module of the package: none missing, none extra, none twice."""
+    modules = set()
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        modules.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    text = (PACKAGE.parent / "docs" / "module-map.md").read_text()
+    listed = re.findall(r"^\| `(airflow_provider_tao_slurm[\w.]*)` \| \S", text, flags=re.MULTILINE)
+    assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
+    assert set(listed) == modules, f"missing: {sorted(modules - set(listed))}; gone: {sorted(set(listed) - modules)}"
