@@ -12,15 +12,21 @@ What the batch script does for a slice (rendered from :class:`SliceScript`): it 
 :data:`SLICE_ENV` and :data:`LATEST_CHECKPOINT_ENV` to the program. ``<id>`` is
 ``<SLURM job id>-<restart count>``.
 
+Names: slice 1 is the submit task's job (the training's name, ``tao-<dag>.<task>-<digest>``); slice
+``N`` is ``<that name>-s<N>`` (:func:`slice_job_id`), so ``squeue`` shows the training with its slice
+number, and a retried sensor finds the slice an earlier try started by that name.
+
 Pure: no I/O. The lifecycle layer runs the commands and decides with :func:`continuation_verdict`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from airflow_provider_tao_slurm.core.records import check_job_id
 from airflow_provider_tao_slurm.core.resources import format_duration
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.core.storage import display_value
@@ -136,6 +142,32 @@ def slice_marker(slurm_job_id: str, restart: int, kind: str) -> str:
     return f"{slurm_job_id}-{restart}.{kind}"
 
 
+def slice_job_id(first_job_id: str, slice_number: int) -> str:
+    """Name slice ``slice_number`` of the training whose first job is ``first_job_id`` (its job id and SLURM name).
+
+    Slice 1 keeps the submit task's id; slice ``N`` (from 2) is ``<first_job_id>-s<N>``: the training's
+    name with the slice number, the same on every try (the adoption by name finds it), one job per name.
+
+    :raises ValidationError: for a slice number below 2 or a first id that is not a job id.
+    """
+    if isinstance(slice_number, bool) or not isinstance(slice_number, int) or slice_number < 2:
+        raise ValidationError(f"slice number {slice_number!r} must be a whole number from 2 (slice 1 is the first job)")
+    return check_job_id(f"{check_job_id(first_job_id, 'first job id')}-s{slice_number}", "slice job id")
+
+
+def spec_checkpoint_interval(spec: Mapping[str, Any] | None) -> str | None:
+    """Return the checkpoint interval a TAO spec sets (``train.checkpoint_interval`` and its unit), for messages.
+
+    :returns: e.g. ``"5 epoch"``, ``"2000 step"``, ``"5"`` without a unit; ``None`` when the spec sets none.
+    """
+    train = spec.get("train") if isinstance(spec, Mapping) else None
+    value = train.get("checkpoint_interval") if isinstance(train, Mapping) else None
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float | str) or str(value) == "":
+        return None
+    unit = train.get("checkpoint_interval_unit") if isinstance(train, Mapping) else None
+    return f"{value} {unit}" if isinstance(unit, str) and unit else str(value)
+
+
 def find_names(globs: Sequence[str]) -> list[str]:
     """``find`` arguments matching any of ``globs``: ``-name a -o -name b`` (inside ``(`` ``)``)."""
     return [word for glob in globs for word in ("-o", "-name", glob)][1:]
@@ -223,21 +255,24 @@ def continuation_verdict(
     time_hours: float,
     checkpoints: Sequence[str],
     last_checkpoint: str | None,
+    elapsed_seconds: float | None = None,
+    checkpoint_interval: str | None = None,
+    listings: int = 1,
+    listed_over_seconds: float = 0.0,
 ) -> Verdict:
     """Apply the stop rules of a chain, once a slice ended ``native`` (TIMEOUT, or PREEMPTED not requeued).
 
     :param slice_number: the slice that ended (1 for the first).
-    :param checkpoints: checkpoints written during the slice (oldest first).
+    :param checkpoints: checkpoints written during the slice (oldest first), from the last listing.
     :param last_checkpoint: the newest checkpoint of any earlier slice, for the message.
+    :param elapsed_seconds: how long the slice ran (accounting), for the message; ``None`` when unknown.
+    :param checkpoint_interval: the spec's checkpoint interval (:func:`spec_checkpoint_interval`), or ``None``.
+    :param listings: how many times the checkpoints were listed before this verdict (shared storage lags).
+    :param listed_over_seconds: the seconds those listings spanned.
     """
-    hours = format_duration(time_hours)
     if not checkpoints:
-        return Verdict(
-            False,
-            f"the {hours} slice {slice_number} ended {native} and wrote no checkpoint: lower the training's checkpoint "
-            "interval (TAO: train.checkpoint_interval) so it saves within a slice, or raise time_hours"
-            + (f"; the last checkpoint is {last_checkpoint}" if last_checkpoint else ""),
-        )
+        return Verdict(False, _no_checkpoint(native, slice_number, time_hours, last_checkpoint, elapsed_seconds,
+                                             checkpoint_interval, listings, listed_over_seconds))  # fmt: skip
     if slice_number > max_continuations:
         return Verdict(
             False,
@@ -248,4 +283,41 @@ def continuation_verdict(
         True,
         f"slice {slice_number} ended {native} after writing {len(checkpoints)} checkpoint(s); "
         f"slice {slice_number + 1} of at most {max_continuations + 1} resumes from {checkpoints[-1]}",
+    )
+
+
+def _no_checkpoint(
+    native: str,
+    slice_number: int,
+    time_hours: float,
+    last_checkpoint: str | None,
+    elapsed_seconds: float | None,
+    checkpoint_interval: str | None,
+    listings: int,
+    listed_over_seconds: float,
+) -> str:
+    """Write the stop message of a slice without a checkpoint: what it saw (slice length, interval), the fix."""
+    hours = format_duration(time_hours)
+    ran = f"ran {format_duration(elapsed_seconds / 3600)} of its {hours}" if elapsed_seconds is not None else ""
+    interval = (
+        f"the spec's checkpoint interval is {checkpoint_interval}"
+        if checkpoint_interval
+        else "the spec sets no checkpoint interval"
+    )
+    seen = f"no new checkpoint in {listings} listing(s)" + (
+        f" over {format_duration(listed_over_seconds / 3600)}" if listings > 1 else ""
+    )
+    last = f"; the last checkpoint is {last_checkpoint}" if last_checkpoint else ""
+    if native == "PREEMPTED":
+        return (
+            f"the {hours} slice {slice_number} was preempted before its first checkpoint"
+            + (f" ({ran})" if ran else "")
+            + f"; {seen}, {interval}: nothing newer to resume from, so the chain stops. Run it where it is not "
+            "preempted (requeue=True lets SLURM rerun a preempted job itself), then clear the task" + last
+        )
+    return (
+        f"the {hours} slice {slice_number} ended {native} and wrote no checkpoint: lower the training's checkpoint "
+        f"interval (TAO: train.checkpoint_interval; {interval}) so it saves within a slice"
+        + (f" (this one {ran})" if ran else "")
+        + f", or raise time_hours; {seen}{last}"
     )

@@ -51,6 +51,7 @@ class JobHandle:
     :param slice_number: which slice of the chain this job is (1 for the first).
     :param checkpoint_globs: the checkpoint file name patterns a slice must write to be continued.
     :param time_hours: the slice's wall time in hours (for messages).
+    :param checkpoint_interval: the spec's checkpoint interval (``"5 epoch"``), for messages; None when unset.
     :param slices: the chain's earlier slices, oldest first: ``job_id``, ``slurm_job_id``, ``state``,
         ``queue_seconds``, ``elapsed_seconds``, ``gpu_hours``, ``checkpoint``.
     """
@@ -78,6 +79,7 @@ class JobHandle:
     slice_number: int = 1
     checkpoint_globs: tuple[str, ...] = ()
     time_hours: float | None = None
+    checkpoint_interval: str | None = None
     slices: tuple[Mapping[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +122,8 @@ class JobHandle:
             data["checkpoint_globs"] = tuple(str(glob) for glob in (value.get("checkpoint_globs") or ()))
             data["slices"] = tuple(dict(item) for item in (value.get("slices") or ()))
             data["time_hours"] = None if value.get("time_hours") is None else float(value["time_hours"])
+            interval = value.get("checkpoint_interval")
+            data["checkpoint_interval"] = None if interval is None else str(interval)
         except (TypeError, ValueError) as exc:
             raise ValidationError(
                 f"job handle has a malformed field ({exc}); pass SbatchSubmitOperator's output"

@@ -23,9 +23,9 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.continuation import (
@@ -34,6 +34,7 @@ from airflow_provider_tao_slurm.core.continuation import (
     continuation_verdict,
     new_checkpoints,
     parse_new_checkpoints,
+    slice_job_id,
 )
 from airflow_provider_tao_slurm.core.layout import JobLayout, ends_dir, slices_dir
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
@@ -68,6 +69,14 @@ LOG_TAIL_BYTES = 16384
 STATUS_SETTLE_S = 10.0
 #: Seconds between those reads.
 STATUS_RETRY_S = 2.0
+#: How long a slice's checkpoints are listed again before "no new checkpoint" ends the chain: the login host's
+#: directory cache may not show yet what a compute node wrote (NFS keeps a directory's attributes for
+#: ``acdirmin``, 30 s by default; a Lustre client's statahead and dentry caches lag less).
+CHECKPOINT_SETTLE_S = 30.0
+#: Seconds between those listings.
+CHECKPOINT_RETRY_S = 5.0
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -112,11 +121,22 @@ class JobLifecycle:
 
     :param hook: the cluster's :class:`~airflow_provider_tao_slurm.hooks.slurm.SlurmHook`.
     :param log: where to log (the calling task's logger).
+    :param clock: seconds of a monotonic clock (the settle windows' reads); ``time.monotonic`` by default.
+    :param sleep: waits between those reads; ``time.sleep`` by default.
     """
 
-    def __init__(self, hook: SlurmHook, log: logging.Logger | Any = None) -> None:
+    def __init__(
+        self,
+        hook: SlurmHook,
+        log: logging.Logger | Any = None,
+        *,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> None:
         self.hook = hook
         self.log = log or logging.getLogger(__name__)
+        self._clock = clock
+        self._sleep = sleep
 
     # ------------------------------------------------------------------ record store
 
@@ -274,7 +294,7 @@ class JobLifecycle:
         as the partition keeps enough nodes for the job.
 
         In a chain of slices (``max_continuations``) the resubmission is the next slice: it counts as a
-        continuation and resumes from the checkpoints as any slice does.
+        continuation, is named as one (:meth:`_next_job`) and resumes from the checkpoints as any slice does.
 
         :param usage: the failed job's accounting, kept in the chain's slices.
         :raises JobFailedError: when excluding the failed nodes leaves the partition too small, or
@@ -323,8 +343,8 @@ class JobLifecycle:
         """Follow a slice that ended at its time limit with the next slice, or stop the chain with the reason.
 
         The next slice runs the same staged script (same results directory, spec, secrets and
-        resources) under a name derived from this slice's, so a retried sensor adopts a slice an
-        earlier try started and never starts a second one. It is only submitted once this slice
+        resources) under the training's name with the slice number (:meth:`_next_job`), so a retried
+        sensor adopts a slice an earlier try started and never starts a second one. It is only submitted once this slice
         wrote a new checkpoint (files under ``results_dir`` matching ``checkpoint_globs``, newer
         than the slice's start) and ``max_continuations`` is not used up.
 
@@ -335,7 +355,8 @@ class JobLifecycle:
         :raises RemoteCommandError: when the checkpoints could not be listed (nothing is decided).
         """
         new_id, found = self._next_job(ti, handle)
-        end = self._slice_end(handle)
+        # A next slice an earlier try started was decided then: no need to wait for a lagging listing.
+        end, listings, span = self._slice_end(handle, settle=found is None)
         checkpoints = end.checkpoints
         earlier = next((item.get("checkpoint") for item in reversed(handle.slices) if item.get("checkpoint")), None)
         verdict = continuation_verdict(
@@ -345,6 +366,10 @@ class JobLifecycle:
             time_hours=handle.time_hours or 0.0,
             checkpoints=checkpoints,
             last_checkpoint=earlier,
+            elapsed_seconds=usage.elapsed_seconds if usage else None,
+            checkpoint_interval=handle.checkpoint_interval,
+            listings=listings,
+            listed_over_seconds=span,
         )
         if not verdict.go_on and found is None:  # a next slice an earlier try started was decided then
             self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
@@ -379,28 +404,81 @@ class JobLifecycle:
             **_next_slice(handle, state, usage, checkpoints[-1] if checkpoints else None),
         )
 
-    def _slice_end(self, handle: JobHandle) -> SliceEnd:
+    def _slice_end(self, handle: JobHandle, *, settle: bool = True) -> tuple[SliceEnd, int, float]:
         """Return what the slice left: its markers and the checkpoints it wrote (newer than its start marker).
 
-        :raises RemoteCommandError: when they could not be listed.
+        A listing without a new checkpoint is listed again for :data:`CHECKPOINT_SETTLE_S` (``settle``) before
+        it counts: the login host's directory cache may lag what the compute node wrote.
+
+        :returns: the last listing, how many listings were made and the seconds they spanned.
+        :raises RemoteCommandError: naming the command, when a listing failed (never read as "no checkpoint").
         """
-        command = new_checkpoints(
-            handle.results_dir, slices_dir(handle.job_dir), handle.slurm_job_id, handle.checkpoint_globs
+        slices = slices_dir(handle.job_dir)
+        command = new_checkpoints(handle.results_dir, slices, handle.slurm_job_id, handle.checkpoint_globs)
+        what = (
+            f"listing slice {handle.slice_number}'s checkpoints (find {handle.results_dir} -type f -name "
+            f"{' -o -name '.join(handle.checkpoint_globs)} -newer {slices}/{handle.slurm_job_id}-<restart>.start)"
         )
-        end = parse_new_checkpoints(self.hook.run(command, check=True, what="listing checkpoints").stdout)
+
+        def listing() -> SliceEnd:
+            return parse_new_checkpoints(self.hook.run(command, check=True, what=what).stdout)
+
+        end, listings, span = self._read_settled(
+            listing,
+            lambda listed: bool(listed.checkpoints),
+            window=CHECKPOINT_SETTLE_S if settle else 0.0,
+            interval=CHECKPOINT_RETRY_S,
+            note=f"No new checkpoint of slice {handle.slice_number} under {handle.results_dir} yet: listing again "
+            "(shared storage may lag)",
+        )
         if not end.started:
             self.log.warning("Slice %s never started its batch script: it wrote no checkpoint", handle.slurm_job_id)
         elif end.warned:
             self.log.info("Slice %s was warned of its time limit before it ended", handle.slurm_job_id)
-        return end
+        return end, listings, span
+
+    def _read_settled(
+        self, read: Callable[[], _T], enough: Callable[[_T], bool], *, window: float, interval: float, note: str
+    ) -> tuple[_T, int, float]:
+        """Read until ``enough`` says so or ``window`` seconds passed (shared storage lags); a failed read raises.
+
+        :returns: the last read, how many reads were made and the seconds from the first to the last.
+        """
+        clock = self._clock or time.monotonic
+        start = clock()
+        reads = 0
+        while True:
+            value = read()
+            reads += 1
+            now = clock()
+            if enough(value) or now - start >= window:
+                return value, reads, now - start
+            self.log.info("%s", note)
+            (self._sleep or time.sleep)(interval)
 
     def _next_job(self, ti: Any, handle: JobHandle) -> tuple[str, str | None]:
         """Return the id of the job that follows ``handle`` (derived from it) and our SLURM job of that name, if any.
 
+        In a chain of slices (the next slice, or an infrastructure resubmission, which counts as one) the job
+        is named after the training: :func:`~airflow_provider_tao_slurm.core.continuation.slice_job_id`
+        (``<first job's id>-s<N>``). Outside a chain it is minted from the watching task and ``handle``'s id.
+        A chain whose next job the previous release started was named that way too: when no job of the
+        slice's name exists, our job of that old name is looked for and adopted (until the next release).
+
         :raises AmbiguousSubmissionError: when several jobs carry the name.
+        :raises JobLookupError: when a lookup failed (never read as "no job").
         """
-        new_id = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
-        return new_id, find_job(self.hook, new_id)
+        minted = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
+        if not handle.max_continuations:
+            return minted, find_job(self.hook, minted)
+        first = str(handle.slices[0]["job_id"]) if handle.slices else handle.job_id
+        new_id = slice_job_id(first, handle.slice_number + 1)
+        found = find_job(self.hook, new_id)
+        if found is None:  # the previous release's name (deprecated): its running chains are still adopted
+            legacy = find_job(self.hook, minted)
+            if legacy is not None:
+                return minted, legacy
+        return new_id, found
 
     def _adopt_next(self, record: JobRecord, new_id: str, layout: JobLayout, found: str, why: str) -> str:
         """Adopt ``found``, the job ``new_id`` an earlier try started after ``record``'s (:func:`adopt_job`).
@@ -662,13 +740,14 @@ class JobLifecycle:
             missing (a TAO job's last write may not show yet on a login host that caches attributes).
         :raises RemoteReadError: when it could not be read (never taken for a missing file).
         """
-        deadline = time.monotonic() + (STATUS_SETTLE_S if settle else 0.0)
-        while True:
-            status = self.hook.read_status_json(path)
-            if status is not None or time.monotonic() >= deadline:
-                return status
-            self.log.info("%s is not there yet: reading it again (shared storage may lag)", path)
-            time.sleep(STATUS_RETRY_S)
+        status, _, _ = self._read_settled(
+            lambda: self.hook.read_status_json(path),
+            lambda read: read is not None,
+            window=STATUS_SETTLE_S if settle else 0.0,
+            interval=STATUS_RETRY_S,
+            note=f"{path} is not there yet: reading it again (shared storage may lag)",
+        )
+        return status
 
     # ------------------------------------------------------------------ logs
 

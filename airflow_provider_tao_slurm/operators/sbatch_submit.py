@@ -456,6 +456,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
 
 def _job_handle(job: BoundRequest, slurm_job_id: str, record: JobRecord, resources: Resources) -> JobHandle:
     """Return the handle of the submitted (or adopted) job: what the sensor watches and the XCom carries."""
+    from airflow_provider_tao_slurm.core.continuation import spec_checkpoint_interval
     from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
     request, layout = job.request, job.layout
@@ -481,4 +482,5 @@ def _job_handle(job: BoundRequest, slurm_job_id: str, record: JobRecord, resourc
         max_continuations=request.continuation.max_continuations,
         checkpoint_globs=request.continuation.handle_globs,
         time_hours=resources.time_hours,
+        checkpoint_interval=spec_checkpoint_interval(request.spec) if request.continuation.max_continuations else None,
     )

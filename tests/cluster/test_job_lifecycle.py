@@ -36,6 +36,7 @@ from deferral import context, defer, first_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core import states as core_states
+from airflow_provider_tao_slurm.core.continuation import slice_job_id
 from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import mint_job_id, open_record
@@ -113,7 +114,7 @@ def test_try_3_adopts_the_job_of_sigkilled_try_2(
     assert resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger)))["terminal_state"] == "COMPLETE"
 
 
-@pytest.mark.parametrize("path", ["infrastructure-resubmission", "next-slice"])
+@pytest.mark.parametrize("path", ["infrastructure-resubmission", "next-slice", "next-slice-of-the-previous-release"])
 def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
     path: str, conn: str, image: str, dag_id: str, ssh_run: SshRun, slurm_hook: SlurmHook, record_property: Any
 ) -> None:
@@ -121,8 +122,10 @@ def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
     the job that follows it and was killed inside that job's submission: the job of the next name stands held
     (``sbatch --hold`` as the cluster user, as a killed worker leaves it), its log directory missing. The sensor's
     retry ran. Expected: it submits nothing, adopts that job (releasing it, creating its log directory, binding
-    its record), and the job runs to COMPLETED, writing its log; one job of that name."""
-    slicing = {"max_continuations": 1} if path == "next-slice" else {}
+    its record), and the job runs to COMPLETED, writing its log; one job of that name. The next slice is named
+    after the training (``<first job>-s2``); the previous release named it after the sensor task, and a chain
+    it left running across the upgrade is still adopted by that name."""
+    slicing = {"max_continuations": 1} if path.startswith("next-slice") else {}
     ctx = context(dag_id, "submit", "r1")
     handle = submit(submit_op(image, "echo ran-$SLURM_JOB_ID", secret_env=None, requeue=False, **slicing), ctx)
     first_id = handle["slurm_job_id"]
@@ -131,6 +134,8 @@ def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
 
     sensor_ti = SimpleNamespace(dag_id=dag_id, task_id="wait", run_id="r1", map_index=-1, try_number=2)
     new_id = mint_job_id(dag_id, "wait", "r1", retry_of=handle["job_id"])
+    if path == "next-slice":
+        new_id = slice_job_id(handle["job_id"], 2)
     lifecycle = JobLifecycle(slurm_hook)
     record = lifecycle.require_record(JobHandle.from_dict(handle))
     new_path = JobLayout(handle["results_base"], new_id).record_path
@@ -159,7 +164,7 @@ def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
     try:
         assert squeue_field(ssh_run, held, "%T|%r") == "PENDING|JobHeldUser"
 
-        if path == "next-slice":
+        if path.startswith("next-slice"):
             state = core_states.state_from_native(first_id, "TIMEOUT", source="sacct", exit_code=0, signal=0,
                                                   node_list=node.strip())  # fmt: skip
             new = lifecycle.continue_slice(sensor_ti, JobHandle.from_dict(handle), record, state, None)

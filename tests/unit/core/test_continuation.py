@@ -21,7 +21,9 @@ from airflow_provider_tao_slurm.core.continuation import (
     grace_seconds,
     new_checkpoints,
     parse_new_checkpoints,
+    slice_job_id,
     slice_marker,
+    spec_checkpoint_interval,
 )
 from airflow_provider_tao_slurm.exceptions import ValidationError
 
@@ -118,16 +120,43 @@ def test_ends_slice(native: str, exit_code: int, expected: bool) -> None:
             {"checkpoints": [], "time_hours": 4.0},
             False,
             "the 4 h slice 1 ended TIMEOUT and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
-            "train.checkpoint_interval) so it saves within a slice, or raise time_hours",
+            "train.checkpoint_interval; the spec sets no checkpoint interval) so it saves within a slice, or raise "
+            "time_hours; no new checkpoint in 1 listing(s)",
             id="no-checkpoint",
         ),
         pytest.param(
-            {"checkpoints": [], "slice_number": 3, "last_checkpoint": "/r/e9.pth"},
+            {
+                "checkpoints": [],
+                "slice_number": 3,
+                "last_checkpoint": "/r/e9.pth",
+                "elapsed_seconds": 62,
+                "checkpoint_interval": "5 epoch",
+                "listings": 7,
+                "listed_over_seconds": 30.0,
+            },
             False,
             "the 1 min slice 3 ended TIMEOUT and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
-            "train.checkpoint_interval) so it saves within a slice, or raise time_hours; the last checkpoint is "
-            "/r/e9.pth",
-            id="no-checkpoint-names-the-last",
+            "train.checkpoint_interval; the spec's checkpoint interval is 5 epoch) so it saves within a slice (this "
+            "one ran 1 min 2 s of its 1 min), or raise time_hours; no new checkpoint in 7 listing(s) over 30 s; the "
+            "last checkpoint is /r/e9.pth",
+            id="no-checkpoint-names-the-slice-length-the-interval-and-the-last",
+        ),
+        pytest.param(
+            {
+                "native": "PREEMPTED",
+                "checkpoints": [],
+                "time_hours": 4.0,
+                "elapsed_seconds": 600,
+                "checkpoint_interval": "1 epoch",
+                "listings": 7,
+                "listed_over_seconds": 30.0,
+            },
+            False,
+            "the 4 h slice 1 was preempted before its first checkpoint (ran 10 min of its 4 h); no new checkpoint in "
+            "7 listing(s) over 30 s, the spec's checkpoint interval is 1 epoch: nothing newer to resume from, so the "
+            "chain stops. Run it where it is not preempted (requeue=True lets SLURM rerun a preempted job itself), "
+            "then clear the task",
+            id="preempted-before-its-first-checkpoint",
         ),
         pytest.param(
             {"checkpoints": ["/r/e20.pth"], "slice_number": 5},
@@ -149,6 +178,42 @@ def test_continuation_verdict(kwargs: dict[str, Any], go_on: bool, message: str)
     }
     verdict = continuation_verdict(**{**values, **kwargs})
     assert (verdict.go_on, verdict.reason) == (go_on, message)
+
+
+def test_preempted_before_a_first_checkpoint_never_blames_the_interval() -> None:
+    verdict = continuation_verdict(
+        native="PREEMPTED", slice_number=2, max_continuations=4, time_hours=4.0, checkpoints=[],
+        last_checkpoint="/r/e3.pth",
+    )  # fmt: skip
+    assert not verdict.go_on
+    assert "preempted before its first checkpoint" in verdict.reason
+    assert "lower the training's checkpoint interval" not in verdict.reason
+    assert verdict.reason.endswith("; the last checkpoint is /r/e3.pth")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        pytest.param({"train": {"checkpoint_interval": 5, "checkpoint_interval_unit": "epoch"}}, "5 epoch", id="unit"),
+        pytest.param({"train": {"checkpoint_interval": 2000}}, "2000", id="no-unit"),
+        pytest.param({"train": {"num_epochs": 3}}, None, id="unset"),
+        pytest.param({"train": "x"}, None, id="not-a-section"),
+        pytest.param({"train": {"checkpoint_interval": True}}, None, id="not-a-number"),
+        pytest.param(None, None, id="no-spec"),
+    ],
+)
+def test_spec_checkpoint_interval(spec: Any, expected: str | None) -> None:
+    assert spec_checkpoint_interval(spec) == expected
+
+
+def test_a_slice_is_named_after_the_training_with_its_number() -> None:
+    assert slice_job_id("tao-dag.train-0123456789abcdef", 2) == "tao-dag.train-0123456789abcdef-s2"
+    assert slice_job_id("tao-dag.train-0123456789abcdef", 11) == "tao-dag.train-0123456789abcdef-s11"
+    for number in (1, 0, True, "2"):
+        with pytest.raises(ValidationError, match="slice number"):
+            slice_job_id("tao-dag.train-0123456789abcdef", number)  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        slice_job_id("tao-x; id", 2)
 
 
 def _touch(path: Path, mtime: float) -> None:

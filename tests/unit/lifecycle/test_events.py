@@ -50,6 +50,7 @@ FULL = {
     "slice_number": 2,
     "checkpoint_globs": ["*.pth", "*.ckpt"],
     "time_hours": 0.5,
+    "checkpoint_interval": "5 epoch",
     "slices": [
         {
             "job_id": mint_job_id("dag", "submit", "run0"),

@@ -17,6 +17,7 @@ from airflow.exceptions import AirflowFailException
 from fakes import FakeSlurmHook
 
 from airflow_provider_tao_slurm.core import commands
+from airflow_provider_tao_slurm.core.continuation import slice_job_id
 from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import JobRecord, from_json, mark, mint_job_id, open_record, to_json
@@ -34,6 +35,7 @@ from airflow_provider_tao_slurm.exceptions import (
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import CommandResult
+from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import Attempt, JobLifecycle
 
@@ -86,7 +88,9 @@ class LifecycleHook(FakeSlurmHook):
         super().__init__()
         self.sinfo = "n1|polar*|idle\nn2|polar*|down*\nn3|polar*|idle\n"
         self.allocation = "n1\nn2\n"
-        self.checkpoints = CommandResult(0, "NOSTART\n", "")
+        #: the listing of a slice's new checkpoints: one answer, or one per listing (the last one repeats)
+        self.checkpoints: CommandResult | list[CommandResult] = CommandResult(0, "NOSTART\n", "")
+        self.listings = 0
         self.handlers.append(self._cluster)
 
     def _cluster(self, command: str) -> CommandResult | None:
@@ -95,6 +99,9 @@ class LifecycleHook(FakeSlurmHook):
         if command.startswith("sinfo -a -h -N -o %N -n"):
             return CommandResult(0, self.allocation, "")
         if "-newer" in command:  # the slice's new checkpoints
+            self.listings += 1
+            if isinstance(self.checkpoints, list):
+                return self.checkpoints.pop(0) if len(self.checkpoints) > 1 else self.checkpoints[0]
             return self.checkpoints
         return None
 
@@ -788,6 +795,10 @@ def test_a_log_tail_that_starts_inside_a_key_block_withholds_its_rows(rows_kept:
 
 # ---------------------------------------------------------------------- continue_slice: a training over several slices
 
+#: Slice 2 of the training whose first job is FIRST: its name with the slice number.
+SLICE_2 = slice_job_id(FIRST, 2)
+#: What the sensor task minted for the next slice before (the previous release's name, still adopted).
+LEGACY_SLICE_2 = RETRY_ID
 SLICE_USAGE = JobUsage(queue_seconds=2, elapsed_seconds=65, gpus=1, gpu_hours=0.0181, node_list="n1", exit_code=0)
 
 
@@ -796,8 +807,29 @@ def chain(**changes: Any) -> JobHandle:
     return handle(**{**values, **changes})
 
 
-def timed_out() -> JobState:
-    return state_from_native("500", "TIMEOUT", source="sacct", exit_code=0, signal=0, node_list="n1")
+def timed_out(native: str = "TIMEOUT") -> JobState:
+    return state_from_native("500", native, source="sacct", exit_code=0, signal=0, node_list="n1")
+
+
+class FakeClock:
+    """A monotonic clock that moves only when the code under test sleeps (every sleep recorded)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def settling(hook: LifecycleHook, clock: FakeClock | None = None) -> JobLifecycle:
+    """The lifecycle over ``hook`` whose settle windows run on a fake clock (no real waiting)."""
+    clock = clock or FakeClock()
+    return JobLifecycle(hook, clock=clock.monotonic, sleep=clock.sleep)
 
 
 def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -809,11 +841,11 @@ def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: 
     )
     old = chain(secret_refs={"HF_TOKEN": "env:TAO_TEST_SRC"})
 
-    new = JobLifecycle(hook).continue_slice(SENSOR_TI, old, read_record(hook, FIRST), timed_out(), SLICE_USAGE)
+    new = settling(hook).continue_slice(SENSOR_TI, old, read_record(hook, FIRST), timed_out(), SLICE_USAGE)
 
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, f"{BASE}/logs", ("--export=ALL,TAO_SLURM_SLICE=2",))]
+    assert hook.submits == [(LAYOUT.script_path, SLICE_2, f"{BASE}/logs", ("--export=ALL,TAO_SLURM_SLICE=2",))]
     assert list(hook.staged_files) == [LAYOUT.sidecar_path], "the ended slice's EXIT trap removed it"
-    assert (new.job_id, new.slurm_job_id, new.retry_of, new.slice_number) == (RETRY_ID, "501", FIRST, 2)
+    assert (new.job_id, new.slurm_job_id, new.retry_of, new.slice_number) == (SLICE_2, "501", FIRST, 2)
     assert (new.results_dir, new.script_path, new.infra_retries) == (old.results_dir, old.script_path, 0)
     assert new.slices == (
         {
@@ -830,9 +862,9 @@ def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: 
     assert ended.terminal_state is TaoState.ERROR
     assert ended.transitions[-1].message == (
         f"slice 1 ended TIMEOUT after writing 2 checkpoint(s); slice 2 of at most 3 resumes from "
-        f"{LAYOUT.results_dir}/e2.pth; continued as {RETRY_ID}"
+        f"{LAYOUT.results_dir}/e2.pth; continued as {SLICE_2}"
     )
-    assert read_record(hook, RETRY_ID).retry_of == FIRST
+    assert read_record(hook, SLICE_2).retry_of == FIRST
 
 
 @pytest.mark.parametrize(
@@ -854,7 +886,7 @@ def test_the_chain_stops_with_the_rule_and_its_fix(changes: dict[str, Any], list
     hook.checkpoints = CommandResult(0, listing, "")
 
     with pytest.raises(JobFailedError, match=re.escape(message)):
-        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(**changes), read_record(hook, FIRST), timed_out(), None)
+        settling(hook).continue_slice(SENSOR_TI, chain(**changes), read_record(hook, FIRST), timed_out(), None)
 
     assert hook.submits == []
     ended = read_record(hook, FIRST)
@@ -865,14 +897,14 @@ def test_the_chain_stops_with_the_rule_and_its_fix(changes: dict[str, Any], list
 def test_a_next_slice_an_earlier_try_started_is_adopted() -> None:
     hook = LifecycleHook()
     store(hook, record_of(FIRST))
-    hook.found[RETRY_ID] = ["611"]
+    hook.found[SLICE_2] = ["611"]
     hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
 
-    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+    new = settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
     assert (hook.submits, new.slurm_job_id, new.slice_number) == ([], "611", 2)
-    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "611")]
-    adopted = read_record(hook, RETRY_ID)
+    assert hook.released == [(f"{BASE}/logs", SLICE_2, "611")]
+    adopted = read_record(hook, SLICE_2)
     assert (adopted.state, adopted.backend_ref, adopted.retry_of) == (TaoState.RUNNING, "611", FIRST)
 
 
@@ -881,29 +913,158 @@ def test_a_held_next_slice_of_a_try_killed_inside_its_submission_is_released() -
     releases that slice, creates its log directory and binds its record; it submits no second slice."""
     hook = LifecycleHook()
     store(hook, record_of(FIRST))
-    store(hook, record_of(RETRY_ID, None, retry_of=FIRST))
-    hook.found[RETRY_ID] = ["611"]
+    store(hook, record_of(SLICE_2, None, retry_of=FIRST))
+    hook.found[SLICE_2] = ["611"]
     hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
 
-    new = JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+    new = settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
     assert (hook.submits, new.slurm_job_id) == ([], "611")
-    assert hook.released == [(f"{BASE}/logs", RETRY_ID, "611")]
-    adopted = read_record(hook, RETRY_ID)
+    assert hook.released == [(f"{BASE}/logs", SLICE_2, "611")]
+    adopted = read_record(hook, SLICE_2)
     assert (adopted.state, adopted.backend_ref) == (TaoState.RUNNING, "611")
     assert [t.state for t in adopted.transitions] == [TaoState.PENDING, TaoState.RUNNING]
 
 
-def test_a_checkpoint_listing_that_failed_decides_nothing() -> None:
+@pytest.mark.parametrize("failing", [1, 3], ids=["first-listing", "a-listing-inside-the-settle-window"])
+def test_a_checkpoint_listing_that_failed_decides_nothing(failing: int) -> None:
+    """A failed ``find`` (EIO on the results directory), first or while the window lists again, is an error that
+    names the command: never "no checkpoint", nothing settled, nothing submitted (the sensor's retry lists again)."""
     hook = LifecycleHook()
     store(hook, record_of(FIRST))
-    hook.checkpoints = CommandResult(1, "START\n", "find: Input/output error")
+    hook.checkpoints = [CommandResult(0, "START\n", "")] * (failing - 1) + [
+        CommandResult(1, "START\n", "find: Input/output error")
+    ]
 
-    with pytest.raises(RemoteCommandError):
-        JobLifecycle(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+    with pytest.raises(RemoteCommandError) as failed:
+        settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
 
+    assert hook.listings == failing
+    assert (
+        f"listing slice 1's checkpoints (find {LAYOUT.results_dir} -type f -name *.pth -newer "
+        f"{LAYOUT.job_dir}/slices/500-<restart>.start) failed" in str(failed.value)
+    )
+    assert "Input/output error" in str(failed.value)
     assert hook.submits == []
     assert read_record(hook, FIRST).terminal_state is None
+
+
+@pytest.mark.parametrize("shows_on", [2, 3], ids=["second-listing", "third-listing"])
+def test_a_lagging_listing_that_shows_the_checkpoint_later_continues_the_chain(shows_on: int) -> None:
+    """The login host's directory cache lags the node: the slice's checkpoint shows only on a later listing.
+    Expected: the listing is repeated within the settle window and the chain goes on from that checkpoint."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.checkpoints = [CommandResult(0, "START\nWARNED\n", "")] * (shows_on - 1) + [
+        CommandResult(0, f"START\nWARNED\n9.5 {LAYOUT.results_dir}/e3.pth\n", "")
+    ]
+    clock = FakeClock()
+
+    new = settling(hook, clock).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    assert hook.listings == shows_on
+    assert clock.slept == [jobs_module.CHECKPOINT_RETRY_S] * (shows_on - 1)
+    assert [job_name for _, job_name, _, _ in hook.submits] == [SLICE_2]
+    assert (new.job_id, new.slice_number, new.slices[-1]["checkpoint"]) == (SLICE_2, 2, f"{LAYOUT.results_dir}/e3.pth")
+
+
+def test_a_listing_that_never_shows_a_checkpoint_ends_the_chain_naming_the_slice_and_the_interval() -> None:
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.checkpoints = CommandResult(0, "START\n", "")
+    clock = FakeClock()
+    old = chain(checkpoint_interval="5 epoch")
+
+    with pytest.raises(JobFailedError) as failed:
+        settling(hook, clock).continue_slice(SENSOR_TI, old, read_record(hook, FIRST), timed_out(), SLICE_USAGE)
+
+    window, every = jobs_module.CHECKPOINT_SETTLE_S, jobs_module.CHECKPOINT_RETRY_S
+    assert hook.listings == int(window / every) + 1
+    assert sum(clock.slept) == window
+    message = (
+        "the 1 min slice 1 ended TIMEOUT and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
+        "train.checkpoint_interval; the spec's checkpoint interval is 5 epoch) so it saves within a slice (this one "
+        f"ran 1 min 5 s of its 1 min), or raise time_hours; no new checkpoint in {hook.listings} listing(s) over 30 s"
+    )
+    assert str(failed.value) == f"SLURM job 500: {message}"
+    assert failed.value.err_class == "ERR_PROGRAM"
+    assert read_record(hook, FIRST).transitions[-1].message == message
+    assert hook.submits == []
+
+
+def test_a_slice_preempted_before_its_first_checkpoint_says_so() -> None:
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.checkpoints = CommandResult(0, "START\n", "")
+
+    with pytest.raises(JobFailedError) as failed:
+        settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out("PREEMPTED"), None)
+
+    assert "the 1 min slice 1 was preempted before its first checkpoint; no new checkpoint in 7 listing(s)" in str(
+        failed.value
+    )
+    assert "lower the training's checkpoint interval" not in str(failed.value)
+    assert hook.submits == []
+
+
+def test_a_found_next_slice_is_adopted_without_waiting_out_the_settle_window() -> None:
+    """An earlier try decided and started the next slice: the retry lists once and adopts it."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.found[SLICE_2] = ["611"]
+    hook.checkpoints = CommandResult(0, "START\n", "")  # the checkpoint does not show (yet) on this host
+    clock = FakeClock()
+
+    new = settling(hook, clock).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    assert (hook.listings, clock.slept, hook.submits, new.slurm_job_id) == (1, [], [], "611")
+
+
+def test_slices_are_named_after_the_training_and_numbered_whoever_watches() -> None:
+    """Slice 3 of a chain whose slice 2 was watched by a sensor: named <first job>-s3, not after the sensor task."""
+    hook = LifecycleHook()
+    store(hook, record_of(SLICE_2, retry_of=FIRST, slurm_id="501"))
+    hook.checkpoints = CommandResult(0, "START\n1 /r/e9.pth\n", "")
+    second = chain(
+        job_id=SLICE_2, slurm_job_id="501", record_path=JobLayout(BASE, SLICE_2).record_path, slice_number=2,
+        slices=[{"job_id": FIRST, "slurm_job_id": "500", "state": "TIMEOUT", "checkpoint": "/r/e4.pth"}],
+    )  # fmt: skip
+
+    new = settling(hook).continue_slice(
+        ti(2, task_id="another_sensor"), second, read_record(hook, SLICE_2), timed_out(), None
+    )
+
+    assert new.job_id == slice_job_id(FIRST, 3) == f"{FIRST}-s3"
+    assert hook.lookups[0] == f"{FIRST}-s3"
+    assert [job_name for _, job_name, _, _ in hook.submits] == [f"{FIRST}-s3"]
+
+
+def test_a_next_slice_the_previous_release_named_after_the_sensor_is_still_adopted() -> None:
+    """A chain running across the upgrade: the previous release's sensor started slice 2 under the name it minted
+    from the sensor task, then died. The retry finds no job of the new name, finds ours of the old one and adopts
+    it (released, its record bound); it submits no second slice 2."""
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.found[LEGACY_SLICE_2] = ["611"]
+    hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
+
+    new = settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    assert hook.lookups == [SLICE_2, LEGACY_SLICE_2]
+    assert (hook.submits, new.job_id, new.slurm_job_id, new.slice_number) == ([], LEGACY_SLICE_2, "611", 2)
+    assert hook.released == [(f"{BASE}/logs", LEGACY_SLICE_2, "611")]
+    assert read_record(hook, LEGACY_SLICE_2).backend_ref == "611"
+
+
+def test_a_job_of_the_new_slice_name_is_adopted_without_asking_for_the_old_one() -> None:
+    hook = LifecycleHook()
+    store(hook, record_of(FIRST))
+    hook.found = {SLICE_2: ["611"], LEGACY_SLICE_2: ["612"]}
+    hook.checkpoints = CommandResult(0, "START\n1 /r/e2.pth\n", "")
+
+    new = settling(hook).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    assert (hook.lookups, new.job_id, new.slurm_job_id) == ([SLICE_2], SLICE_2, "611")
 
 
 def test_an_unreadable_record_of_an_earlier_try_stops_the_try_before_anything_is_submitted() -> None:

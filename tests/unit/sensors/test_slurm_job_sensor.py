@@ -290,8 +290,9 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
 
 @pytest.fixture(autouse=True)
 def no_status_settle(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A missing status.json counts as missing at once here (its settle window has its own test)."""
+    """A missing status.json or checkpoint counts as missing at once here (the settle windows have their own tests)."""
     monkeypatch.setattr(jobs_module, "STATUS_SETTLE_S", 0.0)
+    monkeypatch.setattr(jobs_module, "CHECKPOINT_SETTLE_S", 0.0)
 
 
 class LateStatusHook(SensorHook):
@@ -1271,9 +1272,10 @@ def test_a_slice_that_ran_out_of_time_after_a_checkpoint_is_continued(native: st
     with pytest.raises(TaskDeferred) as deferred:
         complete(sensor_with(hook), terminal(native, exit_code=exit_code), make_handle(**CHAIN))
 
-    assert hook.submits == [(LAYOUT.script_path, RETRY_ID, LAYOUT.log_dir, ("--export=ALL,TAO_SLURM_SLICE=2",))]
+    slice_2 = f"{JOB_ID}-s2"  # the training's name with the slice number, not the sensor task's
+    assert hook.submits == [(LAYOUT.script_path, slice_2, LAYOUT.log_dir, ("--export=ALL,TAO_SLURM_SLICE=2",))]
     handle = deferred.value.kwargs["job"]
-    assert (handle["job_id"], handle["slurm_job_id"], handle["slice_number"]) == (RETRY_ID, "501", 2)
+    assert (handle["job_id"], handle["slurm_job_id"], handle["slice_number"]) == (slice_2, "501", 2)
     assert [item["checkpoint"] for item in handle["slices"]] == [f"{LAYOUT.results_dir}/train/epoch_5.pth"]
     assert deferred.value.trigger.slurm_job_id == "501"
     assert XCOM[WATCHED_JOB_KEY] == handle, "the extra links follow the current slice"
