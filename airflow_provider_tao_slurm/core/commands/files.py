@@ -6,7 +6,6 @@ with :func:`~airflow_provider_tao_slurm.core.commands.guard.secure_dirs` first.
 
 from __future__ import annotations
 
-import io
 import posixpath
 import re
 import tarfile
@@ -28,6 +27,9 @@ _TAIL_HEADER_RE = re.compile(r"SIZE (\d+) LEN (\d+)")
 def staging(base: str, files: Mapping[str, tuple[bytes | None, int]], mtime: int) -> tuple[str, bytes]:
     """Return the command that unpacks ``files`` under ``base`` (:func:`extract_tar`) and the archive it reads.
 
+    The archive is built in memory, block by block, as :mod:`tarfile` writes one (headers from
+    :meth:`tarfile.TarInfo.tobuf`): no file object, no I/O.
+
     :param base: absolute directory the names are relative to.
     :param files: ``{relative path: (content, mode)}``, content ``None`` for a directory; secrets (the
         sidecar) go here too, never in argv.
@@ -35,24 +37,27 @@ def staging(base: str, files: Mapping[str, tuple[bytes | None, int]], mtime: int
     :returns: ``(command, tar archive)``: send the archive on the command's stdin.
     :raises ValidationError: for a name with ``.`` or ``..`` or a relative base.
     """
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as archive:
-        for name, (content, mode) in files.items():
-            info = tarfile.TarInfo(name)
-            info.mode = mode
-            info.mtime = mtime
-            if content is None:
-                info.type = tarfile.DIRTYPE
-                archive.addfile(info)
-            else:
-                info.size = len(content)
-                archive.addfile(info, io.BytesIO(content))
+    blocks = []
+    for name, (content, mode) in files.items():
+        info = tarfile.TarInfo(name)
+        info.mode = mode
+        info.mtime = mtime
+        if content is None:
+            info.type = tarfile.DIRTYPE
+        else:
+            info.size = len(content)
+        blocks.append(info.tobuf(tarfile.DEFAULT_FORMAT, tarfile.ENCODING, "surrogateescape"))
+        if content:
+            blocks.append(content + bytes(-len(content) % tarfile.BLOCKSIZE))
+    blocks.append(bytes(2 * tarfile.BLOCKSIZE))  # the end of the archive
+    archive = b"".join(blocks)
+    archive += bytes(-len(archive) % tarfile.RECORDSIZE)  # whole records, as tar writes them
     command = extract_tar(
         base,
         [name for name, (content, _mode) in files.items() if content is not None],
         [name for name, (content, _mode) in files.items() if content is None],
     )
-    return command, buffer.getvalue()
+    return command, archive
 
 
 def staged_then(staging_command: str, command: str) -> str:

@@ -1707,3 +1707,23 @@ def test_staged_then_runs_the_command_only_after_its_staging(staging: str, rc: i
         ["bash", "-c", commands.staged_then(staging, "echo ran")], capture_output=True, text=True, check=False
     )
     assert (proc.returncode, proc.stdout, commands.STAGING_FAILED in proc.stderr) == (rc, out, marked)
+
+
+def test_staging_builds_the_archive_tarfile_would_write() -> None:
+    """The archive built block by block in core is byte for byte what :mod:`tarfile` writes for the same members."""
+    import io
+    import tarfile
+
+    _, archive = commands.staging("/lustre/u", TREE, 1_700_000_000)
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as reference:
+        for name, (content, mode) in TREE.items():
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime = mode, 1_700_000_000
+            if content is None:
+                info.type = tarfile.DIRTYPE
+                reference.addfile(info)
+            else:
+                info.size = len(content)
+                reference.addfile(info, io.BytesIO(content))
+    assert archive == buffer.getvalue()
