@@ -3,8 +3,10 @@
 Right after a submission the submit task stores the job handle in its ``task_state_store``
 (:class:`airflow.sdk.ResumableJobMixin` writes it, and Airflow's ``resumable_job.*`` metrics count
 what each retry decided); a retry reads it first and reattaches without asking SLURM by name. The
-sensor stores the job it watches the same way, so that a retried sensor goes on with the newest job
-of a chain (a resubmission, the next slice) instead of walking the chain again from the first one.
+sensor stores the job it watches the same way, right before each deferral, so that a retried sensor
+goes on with the newest job of a chain (a resubmission, the next slice) instead of walking the chain
+again from the first one, and a sensor resumed without its deferral's kwargs (``airflow dags test``
+passes the trigger's event alone) knows the job that event must be about.
 
 The name-based adoption of :meth:`~airflow_provider_tao_slurm.lifecycle.jobs.JobLifecycle.plan_attempt`
 stays: it closes the window between ``sbatch`` and the store write (a worker that dies there leaves
@@ -69,10 +71,12 @@ def remember_watched(context: Mapping[str, Any], root: JobHandle, handle: JobHan
         store.set(WATCHED_JOB_STORE_KEY, value, retention=NEVER_EXPIRE)
 
 
-def watched_since(context: Mapping[str, Any], root: JobHandle) -> JobHandle | None:
-    """Return the job an earlier try of this sensor watched last, when it descends from ``root``; else None.
+def last_watched(context: Mapping[str, Any], root: JobHandle) -> JobHandle | None:
+    """Return the job this sensor stored last (``root`` itself included), when it descends from ``root``; else None.
 
-    A stored job of another submission (the submit task ran again and submitted a fresh job) is ignored.
+    The sensor stores the job right before each deferral, so this is the job it last deferred on: what
+    a resumed sensor watches when the resume carries no deferral kwargs (``airflow dags test``). A stored
+    job of another submission (the submit task ran again and submitted a fresh job) is ignored.
     """
     from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
@@ -80,5 +84,15 @@ def watched_since(context: Mapping[str, Any], root: JobHandle) -> JobHandle | No
     stored = store.get(WATCHED_JOB_STORE_KEY) if store is not None else None
     if not isinstance(stored, Mapping) or stored.get("root") != root.slurm_job_id:
         return None
-    handle = JobHandle.from_dict(stored.get("handle"))
-    return handle if handle.slurm_job_id != root.slurm_job_id else None
+    return JobHandle.from_dict(stored.get("handle"))
+
+
+def watched_since(context: Mapping[str, Any], root: JobHandle) -> JobHandle | None:
+    """Return the job an earlier try of this sensor watched last, when it descends from ``root`` and is not it.
+
+    None when nothing is stored, or ``root`` itself.
+
+    A stored job of another submission (the submit task ran again and submitted a fresh job) is ignored.
+    """
+    handle = last_watched(context, root)
+    return handle if handle is not None and handle.slurm_job_id != root.slurm_job_id else None

@@ -75,6 +75,29 @@ def _event_path(events_dir: str, slurm_job_id: str) -> str:
     return f"{events_dir}/{slurm_job_id}-{uuid.uuid4().hex[:12]}.json"
 
 
+def _check_event_job(event: JobEvent, handle: JobHandle, source: str) -> None:
+    """Refuse a trigger event about another job than ``handle`` (the one the sensor deferred on).
+
+    The event names its job by SLURM id, and a full event by name too (``job_name``, our job id): both
+    must be ``handle``'s, so that a stale event (an earlier slice's, a reused SLURM id) ends nothing.
+
+    :param source: where ``handle`` was read, for the message.
+    :raises ValidationError: naming both jobs.
+    """
+    from airflow_provider_tao_slurm.exceptions import ValidationError
+
+    if event.slurm_job_id != handle.slurm_job_id:
+        raise ValidationError(
+            f"trigger event is for job {event.slurm_job_id}, not {handle.slurm_job_id}; clear the task (SLURM job "
+            f"{handle.slurm_job_id} is {source}; an event of another job settles nothing)"
+        )
+    if event.job_name and event.job_name != handle.job_id:
+        raise ValidationError(
+            f"trigger event for SLURM job {event.slurm_job_id} names the job {event.job_name}, not {handle.job_id}; "
+            f"clear the task ({handle.job_id} is {source}; an event of another job settles nothing)"
+        )
+
+
 def _epoch(text: str | None) -> float | None:
     return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp() if text else None
 
@@ -275,25 +298,63 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
 
         A compact event is read whole from the file it names in the job's ``events`` directory (the
         connection's results dir's for a job submitted elsewhere), where the trigger wrote it and where it stays.
+
+        The job the event must be about is the one this sensor last deferred on (see :meth:`_deferred_on`):
+        ``airflow dags test`` resumes with the event alone, without the deferral's ``job``.
         """
-        from airflow_provider_tao_slurm.exceptions import ValidationError
         from airflow_provider_tao_slurm.lifecycle.events import JobHandle
         from airflow_provider_tao_slurm.lifecycle.foreign import ForeignJob, settle_foreign
 
         if foreign is not None:
             parsed = self.settlement.trigger_event(event, self._foreign_events_dir())
             return settle_foreign(self.settlement, ForeignJob.from_dict(dict(foreign)), parsed)
-        handle = JobHandle.from_dict(self.job if job is None else job)
+        handle, source = self._deferred_on(context, job)
         parsed = self.settlement.trigger_event(event, _events_dir(handle.job_dir))
-        if parsed.slurm_job_id != handle.slurm_job_id:
-            raise ValidationError(
-                f"trigger event is for job {parsed.slurm_job_id}, not {handle.slurm_job_id}; clear the task"
-            )
+        _check_event_job(parsed, handle, source)
         outcome = self._settle(context, handle, parsed)
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)
             self._defer(outcome, self._live_streams(context, outcome))
         return outcome
+
+    def _deferred_on(self, context: Any, job: Any) -> tuple[JobHandle, str]:
+        """Return the job this sensor last deferred on, and where that was read (for messages).
+
+        The sensor stores the job it watches in Airflow's task state store right before each deferral
+        (:meth:`_publish`), so the stored job is the last one deferred on, whether or not the resume
+        carries the deferral's kwargs: the real triggerer passes them (``job``), ``airflow dags test``
+        (``dag.test()``) passes the event alone. Without a stored job (no store in the context), the
+        deferral's ``job``, else the submitted job (``job`` of this sensor).
+
+        :raises ValidationError: when the deferral's ``job`` names another job than the stored one: the
+            deferral is older than the sensor's last one (a stale resume), and settling its job again could
+            end a slice the sensor has already followed with the next.
+        """
+        from airflow_provider_tao_slurm.exceptions import ValidationError
+        from airflow_provider_tao_slurm.lifecycle.events import JobHandle
+        from airflow_provider_tao_slurm.lifecycle.resume import last_watched
+
+        root = JobHandle.from_dict(self.job)
+        deferred = None if job is None else JobHandle.from_dict(job)
+        stored = last_watched(context, root)
+        if stored is None:
+            if deferred is not None:
+                return deferred, "the job it deferred on"
+            return root, "the submitted job"
+        if deferred is not None and deferred.slurm_job_id != stored.slurm_job_id:
+            raise ValidationError(
+                f"this resume is for SLURM job {deferred.slurm_job_id}, but the sensor has since deferred on SLURM "
+                f"job {stored.slurm_job_id} (its task state store): a stale resume settles nothing; clear the task "
+                f"to watch job {stored.slurm_job_id}"
+            )
+        if job is None and stored.slurm_job_id != root.slurm_job_id:
+            self.log.info(
+                "Resumed without the deferral's kwargs (airflow dags test): going on with SLURM job %s (%s), "
+                "the job this sensor last deferred on (task state store)",
+                stored.slurm_job_id,
+                stored.job_id,
+            )
+        return stored, "the job it last deferred on (task state store)"
 
     # ------------------------------------------------------------------ live logs
 

@@ -8,10 +8,14 @@ the same time (one GPU each) to keep the module short.
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -31,7 +35,7 @@ from clusterkit import (
     submit_op,
 )
 from deferral import context, defer, first_event, resume, run_async, run_deferrable, wait_until
-from demo import DEMO_DIR, load_cluster, stage_assets
+from demo import DEMO_DIR, airflow_facts, load_cluster, prepare_airflow, run_dag, stage_assets
 
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import JobFailedError
@@ -244,3 +248,69 @@ def test_a_preempted_training_is_requeued_by_slurm_and_resumes(
     main_out = remote_text(ssh_run, f"{handle['log_dir']}/main.out")
     assert main_out.count("RL_TOKEN is set") == 2, "the rerun read the sidecar too"
     assert "resuming after epoch" in main_out
+
+
+#: A continued training as a DAG (``airflow dags test`` runs it): a deferred sensor, then a task after it.
+CHAIN_DAG = """from airflow.sdk import DAG, task
+
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
+
+with DAG(dag_id={dag_id!r}, schedule=None):
+    submit = SbatchSubmitOperator(
+        task_id="submit",
+        image={image!r},
+        command={command!r},
+        spec={{"train": {{"epochs": {epochs}}}}},
+        partition={partition!r},
+        network_arch="classification_pyt",
+        gpus_per_node=1,
+        cpus_per_task=1,
+        secret_env=None,
+        time_hours=1 / 60,
+        timeout_hours=None,
+        max_continuations=1,
+    )
+    wait = SlurmJobSensor(task_id="wait", job=submit.output, poke_interval=1, deferrable=True)
+
+    @task
+    def evaluate(result):
+        return [item["state"] for item in result["slices"]]
+
+    evaluate(wait.output)
+"""
+
+
+def test_a_continued_training_under_airflow_dags_test(
+    image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """``airflow dags test`` (``dag.test()``) resumes a deferred task with the trigger's event alone, without the
+    kwargs it deferred with (issue 41, item 6). A training of 8 epochs of 10 s on the one-minute partition with
+    ``max_continuations=1``: slice 1 ends TIMEOUT, the sensor defers on slice 2, which completes; the sensor
+    settles slice 2 (the job it last deferred on, from its task state store) and the task after it runs."""
+    home = Path(tempfile.mkdtemp(prefix="tao-dags-test-"))
+    try:
+        dags = home / "dags"
+        dags.mkdir()
+        command = f"{PROGRAM} --spec {{config_path}} --results {{results_dir}} --epoch-seconds 10"
+        (dags / "chain.py").write_text(
+            CHAIN_DAG.format(dag_id=dag_id, image=image, command=command, epochs=8, partition=cluster.short_partition)
+        )
+        env = prepare_airflow(dataclasses.asdict(cluster), home, {"AIRFLOW__CORE__DAGS_FOLDER": str(dags)})
+        rc, output = run_dag(env, dag_id=dag_id, echo=False)
+        facts = airflow_facts(env, dag_id)
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+    assert "trigger event is for job" not in output
+    assert (rc, facts["state"]) == (0, "success"), output[-6000:]
+    assert facts["tasks"] == {"submit": "success", "wait": "success", "evaluate": "success"}, output[-6000:]
+    done = facts["xcom"]["wait"]
+    slices = done["slices"]
+    assert [item["state"] for item in slices] == ["TIMEOUT", "COMPLETED"]
+    assert facts["xcom"]["evaluate"] == ["TIMEOUT", "COMPLETED"]
+    assert done["terminal_state"] == "COMPLETE"
+    assert slices[0]["slurm_job_id"] == facts["xcom"]["submit"]["slurm_job_id"]
+    assert "the job this sensor last deferred on (task state store)" in output
+    rows = sacct_rows(ssh_run, [item["job_id"] for item in slices])
+    assert sorted(row[1] for row in rows) == sorted(item["slurm_job_id"] for item in slices), "one job per slice"

@@ -1326,6 +1326,150 @@ def test_the_last_slice_returns_every_slice_and_the_totals() -> None:
     ), "the final record carries every slice too"
 
 
+# ---------------------------------------------------------------- a chain resumed without the kwargs (issue 41, item 6)
+
+
+def slice_event(slurm_id: str, job_name: str, native: str) -> dict[str, Any]:
+    """The terminal event of the SLURM job ``slurm_id`` named ``job_name``."""
+    state = state_from_native(slurm_id, native, source="sacct", exit_code=0, signal=0, node_list="n2")
+    return {"status": "terminal", "slurm_job_id": slurm_id, "job_name": job_name, "state": state_to_payload(state)}
+
+
+#: Slice 1 (the submitted job) ran out of time.
+SLICE_1_END = slice_event(SLURM_ID, JOB_ID, "TIMEOUT")
+
+
+def slice_2_end(second: TaskDeferred) -> dict[str, Any]:
+    """Slice 2 (SLURM job 501, the next slice ``second`` deferred on) completed."""
+    assert second.kwargs is not None
+    return slice_event("501", second.kwargs["job"]["job_id"], "COMPLETED")
+
+
+def chain_hook() -> SensorHook:
+    """Slice 1 wrote a checkpoint; slice 2 will end with status.json SUCCESS."""
+    hook = SensorHook()
+    hook.checkpoints = f"START\n9.5 {LAYOUT.results_dir}/train/epoch_5.pth\n"
+    set_status(hook, [{"status": "SUCCESS"}])
+    return hook
+
+
+def continued(hook: SensorHook, store: FakeTaskStateStore, *, kwargs: bool) -> tuple[dict[str, Any], TaskDeferred]:
+    """Defer on slice 1, resume on its TIMEOUT (with or without the deferral's kwargs): the sensor defers on slice 2."""
+    ctx = {**CTX, "task_state_store": store}
+    sensor = sensor_with(hook, job=make_handle(**CHAIN))
+    first = deferral_in(sensor, ctx)
+    with pytest.raises(TaskDeferred) as second:
+        sensor.execute_complete(ctx, event=SLICE_1_END, **(first.kwargs if kwargs else {}))
+    assert second.value.trigger.slurm_job_id == "501"
+    assert store.values["watched_job"]["handle"]["slurm_job_id"] == "501", "stored before the deferral"
+    return ctx, second.value
+
+
+def deferral_in(sensor: SlurmJobSensor, ctx: dict[str, Any]) -> TaskDeferred:
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(ctx)
+    return deferred.value
+
+
+@pytest.mark.parametrize(
+    "resume",
+    [
+        pytest.param("event-only", id="dags-test-the-event-alone"),
+        pytest.param("kwargs", id="the-triggerer-with-the-deferral-kwargs"),
+        pytest.param("retry", id="a-retry-of-the-sensor-then-the-event-alone"),
+    ],
+)
+def test_a_continued_training_resumed_with_the_event_alone_settles_the_slice_it_deferred_on(resume: str) -> None:
+    """``airflow dags test`` resumes a deferred task with ``event`` only, not the deferral's ``job``. The sensor
+    settles the job it last deferred on (its task state store): slice 2 completes the training, as it does when
+    the triggerer passes the kwargs and when a retried sensor defers on slice 2 again."""
+    hook, store = chain_hook(), FakeTaskStateStore()
+    ctx, second = continued(hook, store, kwargs=resume == "kwargs")
+    sensor = sensor_with(hook, job=make_handle(**CHAIN))  # a new instance, as each resume is
+    if resume == "retry":
+        second = deferral_in(sensor_with(hook, job=make_handle(**CHAIN)), ctx)
+        assert second.trigger.slurm_job_id == "501"
+
+    result = sensor.execute_complete(ctx, event=slice_2_end(second), **(second.kwargs if resume == "kwargs" else {}))
+
+    assert second.kwargs is not None
+    slice_2 = second.kwargs["job"]
+    assert (result["job_id"], result["terminal_state"]) == (slice_2["job_id"], "COMPLETE")
+    assert [(item["slurm_job_id"], item["state"]) for item in result["slices"]] == [
+        (SLURM_ID, "TIMEOUT"),
+        ("501", "COMPLETED"),
+    ]
+    assert len(hook.submits) == 1, "one next slice"
+    assert read_record(hook, slice_2["record_path"])["terminal_state"] == "COMPLETE"
+
+
+def test_a_compact_event_of_the_next_slice_is_read_beside_the_job_without_the_kwargs() -> None:
+    """The next slice's compact event names a file in the chain's events directory; the sensor reads it there."""
+    hook, store = chain_hook(), FakeTaskStateStore()
+    ctx, second = continued(hook, store, kwargs=False)
+    path = second.trigger.event_path
+    assert path is not None
+    assert path.startswith(f"{LAYOUT.job_dir}/events/501-")
+    hook.files[path] = json.dumps(slice_2_end(second))
+    compact = JobEvent.from_dict(slice_2_end(second)).compact(posixpath.basename(path))
+
+    result = sensor_with(hook, job=make_handle(**CHAIN)).execute_complete(ctx, event=compact)
+
+    assert (result["slices"][-1]["slurm_job_id"], result["terminal_state"]) == ("501", "COMPLETE")
+
+
+@pytest.mark.parametrize(
+    ("event", "kwargs", "match"),
+    [
+        pytest.param(
+            SLICE_1_END, None, r"is for job 500, not 501; clear the task \(SLURM job 501 is the job it last deferred",
+            id="slice-1s-event-again-without-kwargs",
+        ),
+        pytest.param(
+            slice_event("777", JOB_ID, "COMPLETED"), None, "is for job 777, not 501", id="another-jobs-event"
+        ),
+        pytest.param(
+            slice_event("777", JOB_ID, "COMPLETED"), "second", "is for job 777, not 501", id="another-with-kwargs"
+        ),
+        pytest.param(
+            SLICE_1_END, "first", r"resume is for SLURM job 500, but the sensor has since deferred on SLURM job 501",
+            id="slice-1s-deferral-resumed-again",
+        ),
+        pytest.param(
+            slice_event("501", JOB_ID, "COMPLETED"), None, f"SLURM job 501 names the job {JOB_ID}, not ",
+            id="slice-2s-id-with-another-name",
+        ),
+    ],
+)  # fmt: skip
+def test_a_stale_event_of_a_continued_training_settles_nothing(
+    event: dict[str, Any], kwargs: str | None, match: str
+) -> None:
+    """Once the sensor deferred on slice 2, an event of any other job (slice 1's again, an unrelated one, slice 2's
+    SLURM id under another name) or a resume of slice 1's deferral ends nothing: no record changes, no submission."""
+    hook, store = chain_hook(), FakeTaskStateStore()
+    first = make_handle(**CHAIN)
+    ctx, second = continued(hook, store, kwargs=False)
+    files, commands = dict(hook.files), list(hook.commands)
+    given = {"first": {"job": first}, "second": second.kwargs, None: {}}[kwargs]
+
+    with pytest.raises(ValidationError, match=match):
+        sensor_with(hook, job=first).execute_complete(ctx, event=event, **given)
+
+    assert hook.files == files
+    assert hook.commands == commands
+    assert len(hook.submits) == 1
+
+
+def test_without_a_task_state_store_an_event_alone_is_taken_for_the_submitted_job() -> None:
+    """No store in the context (nothing says which slice it deferred on last): the event must be the submitted job's."""
+    hook = chain_hook()
+    with pytest.raises(
+        ValidationError, match=r"is for job 501, not 500; clear the task \(SLURM job 500 is the submitted"
+    ):
+        sensor_with(hook, job=make_handle(**CHAIN)).execute_complete(CTX, event=slice_event("501", JOB_ID, "COMPLETED"))
+    assert hook.commands == []
+
+
 @pytest.mark.parametrize("watched", [{}, {"job": None, "slurm_job_id": "123"}], ids=["handle", "foreign"])
 def test_reschedule_mode_is_refused_before_anything_runs(watched: dict[str, Any]) -> None:
     """A rescheduled sensor is a new instance every poke: it would re-adopt a resubmitted job each time and
