@@ -73,6 +73,17 @@ def squeue_field(ssh_run: SshRun, slurm_id: str, field: str) -> str:
     return out.strip()
 
 
+def start_requeued_elsewhere(ssh_run: SshRun, slurm_id: str, ran_on: str) -> None:
+    """End a requeued job's wait (``BeginTime``) as its owner may, on a node other than ``ran_on``.
+
+    SLURM holds a requeued job for ``cred_expire`` because the node it ran on refuses the job's revoked
+    credential until then: started there sooner, the rerun is killed at once ("Job credential revoked",
+    exit 1) and the job really ends FAILED. Any other node may start it now.
+    """
+    rc, _, err = ssh_run(join(["scontrol", "update", f"jobid={slurm_id}", f"ExcNodeList={ran_on}", "StartTime=now"]))
+    assert rc == 0, err
+
+
 def final_state(ssh_run: SshRun, slurm_id: str) -> str:
     """The job's state as sacct has it, first word (``CANCELLED by 1001`` -> ``CANCELLED``)."""
     _, out, _ = ssh_run(join(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", "State", "--starttime=now-1days"]))

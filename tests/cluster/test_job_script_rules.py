@@ -29,6 +29,7 @@ from clusterkit import (
     sensor_for,
     sidecar_mode,
     squeue_field,
+    start_requeued_elsewhere,
     submit,
     submit_op,
 )
@@ -146,6 +147,7 @@ def test_a_requeued_run_keeps_the_sidecar_for_the_next_run_which_removes_it(
     slurm_id = handle["slurm_job_id"]
     log = f"{handle['log_dir']}/main.out"
     wait_until(lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "job running", timeout=90)
+    ran_on = squeue_field(ssh_run, slurm_id, "%N")
     wait_until(lambda: "secret-digest=" in remote_text(ssh_run, log), "first run read the secret", 30)
     rc, _, err = ssh_run(join(["scontrol", "requeue", slurm_id]))
     assert rc == 0, err
@@ -153,8 +155,7 @@ def test_a_requeued_run_keeps_the_sidecar_for_the_next_run_which_removes_it(
     assert KEPT in remote_text(ssh_run, log).splitlines()
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "600"
 
-    rc, _, err = ssh_run(f"scontrol update jobid={quote(slurm_id)} StartTime=now")
-    assert rc == 0, err
+    start_requeued_elsewhere(ssh_run, slurm_id, ran_on)
     wait_until(lambda: final_state(ssh_run, slurm_id) == "COMPLETED", "rerun completed", 120)
     lines = remote_text(ssh_run, log).splitlines()
     assert "rerun" in lines
