@@ -192,12 +192,21 @@ def one_submission(image: str, index: int) -> dict[str, Any]:
         operator.hook.close()
 
 
-def storm_pacing() -> str:
-    """How the provider paced the storm, read from the site as the provider reads it (``SlurmctldParameters``)."""
+def storm_pacing() -> tuple[str, bool]:
+    """How the provider paced the storm, read from the site as the provider reads it (``SlurmctldParameters``).
+
+    :returns: the words for the figure, and whether it paced (the bucket figure is judged only then: where the
+        site has no limiter the provider does not pace, and the simulated bucket shows what a site with the
+        default limiter would refuse of RPCs sent unpaced, for reference).
+    """
     parameters = _common.ssh("scontrol show config | sed -n 's/^SlurmctldParameters *= *//p'").strip()
     if "rl_enable" in parameters.split(","):
-        return f"paced by the provider: the site has {parameters}"
-    return f"not paced: this cluster's slurmctld has no rl_enable ({parameters or 'not shown'})"
+        return f"paced by the provider: the site has {parameters}", True
+    return (
+        f"not paced: this cluster's slurmctld has no rl_enable ({parameters or 'not shown'}); a site with it "
+        "gets them paced",
+        False,
+    )
 
 
 @contextlib.contextmanager
@@ -303,14 +312,14 @@ def storm(stack: Stack, sampler: RpcSampler, tasks: int) -> dict[str, Any]:
     }
 
 
-def bucket_figure(name: str, result: Throttling) -> Figure:
-    """A path's RPCs through the default bucket, judged: none throttled."""
+def bucket_figure(name: str, result: Throttling, *, judged: bool = True) -> Figure:
+    """A path's RPCs through the default bucket, judged (none throttled) unless ``judged`` is False."""
     return Figure(
         f"  {name}: through the default rl_enable bucket ({DEFAULT_BUCKET_SIZE} tokens, +{DEFAULT_REFILL_PER_S:g}/s)",
         f"{result.throttled} of {result.rpcs} throttled, longest wait {result.max_delay_s:.1f} s",
         "",
-        "0 throttled",
-        result.throttled == 0,
+        "0 throttled" if judged else "",
+        result.throttled == 0 if judged else None,
     )
 
 
@@ -385,6 +394,7 @@ def main() -> None:
         "restart": throttle(restart_times),
     }
     at_once = throttle([0.0] * len(ran["arrivals"]))
+    pacing, paced = storm_pacing()
     figures = [
         Figure(
             f"storm: time from the first task's start to the {tasks}th job submitted (last task's end)",
@@ -419,7 +429,7 @@ def main() -> None:
         Figure(f"RPCs (slurmctld, cluster user): one submission, fewest of {ROUNDS}", str(single_rpcs)),
         bucket_figure("one submission", buckets["one submission"]),
         Figure(f"RPCs: the storm of {tasks}, as sampled (sdiag every {SAMPLE_S:g} s)", str(len(ran["arrivals"]))),
-        bucket_figure(f"storm of {tasks}, as its RPCs arrived ({storm_pacing()})", buckets["storm"]),
+        bucket_figure(f"storm of {tasks}, as its RPCs arrived ({pacing})", buckets["storm"], judged=paced),
         Figure(
             "  storm: the same RPCs all at once (enough workers and cores), for reference",
             f"{at_once.throttled} of {at_once.rpcs} throttled, longest wait {at_once.max_delay_s:.1f} s",
