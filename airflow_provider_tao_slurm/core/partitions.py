@@ -284,7 +284,7 @@ def check_partition_limits(
             longer = [
                 p.name
                 for p in known
-                if p.problem is None and (p.max_time_hours is None or p.max_time_hours >= time_hours)
+                if p.problem is None and p.is_up and (p.max_time_hours is None or p.max_time_hours >= time_hours)
             ]
             hint = f"; partitions that allow it: {', '.join(longer)}" if longer else ""
             raise ResourceError(

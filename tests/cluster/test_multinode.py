@@ -212,11 +212,11 @@ def test_probe_all_reduces_across_both_nodes_with_gloo(
     assert len(deferrals) == 1
     log = job_log(ssh_run, deferrals[0], results_dir)
     ranks = sorted(
-        re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node (\d)/2 local 0/1 host (\S+) backend (\S+)", log, re.M)
+        re.findall(r"^(?:\d+: )?TAO_NCCL_PROBE: rank (\d)/2 node (\d)/2 local 0/1 host (\S+) backend (\S+)", log, re.M)
     )
     assert ranks == [("0", "0", "n1", "gloo"), ("1", "1", "n2", "gloo")]
     ok = re.search(
-        r"^TAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3 "
+        r"^(?:\d+: )?TAO_NCCL_PROBE_OK world=2 nodes=2 gpus_per_node=1 backend=gloo sum=3 "
         r"nccl=none driver=none cuda=none torch=\S+ partition=(\S+)$",
         log,
         re.M,
@@ -256,7 +256,9 @@ def test_single_node_probe_with_two_gpus_and_site_options(
     env, deferrals = drive(op, context(f"nccl{TOKEN}-1x2", "run1"))
     assert (env, len(deferrals)) == ({}, 1)
     log = job_log(ssh_run, deferrals[0], results_dir)
-    ranks = sorted(re.findall(r"^TAO_NCCL_PROBE: rank (\d)/2 node 0/1 local (\d)/2 host (\S+) backend gloo", log, re.M))
+    ranks = sorted(
+        re.findall(r"^(?:\d+: )?TAO_NCCL_PROBE: rank (\d)/2 node 0/1 local (\d)/2 host (\S+) backend gloo", log, re.M)
+    )
     assert [(rank, local) for rank, local, _ in ranks] == [("0", "0"), ("1", "1")]
     assert {host for _, _, host in ranks} == {"n2"}
     row = sacct_row(ssh_run, deferrals[0].trigger.slurm_job_id)

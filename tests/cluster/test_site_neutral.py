@@ -75,7 +75,7 @@ def test_the_partitions_own_limit_is_read_from_the_cluster(
     with pytest.raises(ResourceError, match=r"partition polar allows at most 4 h, but time_hours=5") as short:
         submit(submit_op(image, "sleep 1", time_hours=5, timeout_hours=4.5), context(dag_id, "submit", "r1"))
     assert cluster.long_partition in str(short.value)  # names the partition that would allow it
-    with pytest.raises(ResourceError, match=rf"partition {cluster.long_partition} allows at most 48 h"):
+    with pytest.raises(ResourceError, match=rf"partition {cluster.long_partition} allows at most 2 d"):
         submit(
             submit_op(image, "sleep 1", partition=cluster.long_partition, time_hours=49, timeout_hours=48),
             context(dag_id, "submit", "r2"),
@@ -291,7 +291,7 @@ def test_jobs_run_on_a_sub_hour_partition_and_a_hidden_one(
         assert run_to_end(handles[partition], ctx)["terminal_state"] == "COMPLETE"
     for partition, handle in handles.items():
         assert sacct_fields(ssh_run, handle["slurm_job_id"], "Partition,Timelimit") == [partition, "00:06:00"]
-    with pytest.raises(ResourceError, match=rf"partition {cluster.debug_partition} allows at most 0.5 h"):
+    with pytest.raises(ResourceError, match=rf"partition {cluster.debug_partition} allows at most 30 min"):
         submit(
             submit_op(image, "sleep 1", partition=cluster.debug_partition, time_hours=1, timeout_hours=0.9),
             context(dag_id, "submit", "r3"),

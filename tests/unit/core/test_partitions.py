@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any
 
@@ -264,3 +265,11 @@ def spec_for(resources: Any) -> SbatchSpec:
         exit_code_file="/l/jobs/x/rc",
         **resource_fields(resources),
     )
+
+
+def test_a_partition_that_is_not_up_is_never_suggested() -> None:
+    """A longer partition that is DOWN or drained would leave the job pending: the refusal names only the usable."""
+    known = [*KNOWN, dataclasses.replace(KNOWN[1], name="polar_down", state="down")]
+    with pytest.raises(ResourceError) as caught:
+        check_partition_limits(5, ("polar",), known)
+    assert str(caught.value).endswith("partitions that allow it: polar_long, scratch, cpu")
