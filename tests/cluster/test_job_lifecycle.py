@@ -39,7 +39,7 @@ from airflow_provider_tao_slurm.core import states as core_states
 from airflow_provider_tao_slurm.core.continuation import slice_job_id
 from airflow_provider_tao_slurm.core.failures import Classification
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.records import mint_job_id, open_record
+from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.resubmission import remaining_nodes
 from airflow_provider_tao_slurm.core.shell import join, quote
 from airflow_provider_tao_slurm.exceptions import (
@@ -50,9 +50,8 @@ from airflow_provider_tao_slurm.exceptions import (
     UnknownStateError,
 )
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
-from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle, _retry_record
 from airflow_provider_tao_slurm.lifecycle.submission import find_job
-from airflow_provider_tao_slurm.lifecycle.support import utc_now
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
@@ -139,22 +138,7 @@ def test_a_held_job_a_killed_sensor_left_is_released_by_its_retry_and_runs(
     lifecycle = JobLifecycle(slurm_hook)
     record = lifecycle.require_record(JobHandle.from_dict(handle))
     new_path = JobLayout(handle["results_base"], new_id).record_path
-    lifecycle.write_record(  # what the killed try wrote before its sbatch
-        new_path,
-        open_record(
-            job_id=new_id,
-            cluster=record.cluster,
-            image=record.image,
-            network_arch=record.network_arch,
-            action=record.action,
-            results_dir=record.results_dir,
-            job_dir=record.job_dir,
-            log_dir=record.log_dir,
-            job_name=new_id,
-            now=utc_now(),
-            retry_of=record.job_id,
-        ),
-    )
+    lifecycle.write_record(new_path, _retry_record(record, new_id))  # what the killed try wrote before its sbatch
     env = ["--export=ALL,TAO_SLURM_SLICE=2"] if slicing else ["--export=ALL"]
     rc, out, err = ssh_run(
         join(["sbatch", "--hold", "--parsable", f"--job-name={new_id}", *env, handle["script_path"]])
