@@ -581,6 +581,26 @@ def test_live_lines_reach_the_task_log_in_order_once_redacted(
     assert JobEvent.from_dict(event).log_offsets == {"main.out": log.stat().st_size}
 
 
+def restart_after_two_polls(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, Any], first: WritingHook, second: WritingHook
+) -> None:
+    """A triggerer restart: a trigger built from ``kwargs`` runs on ``first`` until it tailed its logs twice and
+    is cancelled; one rebuilt from the same kwargs then runs on ``second`` to its end."""
+
+    async def until_two_polls() -> None:
+        events = SlurmJobTrigger(**kwargs).run()
+        task = asyncio.ensure_future(anext(events))
+        while first.tail_calls < 2:
+            await asyncio.sleep(POLL / 4)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    run(until_two_polls())
+    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
+    run(all_events(SlurmJobTrigger(**kwargs)))
+
+
 def test_a_secret_the_triggerer_cannot_resolve_withholds_the_jobs_lines(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -622,19 +642,8 @@ def test_a_restarted_trigger_resumes_the_stream_from_the_cursor(
     monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: first)
     _, kwargs = make(log_streams=streams).serialize()
 
-    async def until_two_polls() -> None:
-        events = SlurmJobTrigger(**kwargs).run()
-        task = asyncio.ensure_future(anext(events))
-        while first.tail_calls < 2:
-            await asyncio.sleep(POLL / 4)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    run(until_two_polls())
     second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [b"c d\n"])  # not a base64-only word
-    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
-    run(all_events(SlurmJobTrigger(**kwargs)))
+    restart_after_two_polls(monkeypatch, kwargs, first, second)
 
     assert live_lines(capsys.readouterr().out) == ["main.out | a", "main.out | b", "main.out | c d"]
 
@@ -660,19 +669,8 @@ def test_a_trigger_rebuilt_in_the_middle_of_a_key_block_shows_none_of_it(
     _, kwargs = make(log_streams=streams).serialize()
     assert json.loads(json.dumps(kwargs)) == kwargs  # what the triggerer stores: no in-memory state rides along
 
-    async def until_two_polls() -> None:
-        events = SlurmJobTrigger(**kwargs).run()
-        task = asyncio.ensure_future(anext(events))
-        while first.tail_calls < 2:
-            await asyncio.sleep(POLL / 4)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-    run(until_two_polls())
     second = WritingHook([squeue("RUNNING"), sacct("COMPLETED")], log, [text[at:].encode()])
-    monkeypatch.setattr(SlurmJobTrigger, "_hook", lambda self: second)
-    run(all_events(SlurmJobTrigger(**kwargs)))
+    restart_after_two_polls(monkeypatch, kwargs, first, second)
 
     lines = live_lines(capsys.readouterr().out)
     shown = [line.split(" | ", 1)[1] for line in lines]
