@@ -487,6 +487,9 @@ def test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered(
     assert ssh_run(f"rm -f {PACING_FILES}")[0] == 0
     assert site_parameters(ssh_run) == site_rate_limit
     hook = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=None, rpc_refill_rate=None, cmd_timeout=2.0))
+    # The answers after the flood, and the cleanup, come from a hook with the default command timeout: the
+    # back-off grows with each refusal (24.05+), so the first commands after the flood may be slow.
+    patient = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=None, rpc_refill_rate=None))
     ids: list[str] = []
     flood = f"/tmp/hook_{TOKEN}_flood"
     try:
@@ -528,22 +531,21 @@ def test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered(
             slowed += time.monotonic() - started > 1.0
         assert slowed >= 1, (answered, errors, slowed)  # the limiter did make the provider wait
         ssh_run(f"rm -f {flood}")
-        patient = SlurmHook(settings=replace(slurm_settings, rpc_bucket_size=None, rpc_refill_rate=None))
 
         def answered_again() -> bool:
-            try:  # the back-off grows with each refusal (24.05+): the first answers after the flood may be slow
+            try:
                 return len(patient.get_states(ids)) == 2
             except (StatusQueryError, CommandTimeoutError):
                 return False
 
-        try:
-            wait_until(answered_again, "an answer once the other commands stopped", timeout=90)
-        finally:
-            patient.close()
+        wait_until(answered_again, "an answer once the other commands stopped", timeout=90)
     finally:
         ssh_run(f"rm -f {flood}")
-        hook.cancel(ids)
         hook.close()
+        try:
+            patient.cancel(ids)
+        finally:
+            patient.close()
 
 
 def test_cancel_is_idempotent_and_ends_cancelled(
