@@ -127,13 +127,46 @@ def parse_execution(block: Mapping[str, Any] | None, *, gpus_per_node: int | Non
     unknown = sorted(set(block) - KNOWN_KEYS)
     if unknown:
         raise ValidationError(f"execution has unknown keys {unknown}; known: {sorted(KNOWN_KEYS)}")
-    environment = block.get("environment") or {}
+    environment = _environment(block.get("environment") or {})
+    launcher, ppn = _distributed(block.get("distributed") or {}, gpus_per_node)
+    exit_path = _child_exit_code_path(block.get("completion") or {})
+    files = _supporting_files(block.get("supporting_files") or ())
+    command = block.get("command")
+    if command is not None and (not isinstance(command, str) or not command.strip()):
+        raise ValidationError("execution.command must be a non-empty command string")
+    return Execution(
+        pre=_steps(block.get("pre_commands"), "pre_commands"),
+        post=_steps(block.get("post_commands"), "post_commands"),
+        environment=environment,
+        launcher=launcher,
+        processes_per_node=ppn,
+        child_exit_code_path=exit_path,
+        supporting_files=files,
+        command=command,
+    )
+
+
+def _environment(environment: object) -> tuple[tuple[str, str], ...]:
+    """Validate ``execution.environment``: variable names to strings or numbers.
+
+    :returns: its ``(name, value)`` pairs, values as text, in the block's order.
+    :raises ValidationError: when it is not such a mapping.
+    """
     if not isinstance(environment, Mapping) or not all(
         isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) and isinstance(v, (str, int, float))
         for k, v in environment.items()
     ):
         raise ValidationError("execution.environment must map variable names to strings or numbers")
-    distributed = block.get("distributed") or {}
+    return tuple((k, str(v)) for k, v in environment.items())
+
+
+def _distributed(distributed: object, gpus_per_node: int | None) -> tuple[str, int | None]:
+    """Validate ``execution.distributed``: its launcher and processes per node (one per GPU).
+
+    :param gpus_per_node: the job's GPUs per node, when known, which ``processes_per_node`` must equal.
+    :returns: the launcher and the explicit ``processes_per_node`` (``None`` when left out).
+    :raises ValidationError: naming the key and the fix (both values for a mismatch).
+    """
     if not isinstance(distributed, Mapping):
         raise ValidationError("execution.distributed must be a mapping")
     launcher = str(distributed.get("launcher", "none"))
@@ -148,14 +181,28 @@ def parse_execution(block: Mapping[str, Any] | None, *, gpus_per_node: int | Non
             f"torchrun starts one process per GPU. Set processes_per_node to {gpus_per_node}, or leave it out "
             "(it is then derived from gpus_per_node), or change gpus_per_node"
         )
-    completion = block.get("completion") or {}
+    return launcher, ppn
+
+
+def _child_exit_code_path(completion: object) -> str:
+    """Validate ``execution.completion`` and return its child exit-code path (relative to the job dir).
+
+    :raises ValidationError: when it is not a mapping or the path is not a safe relative path.
+    """
     if not isinstance(completion, Mapping):
         raise ValidationError("execution.completion must be a mapping")
-    exit_path = relative_path(
+    return relative_path(
         completion.get("child_exit_code_path", "exit_codes.children"), "execution.completion.child_exit_code_path"
     )
+
+
+def _supporting_files(items: Sequence[Any]) -> tuple[SupportingFile, ...]:
+    """Validate ``execution.supporting_files``: safe relative paths, a SHA-256 each, distinct destinations.
+
+    :raises ValidationError: naming the entry and the fix.
+    """
     files: list[SupportingFile] = []
-    for i, item in enumerate(block.get("supporting_files") or ()):
+    for i, item in enumerate(items):
         if not isinstance(item, Mapping):
             raise ValidationError(f"execution.supporting_files[{i}] must be {{source, sha256[, destination]}}")
         source = relative_path(item.get("source"), f"execution.supporting_files[{i}].source")
@@ -167,19 +214,7 @@ def parse_execution(block: Mapping[str, Any] | None, *, gpus_per_node: int | Non
     destinations = [f.destination for f in files]
     if len(set(destinations)) != len(destinations):
         raise ValidationError("execution.supporting_files has two files with the same destination")
-    command = block.get("command")
-    if command is not None and (not isinstance(command, str) or not command.strip()):
-        raise ValidationError("execution.command must be a non-empty command string")
-    return Execution(
-        pre=_steps(block.get("pre_commands"), "pre_commands"),
-        post=_steps(block.get("post_commands"), "post_commands"),
-        environment=tuple((k, str(v)) for k, v in environment.items()),
-        launcher=launcher,
-        processes_per_node=ppn,
-        child_exit_code_path=exit_path,
-        supporting_files=tuple(files),
-        command=command,
-    )
+    return tuple(files)
 
 
 def primary_command(execution: Execution, command: str) -> str:

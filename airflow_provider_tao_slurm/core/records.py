@@ -212,6 +212,20 @@ def _err_class(value: object) -> ErrClass | None:
     return ErrClass(value)
 
 
+def _check_ids(job_id: str, job_name: str, retry_of: str | None) -> str:
+    """Check a new record's job id, SLURM job name and the id it retries (never its own).
+
+    :returns: ``job_id`` unchanged.
+    :raises ValidationError: when one of them is not a safe job name.
+    :raises RecordError: when the record would retry itself.
+    """
+    check_job_id(job_id)
+    check_job_id(job_name, "job_name")
+    if retry_of is not None and check_job_id(retry_of, "retry_of") == job_id:
+        raise RecordError(f"record {job_id} cannot retry itself; mint a new id with mint_job_id(retry_of=...)")
+    return job_id
+
+
 def open_record(
     *,
     job_id: str,
@@ -251,12 +265,8 @@ def open_record(
     :raises ValidationError: when ``job_id``, ``job_name`` or ``retry_of`` is not a safe job name.
     :raises RecordError: when another field is missing or malformed.
     """
-    check_job_id(job_id)
-    check_job_id(job_name, "job_name")
-    if retry_of is not None and check_job_id(retry_of, "retry_of") == job_id:
-        raise RecordError(f"record {job_id} cannot retry itself; mint a new id with mint_job_id(retry_of=...)")
     record = JobRecord(
-        job_id=job_id,
+        job_id=_check_ids(job_id, job_name, retry_of),
         cluster=_check_text(cluster, "cluster"),
         job_name=job_name,
         image=_check_text(image, "image"),
@@ -313,15 +323,7 @@ def mark(
     who = _check_text(source, "source")
     text = redact_text(_check_text(message, "message"), secrets)
     klass = _err_class(err_class)
-    ref = record.backend_ref
-    if backend_ref is not None:
-        check_slurm_job_id(backend_ref)
-        if ref is not None and ref != backend_ref:
-            raise RecordError(
-                f"record {record.job_id} is bound to SLURM job {ref}, not {backend_ref}; a resubmission "
-                "needs a new record (mint_job_id(retry_of=...))"
-            )
-        ref = backend_ref
+    ref = _bound_ref(record, backend_ref)
     if new_state in NEEDS_BACKEND_REF and ref is None:
         raise RecordError(f"record {record.job_id} cannot be {new_state} before sbatch gave it a SLURM job id")
     if klass is not None and new_state is not TaoState.ERROR:
@@ -336,14 +338,42 @@ def mark(
         err_class=klass or record.err_class,
         exit_codes={**record.exit_codes, **(exit_codes or {})},
     )
+    _check_follows(record, updated, repeat=repeat)
+    return updated
+
+
+def _bound_ref(record: JobRecord, backend_ref: str | None) -> str | None:
+    """Return the SLURM job id ``record`` is bound to once ``backend_ref`` is given (bound once, never changed).
+
+    :raises ValidationError: when ``backend_ref`` is not a SLURM job id.
+    :raises RecordError: when the record is already bound to another SLURM job.
+    """
+    ref = record.backend_ref
+    if backend_ref is None:
+        return ref
+    check_slurm_job_id(backend_ref)
+    if ref is not None and ref != backend_ref:
+        raise RecordError(
+            f"record {record.job_id} is bound to SLURM job {ref}, not {backend_ref}; a resubmission "
+            "needs a new record (mint_job_id(retry_of=...))"
+        )
+    return backend_ref
+
+
+def _check_follows(record: JobRecord, updated: JobRecord, *, repeat: bool) -> None:
+    """Check that ``updated`` may follow ``record``: nothing after a terminal state, a new row as :data:`TRANSITIONS`.
+
+    :param repeat: the update repeats the latest transition (no new row).
+    :raises RecordError: naming the rule broken and the fix.
+    """
     if record.terminal_state is not None and updated != record:
         raise RecordError(
             f"record {record.job_id} is already {record.terminal_state}; nothing may follow a terminal state. "
             "To run the job again, open a new record with retry_of"
         )
-    if not repeat and new_state not in TRANSITIONS[last.state]:
-        raise RecordError(f"record {record.job_id} cannot go from {last.state} to {new_state}")
-    return updated
+    last, new_state = record.transitions[-1].state, updated.transitions[-1].state
+    if not repeat and new_state not in TRANSITIONS[last]:
+        raise RecordError(f"record {record.job_id} cannot go from {last} to {new_state}")
 
 
 def _to_dict(record: JobRecord) -> dict[str, Any]:

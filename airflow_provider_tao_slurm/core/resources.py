@@ -392,6 +392,35 @@ def check_job_parameters(
     )
 
 
+def _program_timeout_hours(time_hours: float, timeout_hours: float | None, max_time_hours: float | None) -> float:
+    """Check the wall time against the site rule and return the program timeout, lower than the wall time.
+
+    :param time_hours: the job's wall time.
+    :param timeout_hours: the program timeout; ``None``: derived from the wall time
+        (:func:`program_timeout_seconds`).
+    :param max_time_hours: the site's own wall-time rule (``None``: none).
+    :returns: the program timeout in hours.
+    :raises ResourceError: naming the parameter, the bad value and the fix.
+    """
+    time_s = _seconds("time_hours", time_hours)
+    if timeout_hours is None:
+        timeout_hours = program_timeout_seconds(time_s) / 3600
+    timeout_s = _seconds("timeout_hours", timeout_hours)
+    if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
+        raise ResourceError(
+            f"time_hours={time_hours:g} exceeds the site rule max_time_hours={max_time_hours:g} of this "
+            "connection; lower time_hours (or the connection's max_time_hours)"
+        )
+    if timeout_s >= time_s:
+        suggested = seconds_as_hours(program_timeout_seconds(time_s))
+        raise ResourceError(
+            f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
+            "stop (and save its results) before SLURM ends the job at the wall limit; "
+            f"e.g. timeout_hours={suggested!r} ({round(suggested * 3600)} s), or leave it out to derive it"
+        )
+    return float(timeout_hours)
+
+
 def gpu_resources(
     job: JobParameters,
     *,
@@ -428,22 +457,7 @@ def gpu_resources(
     if total_gpus is not None:
         nodes, gpus, layout_total = _layout(total_gpus, nodes, gpus)
     time_hours = job.time_hours
-    time_s = _seconds("time_hours", time_hours)
-    if timeout_hours is None:
-        timeout_hours = program_timeout_seconds(time_s) / 3600
-    timeout_s = _seconds("timeout_hours", timeout_hours)
-    if max_time_hours is not None and time_s > _seconds("max_time_hours", max_time_hours):
-        raise ResourceError(
-            f"time_hours={time_hours:g} exceeds the site rule max_time_hours={max_time_hours:g} of this "
-            "connection; lower time_hours (or the connection's max_time_hours)"
-        )
-    if timeout_s >= time_s:
-        suggested = seconds_as_hours(program_timeout_seconds(time_s))
-        raise ResourceError(
-            f"timeout_hours={timeout_hours:g} must be lower than time_hours={time_hours:g}: the program has to "
-            "stop (and save its results) before SLURM ends the job at the wall limit; "
-            f"e.g. timeout_hours={suggested!r} ({round(suggested * 3600)} s), or leave it out to derive it"
-        )
+    timeout_hours = _program_timeout_hours(time_hours, timeout_hours, max_time_hours)
     if not isinstance(requeue, bool):
         raise ResourceError(f"requeue={display_value(requeue)} must be True or False")
     return Resources(
@@ -451,7 +465,7 @@ def gpu_resources(
         gpus_per_node=gpus,
         cpus_per_task=DEFAULT_CPUS_PER_TASK if job.cpus_per_task is None else job.cpus_per_task,
         time_hours=time_hours,
-        timeout_hours=float(timeout_hours),
+        timeout_hours=timeout_hours,
         partition=",".join(job.partition),
         account=job.account,
         requeue=requeue,

@@ -222,6 +222,30 @@ def _clean(value: str | None) -> str | None:
     return None if text in _NULL_TEXT else text
 
 
+def _mapped(native: str, shown: str, reason: str | None, *, placeholder: bool) -> tuple[TaoState, str]:
+    """Map a native state to its TAO state and the message that explains it.
+
+    :param native: the normalised native state.
+    :param shown: the state column as printed, whitespace collapsed.
+    :param reason: SLURM's reason column (cleaned), added to the message.
+    :param placeholder: the row is sacct's placeholder right after submit (its note replaces the state's).
+    :returns: the TAO state (``UNKNOWN`` for a state nobody knows) and the message.
+    """
+    if native in _NATIVE:
+        tao_state, note = _NATIVE[native]
+    else:
+        tao_state = TaoState.UNKNOWN
+        note = "unrecognised SLURM state; check the SLURM version and report it to the provider maintainers"
+    if placeholder:
+        note = "accounting placeholder row right after submit; the real state follows within seconds"
+    message = shown or "(empty state)"
+    if note:
+        message += f": {note}"
+    if reason:
+        message += f" (reason: {reason})"
+    return tao_state, message
+
+
 def state_from_native(
     job_id: str,
     raw_state: str,
@@ -257,19 +281,7 @@ def state_from_native(
     reason = _clean(reason)
     name = _clean(name)
     placeholder = source == "sacct" and native == "PENDING" and name == _PLACEHOLDER_NAME
-    if native in _NATIVE:
-        tao_state, note = _NATIVE[native]
-    else:
-        tao_state = TaoState.UNKNOWN
-        note = "unrecognised SLURM state; check the SLURM version and report it to the provider maintainers"
-    if placeholder:
-        name = None
-        note = "accounting placeholder row right after submit; the real state follows within seconds"
-    message = shown or "(empty state)"
-    if note:
-        message += f": {note}"
-    if reason:
-        message += f" (reason: {reason})"
+    tao_state, message = _mapped(native, shown, reason, placeholder=placeholder)
     return JobState(
         job_id=job_id.strip(),
         native=native,
@@ -282,7 +294,7 @@ def state_from_native(
         node_list=_clean(node_list),
         start=_clean(start),
         end=_clean(end),
-        name=name,
+        name=None if placeholder else name,
         err_class=ErrClass.ERR_INFRA if native in INFRA_NATIVE_STATES else None,
         message=message,
         placeholder=placeholder,
