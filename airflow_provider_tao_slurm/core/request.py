@@ -18,7 +18,7 @@ import json
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import yaml
 
@@ -435,43 +435,89 @@ def _continuation(
     )
 
 
+class SubmitParameters(TypedDict):
+    """``SbatchSubmitOperator``'s parameters, as :func:`submit_request` takes them (see the operator's docstring)."""
+
+    image: str
+    command: str | None
+    num_nodes: int
+    gpus_per_node: int
+    cpus_per_task: int | None
+    time_hours: float
+    timeout_hours: float | None
+    partition: str | None
+    account: str | None
+    container_mounts: str | None
+    spec: Mapping[str, Any] | str | None
+    env: Mapping[str, str] | None
+    secret_env: Mapping[str, str] | None
+    nccl_env: Mapping[str, str] | None
+    requeue: bool
+    exclude_nodes: Sequence[str] | None
+    network_arch: str | None
+    action: str
+    mem_mb: int | None
+    execution: Mapping[str, Any] | None
+    qos: str | None
+    constraint: str | None
+    reservation: str | None
+    gpu_type: str | None
+    total_gpus: int | None
+    sbatch_options: Mapping[str, Any] | None
+    master_port: int | None
+    max_continuations: int
+    checkpoint_glob: str | Sequence[str] | None
+    checkpoint_signal: str | None
+    signal_grace_seconds: int | None
+
+
+def _check_parameter_names(parameters: Mapping[str, Any]) -> None:
+    """Refuse a call that leaves out or misnames one of :class:`SubmitParameters` (as a signature would).
+
+    :raises TypeError: naming the missing and the unexpected keyword arguments.
+    """
+    missing = sorted(SubmitParameters.__required_keys__ - parameters.keys())
+    unexpected = sorted(parameters.keys() - SubmitParameters.__annotations__.keys())
+    if missing or unexpected:
+        raise TypeError(f"submit_request() missing keyword arguments {missing}, unexpected ones {unexpected}")
+
+
+def _resources(settings: ClusterSettings, parameters: SubmitParameters) -> Resources:
+    """Validate the job's resources; the partition and the account default to the connection's.
+
+    :raises ResourceError: naming the parameter and the fix.
+    """
+    shared = check_job_parameters(
+        partition=parameters["partition"] or settings.partitions,
+        account=parameters["account"] or settings.account,
+        cpus_per_task=parameters["cpus_per_task"],
+        mem_mb=parameters["mem_mb"],
+        time_hours=parameters["time_hours"],
+        gpu_type=parameters["gpu_type"],
+        qos=parameters["qos"],
+        constraint=parameters["constraint"],
+        reservation=parameters["reservation"],
+        sbatch_options=parameters["sbatch_options"],
+    )
+    return gpu_resources(
+        shared,
+        num_nodes=parameters["num_nodes"],
+        gpus_per_node=parameters["gpus_per_node"],
+        timeout_hours=parameters["timeout_hours"],
+        max_time_hours=settings.max_time_hours,
+        requeue=parameters["requeue"],
+        exclude_nodes=parameters["exclude_nodes"],
+        total_gpus=parameters["total_gpus"],
+    )
+
+
 def submit_request(
     *,
     settings: ClusterSettings,
     conn_id: str,
     secret_sources: Collection[str],
     read_supporting_files: SupportingFilesReader,
-    image: str,
-    command: str | None,
-    num_nodes: int,
-    gpus_per_node: int,
-    cpus_per_task: int | None,
-    time_hours: float,
-    timeout_hours: float | None,
-    partition: str | None,
-    account: str | None,
-    container_mounts: str | None,
-    spec: Mapping[str, Any] | str | None,
-    env: Mapping[str, str] | None,
-    secret_env: Mapping[str, str] | None,
-    nccl_env: Mapping[str, str] | None,
-    requeue: bool,
-    exclude_nodes: Sequence[str] | None,
-    network_arch: str | None,
-    action: str,
-    mem_mb: int | None,
-    execution: Mapping[str, Any] | None,
-    qos: str | None,
-    constraint: str | None,
-    reservation: str | None,
-    gpu_type: str | None,
-    total_gpus: int | None,
-    sbatch_options: Mapping[str, Any] | None,
-    master_port: int | None,
-    max_continuations: int,
-    checkpoint_glob: str | Sequence[str] | None,
-    checkpoint_signal: str | None,
-    signal_grace_seconds: int | None,
+    **parameters: Unpack[SubmitParameters],
 ) -> SubmitRequest:
     """Validate ``SbatchSubmitOperator``'s parameters (see its docstring for each) into a request.
 
@@ -482,51 +528,28 @@ def submit_request(
     :param conn_id: the connection's id, for messages.
     :param secret_sources: the reference kinds a ``secret_env`` value may name (``env``, ``conn``, ``var``).
     :param read_supporting_files: reads the bundle's supporting files on the worker.
+    :param parameters: the operator's parameters (:class:`SubmitParameters`), all of them by name.
     :returns: the validated :class:`SubmitRequest`.
     :raises ValidationError: (or a subclass: ``ImageReferenceError``, ``ResourceError``,
         ``ConnectionConfigError``) naming the parameter and the fix.
     """
-    image_ref = parse_image(image)
+    _check_parameter_names(parameters)
+    p = parameters
+    image_ref = parse_image(p["image"])
     image_path = _sqsh_path(image_ref)
-    shared = check_job_parameters(
-        partition=partition or settings.partitions,
-        account=account or settings.account,
-        cpus_per_task=cpus_per_task,
-        mem_mb=mem_mb,
-        time_hours=time_hours,
-        gpu_type=gpu_type,
-        qos=qos,
-        constraint=constraint,
-        reservation=reservation,
-        sbatch_options=sbatch_options,
-    )
-    resources = gpu_resources(
-        shared,
-        num_nodes=num_nodes,
-        gpus_per_node=gpus_per_node,
-        timeout_hours=timeout_hours,
-        max_time_hours=settings.max_time_hours,
-        requeue=requeue,
-        exclude_nodes=exclude_nodes,
-        total_gpus=total_gpus,
-    )
-    nccl = _nccl_env(nccl_env, resources)
-    secrets = _secret_env(secret_env, secret_sources)
+    resources = _resources(settings, p)
+    nccl = _nccl_env(p["nccl_env"], resources)
+    secrets = _secret_env(p["secret_env"], secret_sources)
     # A total_gpus request is laid out on the partition's nodes later (SubmitRequest.check_layout checks it again).
-    parsed = parse_execution(
-        execution, gpus_per_node=None if resources.layout_total is not None else resources.gpus_per_node
-    )
-    job_command = _command(command if command is not None else parsed.command)
+    known_gpus_per_node = None if resources.layout_total is not None else resources.gpus_per_node
+    parsed = parse_execution(p["execution"], gpus_per_node=known_gpus_per_node)
+    job_command = _command(p["command"] if p["command"] is not None else parsed.command)
     results_base = _results_base(settings, conn_id)
-    _check_network_arch(network_arch)
-    loaded_spec = load_spec(spec)
+    _check_network_arch(p["network_arch"])
+    loaded_spec = load_spec(p["spec"])
+    grace, stop_at_timeout = p["signal_grace_seconds"], p["timeout_hours"] is not None
     continuation = _continuation(
-        resources,
-        max_continuations,
-        checkpoint_glob,
-        checkpoint_signal,
-        signal_grace_seconds,
-        timeout_hours is not None,
+        resources, p["max_continuations"], p["checkpoint_glob"], p["checkpoint_signal"], grace, stop_at_timeout
     )
     return SubmitRequest(
         image=image_path,
@@ -534,18 +557,18 @@ def submit_request(
         resources=resources,
         results_base=results_base,
         cluster=settings.cluster_name,
-        container_mounts=container_mounts or settings.container_mounts,
-        mounts_origin="the operator" if container_mounts else f"connection {conn_id!r}",
-        network_arch=job_network_arch(network_arch, image_ref, job_command),
-        action=action,
+        container_mounts=p["container_mounts"] or settings.container_mounts,
+        mounts_origin="the operator" if p["container_mounts"] else f"connection {conn_id!r}",
+        network_arch=job_network_arch(p["network_arch"], image_ref, job_command),
+        action=p["action"],
         execution=parsed,
-        execution_block=execution,
+        execution_block=p["execution"],
         supporting_files=read_supporting_files(parsed),
-        env=MappingProxyType(check_env_names({**dict(parsed.environment), **(env or {})}, "env")),
+        env=MappingProxyType(check_env_names({**dict(parsed.environment), **(p["env"] or {})}, "env")),
         secret_env=MappingProxyType(secrets),
         nccl_env=MappingProxyType(nccl),
         spec=loaded_spec,
-        master_port=master_port,
+        master_port=p["master_port"],
         continuation=continuation,
     )
 
