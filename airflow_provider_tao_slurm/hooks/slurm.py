@@ -355,6 +355,22 @@ class SlurmHook(BaseHook):
                 reconcile_timeout=reconcile_timeout,
                 reconcile_interval=reconcile_interval,
             )
+        command, archive = self._sbatch_command(script_path, job_name, log_dir, extra_args, stage)
+        result = self._run_paced(command, archive, job_name)
+        return self._sbatch_reply(result, script_path, job_name)
+
+    def _sbatch_command(
+        self,
+        script_path: str,
+        job_name: str,
+        log_dir: str,
+        extra_args: Sequence[str],
+        stage: tuple[str, Mapping[str, tuple[bytes | None, int]]] | None,
+    ) -> tuple[str, bytes | None]:
+        """Return the held submission's command, after the staging of ``stage`` when given, and its stdin.
+
+        :returns: the command and the archive it unpacks from stdin (``None`` without ``stage``).
+        """
         command = commands.sbatch_submit_held(
             script_path,
             log_dir=log_dir,
@@ -363,10 +379,17 @@ class SlurmHook(BaseHook):
             base=commands.trusted_base(log_dir, self.settings.results_dir),
             extra_args=extra_args,
         )
-        archive = None
-        if stage is not None:
-            staging, archive = commands.staging(*stage, int(time.time()))
-            command = commands.staged_then(staging, command)
+        if stage is None:
+            return command, None
+        staging, archive = commands.staging(*stage, int(time.time()))
+        return commands.staged_then(staging, command), archive
+
+    def _run_paced(self, command: str, archive: bytes | None, job_name: str) -> CommandResult:
+        """Run the submission after taking its RPCs from the user's budget; log how long that took, and why.
+
+        :returns: the result, its stderr without the pacing's report.
+        :raises SubmissionOutcomeUnknownError: when the command timed out or the connection dropped.
+        """
         settings = self.settings
         pacing = commands.rpc_pacing(commands.SUBMISSION_RPCS, settings.rpc_bucket_size, settings.rpc_refill_rate)
         try:
@@ -383,7 +406,7 @@ class SlurmHook(BaseHook):
             self.log.info(
                 "%s waited %.1f s for the cluster user's RPC budget: %s", job_name, paced.waited, paced.reason
             )
-        return self._sbatch_reply(dataclasses.replace(result, stderr=paced.rest), script_path, job_name)
+        return dataclasses.replace(result, stderr=paced.rest)
 
     def prepare_job_logs(self, log_dir: str, job_name: str, job_id: str) -> None:
         """Create the log directory ``<log_dir>/<job_name>-<job_id>`` of an adopted job and release it if held.
