@@ -3,8 +3,9 @@
 Pure: :func:`tail_script` builds one POSIX shell script (sent over stdin, so a thousand paths never
 reach argv) that reads, for every watched file, the bytes appended since an offset;
 :func:`parse_tail_output` reads its framed answer; a :class:`LineStream` per file turns the bytes
-into bounded, redacted, unforgeable lines, :func:`progress_line` turns a TAO ``status.json``
-entry into a readable one, and :func:`show_lines` logs lines a few per record.
+into bounded, redacted, unforgeable lines (:func:`line_streams` builds them from the descriptions a
+trigger serializes, :func:`shown_offsets` says what they showed), :func:`progress_line` turns a TAO
+``status.json`` entry into a readable one, and :func:`show_lines` logs lines a few per record.
 
 Offsets survive a triggerer restart: the script writes each file's new offset to a small cursor
 file beside the logs, and a stream that starts without an offset reads it from there. A job that
@@ -395,3 +396,32 @@ class LineStream:
             if isinstance(entry, Mapping):
                 return progress_line(entry)
         return raw
+
+
+def line_streams(
+    descriptions: Iterable[Mapping[str, str | None]], secrets: Iterable[str], max_bytes: int
+) -> list[LineStream]:
+    """Return a :class:`LineStream` per description, each redacting ``secrets``.
+
+    :param descriptions: the files to follow, each ``{"label": ..., "path": ..., "cursor_path": ...}`` (the
+        cursor optional): what the sensor hands its trigger, JSON all through.
+    :param secrets: the job's secret values.
+    :param max_bytes: bytes read per file per poll at most.
+    """
+    values = tuple(secrets)
+    return [
+        LineStream(
+            str(item["label"]),
+            str(item["path"]),
+            str(item["cursor_path"]) if item.get("cursor_path") else None,
+            max_bytes=max_bytes,
+            secrets=values,
+        )
+        for item in descriptions
+    ]
+
+
+def shown_offsets(streams: Iterable[LineStream]) -> dict[str, int]:
+    """Per stream label, the bytes already shown as lines (streams not read yet left out)."""
+    shown = {stream.label: stream.shown_offset for stream in streams}
+    return {label: offset for label, offset in shown.items() if offset is not None}

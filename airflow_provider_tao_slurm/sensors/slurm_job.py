@@ -19,6 +19,7 @@ import posixpath
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import Asset, BaseSensorOperator, PokeReturnValue
@@ -35,12 +36,11 @@ from airflow_provider_tao_slurm.lifecycle.support import (
     SlurmHookMixin,
     default_deferrable,
     renamed_parameter,
-    resolve_secrets,
 )
 
 if TYPE_CHECKING:
-    from airflow_provider_tao_slurm.core.logstream import LineStream
     from airflow_provider_tao_slurm.lifecycle.events import JobEvent, JobHandle
+    from airflow_provider_tao_slurm.lifecycle.following import LiveLogs
     from airflow_provider_tao_slurm.lifecycle.foreign import ForeignJob
     from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
     from airflow_provider_tao_slurm.lifecycle.settle import Settlement
@@ -182,9 +182,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         self.log_bytes_per_poll = log_bytes_per_poll
         self._current: JobHandle | None = None
         self._foreign: ForeignJob | None = None
-        self._streams: list[LineStream] = []
         self._watch: Watch | None = None
-        self._withheld: set[str] = set()  # jobs whose unresolved secrets were already reported
 
     @property
     def lifecycle(self) -> JobLifecycle:
@@ -192,6 +190,13 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
         return JobLifecycle(self.hook, self.log)
+
+    @cached_property
+    def _live(self) -> LiveLogs:
+        """The job's logs as this sensor follows them in the worker, and the jobs whose lines it withholds."""
+        from airflow_provider_tao_slurm.lifecycle.following import LiveLogs
+
+        return LiveLogs("on this worker")
 
     @property
     def settlement(self) -> Settlement:
@@ -228,7 +233,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         streams = self._live_streams(context, handle)
         if not self.deferrable:
             self._start_watch(handle)
-            self._streams = self._line_streams(streams, self._secret_values(handle))
+            self._live.follow(streams, self._secret_values(handle), self.log_bytes_per_poll)
             return super().execute(context)
         self._defer(handle, streams)
         return None
@@ -373,42 +378,6 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
             for label, path in paths.items()
         ]
 
-    def _line_streams(self, streams: list[dict[str, str | None]], secrets: Sequence[str] | None) -> list[LineStream]:
-        """Return the live streams, redacting ``secrets``; none when the job's secrets did not resolve (None)."""
-        from airflow_provider_tao_slurm.core.logstream import LineStream
-
-        if secrets is None:
-            return []
-        return [
-            LineStream(
-                str(item["label"]),
-                str(item["path"]),
-                item.get("cursor_path"),
-                max_bytes=self.log_bytes_per_poll,
-                secrets=tuple(secrets),
-            )
-            for item in streams
-        ]
-
-    def _follow(self) -> None:
-        """Poke path: show the new lines of the job's logs (one batched read)."""
-        from airflow_provider_tao_slurm.core.logstream import show_lines
-
-        if not self._streams:
-            return
-        try:
-            chunks = self.hook.tail_many([stream.request() for stream in self._streams])
-        except Exception as exc:  # the next poke reads the same bytes again
-            self.log.warning("Reading the job's logs failed (read again next poke): %s", exc)
-            return
-        show_lines(
-            self.log, [line for stream, chunk in zip(self._streams, chunks, strict=True) for line in stream.feed(chunk)]
-        )
-
-    def _shown_offsets(self) -> dict[str, int]:
-        shown = {stream.label: stream.shown_offset for stream in self._streams}
-        return {label: offset for label, offset in shown.items() if offset is not None}
-
     # ------------------------------------------------------------------ a job submitted elsewhere
 
     def _watch_foreign(self, context: Any) -> Any:
@@ -444,7 +413,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if not self.deferrable:
             self._foreign = job
             self._watch = Watch.start(job.slurm_job_id, "", submitted_at=datetime.now(UTC).timestamp())
-            self._streams = self._line_streams(streams, ())
+            self._live.follow(streams, (), self.log_bytes_per_poll)
             return super().execute(context)
         events_dir = self._foreign_events_dir()
         event_path = _event_path(events_dir, job.slurm_job_id) if events_dir else None
@@ -490,7 +459,8 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if isinstance(outcome, JobHandle):
             self._publish(context, outcome)
             self._start_watch(outcome)
-            self._streams = self._line_streams(self._live_streams(context, outcome), self._secret_values(outcome))
+            streams = self._live_streams(context, outcome)
+            self._live.follow(streams, self._secret_values(outcome), self.log_bytes_per_poll)
             return False
         return PokeReturnValue(is_done=True, xcom_value=outcome)
 
@@ -515,10 +485,10 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         step, state = self.lifecycle.poll(self._watch, rules, now=datetime.now(UTC).timestamp())
         self._watch = step.watch
         if state is not None and state.tao_state is not TaoState.PENDING:
-            self._follow()
+            self._live.show_new_lines(self.log, self.hook.tail_many)
         if step.event is None:
             return None
-        return dataclasses.replace(step.event, log_offsets=self._shown_offsets())
+        return dataclasses.replace(step.event, log_offsets=self._live.shown_offsets())
 
     def on_kill(self) -> None:
         """Cancel, record CANCELED, drop the sidecar: a user killed the task waiting in a worker (``deferrable=False``).
@@ -550,20 +520,9 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     def _secret_values(self, handle: JobHandle) -> list[str] | None:
         """Return the job's secrets, resolved from the handle's references, so a job that prints one is redacted.
 
-        None (said once per job) when one does not resolve here: pattern redaction alone would show that
-        secret if the job printed it, so the job's log lines are not shown (they stay in its files).
+        None (said once per job) when one does not resolve here: the job's log lines are then not shown
+        (:meth:`LiveLogs.secrets <airflow_provider_tao_slurm.lifecycle.following.LiveLogs.secrets>`).
         """
-        values, failed = resolve_secrets(handle.secret_refs)
-        if failed and handle.slurm_job_id not in self._withheld:
-            self._withheld.add(handle.slurm_job_id)
-            self.log.warning(
-                "Cannot resolve %s on this worker (%s): the log lines of SLURM job %s are not shown in the task "
-                "log, so that a secret it prints cannot show",
-                ", ".join(f"secret_env[{name}]" for name in failed),
-                ", ".join(sorted(set(failed.values()))),
-                handle.slurm_job_id,
-            )
-            self.log.warning(
-                "The job's lines are not lost: they stay in %s", handle.log_dir or "the job's log directory"
-            )
-        return None if failed else values
+        return self._live.secrets(
+            self.log, handle.slurm_job_id, handle.secret_refs, handle.log_dir or "the job's log directory"
+        )

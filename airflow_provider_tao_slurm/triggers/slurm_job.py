@@ -28,6 +28,7 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     DEFAULT_UNRECOGNISED_GRACE_S,
     JobEvent,
 )
+from airflow_provider_tao_slurm.lifecycle.following import LiveLogs
 from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 
@@ -103,7 +104,7 @@ class SlurmJobTrigger(BaseTrigger):
         self.cancel_on_kill = cancel_on_kill
         self.end_marker_dir = end_marker_dir
         self.event_path = event_path
-        self._streams: list[LineStream] = []
+        self._live = LiveLogs("in the triggerer")
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         """Classpath and primitive kwargs; ``cls(**kwargs)`` rebuilds an equivalent trigger."""
@@ -149,8 +150,7 @@ class SlurmJobTrigger(BaseTrigger):
             hook.a_end_markers,
             hook.a_accounting_states,
         )
-        self._streams = await self._line_streams()
-        queue = poller.subscribe(self.slurm_job_id, self.poll_interval, self._streams, self.end_marker_dir)
+        queue = poller.subscribe(self.slurm_job_id, self.poll_interval, await self._line_streams(), self.end_marker_dir)
         watch = Watch.start(
             self.slurm_job_id,
             self.job_name,
@@ -176,7 +176,7 @@ class SlurmJobTrigger(BaseTrigger):
                     self.log.log(note.level, "%s", note.message)
                 if step.event is not None:
                     yield TriggerEvent(
-                        await self._payload(hook, replace(step.event, log_offsets=self._shown_offsets()))
+                        await self._payload(hook, replace(step.event, log_offsets=self._live.shown_offsets()))
                     )
                     return
         finally:
@@ -211,45 +211,14 @@ class SlurmJobTrigger(BaseTrigger):
     async def _line_streams(self) -> list[LineStream]:
         """Return the job's live streams, with its secrets (resolved here, never stored) for redaction.
 
-        No streams when a secret does not resolve in the triggerer: pattern redaction alone would show that
-        secret if the job printed it, so the job's lines are withheld (said once; they stay in its files).
+        No streams when a secret does not resolve in the triggerer: the job's lines are withheld (said once;
+        they stay in its files; see :class:`~airflow_provider_tao_slurm.lifecycle.following.LiveLogs`).
         """
         if not self.log_streams:
             return []
-        from asgiref.sync import sync_to_async
-
-        from airflow_provider_tao_slurm.lifecycle.support import resolve_secrets
-
-        secrets, failed = await sync_to_async(resolve_secrets)(self.secret_refs)
-        if failed:
-            self.log.warning(
-                "Cannot resolve %s in the triggerer (%s): the live lines of SLURM job %s are withheld from the "
-                "task log, so that a secret it prints cannot show",
-                ", ".join(f"secret_env[{name}]" for name in failed),
-                ", ".join(sorted(set(failed.values()))),
-                self._job,
-            )
-            self.log.warning(
-                "The job's lines are not lost: they stay in %s (the sensor shows each log's end, redacted, on a worker "
-                "that resolves them)",
-                ", ".join(str(item["path"]) for item in self.log_streams),
-            )
-            return []
-        return [
-            LineStream(
-                str(item["label"]),
-                str(item["path"]),
-                str(item["cursor_path"]) if item.get("cursor_path") else None,
-                max_bytes=self.log_bytes_per_poll,
-                secrets=tuple(secrets),
-            )
-            for item in self.log_streams
-        ]
-
-    def _shown_offsets(self) -> dict[str, int]:
-        """Per live stream, the bytes already shown in the task log."""
-        shown = {stream.label: stream.shown_offset for stream in self._streams}
-        return {label: offset for label, offset in shown.items() if offset is not None}
+        kept_in = ", ".join(str(item["path"]) for item in self.log_streams)
+        secrets = await self._live.a_secrets(self.log, self._job, self.secret_refs, kept_in)
+        return self._live.follow(self.log_streams, secrets, self.log_bytes_per_poll)
 
     async def on_kill(self) -> None:
         """Cancel the job, record it, remove the sidecar: a user marked the deferred task failed/success or cleared it.

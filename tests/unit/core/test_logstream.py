@@ -20,9 +20,11 @@ from airflow_provider_tao_slurm.core.logstream import (
     TailChunk,
     TailRequest,
     clean_line,
+    line_streams,
     parse_tail_output,
     progress_line,
     show_lines,
+    shown_offsets,
     tail_script,
 )
 from airflow_provider_tao_slurm.core.secrets import REDACTED, withheld_note
@@ -418,6 +420,35 @@ def test_a_too_long_line_cut_inside_a_key_marker_shows_no_key(cut: int) -> None:
     lines = stream.feed(TailChunk(False, 0, 0, head)) + stream.feed(TailChunk(False, len(head), 0, body))
     assert ROWS[0][:8] not in "".join(lines)
     assert lines[-1].endswith(f'{REDACTED}\\n"}}')
+
+
+# ---------------------------------------------------------------------- line_streams, shown_offsets
+
+
+def test_streams_are_built_from_their_descriptions_with_the_secrets() -> None:
+    """The descriptions a trigger serializes become streams; an empty or absent cursor is none."""
+    descriptions = [
+        {"label": "main.out", "path": "/logs/main.out", "cursor_path": "/logs/.out.offset"},
+        {"label": "main.err", "path": "/logs/main.err", "cursor_path": ""},
+        {"label": PROGRESS, "path": "/results/status.json"},
+    ]
+
+    streams = line_streams(descriptions, iter(["tok-1f3a9c5e7b"]), 4096)
+
+    assert [(s.label, s.path, s.cursor_path) for s in streams] == [
+        ("main.out", "/logs/main.out", "/logs/.out.offset"),
+        ("main.err", "/logs/main.err", None),
+        (PROGRESS, "/results/status.json", None),
+    ]
+    assert {(s.max_bytes, s.secrets) for s in streams} == {(4096, ("tok-1f3a9c5e7b",))}
+    assert streams[0].feed(TailChunk(offset=0, data=b"leaked tok-1f3a9c5e7b\n")) == [f"main.out | leaked {REDACTED}"]
+
+
+def test_shown_offsets_leave_out_the_streams_not_read_yet_and_an_unfinished_line() -> None:
+    read, unread = LineStream("main.out", "/logs/main.out"), LineStream("main.err", "/logs/main.err")
+    read.feed(TailChunk(offset=10, data=b"epoch 1\nepo"))
+    assert shown_offsets([read, unread]) == {"main.out": 18}
+    assert shown_offsets([]) == {}
 
 
 # ---------------------------------------------------------------------- show_lines
