@@ -31,6 +31,7 @@ from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.continuation import (
     SLICE_ENV,
     SliceEnd,
+    Verdict,
     continuation_verdict,
     new_checkpoints,
     parse_new_checkpoints,
@@ -95,6 +96,28 @@ class Attempt:
     retry_of: str | None = None
     previous: JobRecord | None = None
     adopted: str | None = None
+
+
+@dataclass(frozen=True)
+class _FollowUp:
+    """How a job that ended ERROR is followed by the next one (a resubmission or the next slice).
+
+    :param new_id: the next job's id (and SLURM name).
+    :param found: our SLURM job of that name an earlier try started, to adopt; None to submit it.
+    :param ended: the ended job's last message.
+    :param err_class: the ended job's error class, if any.
+    :param excluded: the nodes the next job avoids.
+    :param adopted: why ``found`` is adopted, for the log and the record.
+    :param refused: what the next job is to the ended one and the fix, for the error when sbatch refuses it.
+    """
+
+    new_id: str
+    found: str | None
+    ended: str
+    err_class: ErrClass | None
+    excluded: tuple[str, ...]
+    adopted: str
+    refused: tuple[str, str]
 
 
 def _settled(record: JobRecord, state: TaoState, *, message: str, source: str, **kwargs: Any) -> JobRecord:
@@ -301,41 +324,36 @@ class JobLifecycle:
             sbatch refused the resubmission (both records are settled, the sidecar removed).
         """
         new_id, found = self._next_job(ti, handle)
-        layout = JobLayout(handle.results_base, new_id)
         # The same evidence gives the same exclusions as when an earlier try resubmitted it (found).
         excluded = self._exclusions(handle, record, state, verdict, check_fit=found is None)
-        stage = None if found is not None else self._sidecar_stage(handle)  # before any record says "resubmitted"
-        record = _settled(
-            record,
-            TaoState.ERROR,
-            message=f"{state.native}: {verdict.reason} [{verdict.evidence}]; resubmitted as {new_id}"
-            + (f" excluding {','.join(excluded)}" if excluded else ""),
-            source="sensor",
+        but = f" excluding {','.join(excluded)}" if excluded else ""
+        hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
+        follow_up = _FollowUp(
+            new_id,
+            found,
+            ended=f"{state.native}: {verdict.reason} [{verdict.evidence}]; resubmitted as {new_id}{but}",
             err_class=ErrClass.ERR_INFRA,
+            excluded=tuple(excluded),
+            adopted="resubmitted by an earlier try of this sensor",
+            refused=("its resubmission", hint),
         )
-        self.write_record(handle.record_path, record)
-        if found is not None:
-            slurm_id = self._adopt_next(record, new_id, layout, found, "resubmitted by an earlier try of this sensor")
-        else:
-            hint = f"free or fix the excluded nodes ({','.join(excluded) or 'none'}) and clear the task"
-            slurm_id = self._submit_retry(handle, record, new_id, layout, excluded, stage, ("its resubmission", hint))
+        followed = self._follow(
+            handle,
+            record,
+            follow_up,
+            exclude_nodes=tuple(excluded),
+            infra_retries=handle.infra_retries + 1,
+            **_next_slice(handle, state, usage, None),
+        )
         self.log.warning(
             "Infrastructure failure of SLURM job %s (%s); resubmitted as %s (SLURM %s)%s",
             state.job_id,
             verdict.evidence,
             new_id,
-            slurm_id,
+            followed.slurm_job_id,
             f", excluding {','.join(excluded)}" if excluded else "",
         )
-        return _followed_by(
-            handle,
-            record,
-            new_id,
-            slurm_id,
-            exclude_nodes=tuple(excluded),
-            infra_retries=handle.infra_retries + 1,
-            **_next_slice(handle, state, usage, None),
-        )
+        return followed
 
     def continue_slice(
         self, ti: Any, handle: JobHandle, record: JobRecord, state: JobState, usage: JobUsage | None
@@ -356,53 +374,80 @@ class JobLifecycle:
         """
         new_id, found = self._next_job(ti, handle)
         # A next slice an earlier try started was decided then: no need to wait for a lagging listing.
-        end, listings, span = self._slice_end(handle, settle=found is None)
-        checkpoints = end.checkpoints
+        verdict, end, earlier = self._slice_verdict(handle, state, usage, settle=found is None)
+        if not verdict.go_on and found is None:  # a next slice an earlier try started was decided then
+            self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
+            raise job_failed(f"SLURM job {state.job_id}: {verdict.reason}", str(ErrClass.ERR_PROGRAM))
+        continued = verdict.reason if verdict.go_on else f"slice {handle.slice_number} ended {state.native}"
+        continued += " (warned of the limit before)" if end.warned else ""
+        checkpoint = end.checkpoints[-1] if end.checkpoints else None
+        follow_up = _FollowUp(
+            new_id,
+            found,
+            ended=f"{continued}; continued as {new_id}",
+            err_class=None,
+            excluded=handle.exclude_nodes,
+            adopted="the next slice an earlier try of this sensor started",
+            refused=("its next slice", "check the partition and the account, then clear the task"),
+        )
+        followed = self._follow(handle, record, follow_up, **_next_slice(handle, state, usage, checkpoint))
+        self.log.info(
+            "Slice %d of at most %d started (SLURM job %s), resuming from %s",
+            handle.slice_number + 1,
+            handle.max_continuations + 1,
+            followed.slurm_job_id,
+            checkpoint if checkpoint is not None else earlier,
+        )
+        return followed
+
+    def _follow(self, handle: JobHandle, record: JobRecord, follow_up: _FollowUp, **changes: Any) -> JobHandle:
+        """Settle the job that ended ERROR and start the job that follows it, or adopt it when an earlier try did.
+
+        The one skeleton of a resubmission and of a next slice: the secret sidecar is resolved again before
+        any record says the job was followed, the ended job's record is settled, then the next job's record
+        is opened and its script submitted (or our job of its name adopted).
+
+        :param changes: the next job's handle fields that differ from ``handle``'s, besides its ids.
+        :returns: the handle of the next job.
+        :raises JobFailedError: when sbatch refused the next job (both records settled, the sidecar removed).
+        """
+        new_id, found = follow_up.new_id, follow_up.found
+        stage = None if found is not None else self._sidecar_stage(handle)  # before any record says "followed"
+        record = _settled(
+            record, TaoState.ERROR, message=follow_up.ended, source="sensor", err_class=follow_up.err_class
+        )
+        self.write_record(handle.record_path, record)
+        layout = JobLayout(handle.results_base, new_id)
+        if found is not None:
+            slurm_id = self._adopt_next(record, new_id, layout, found, follow_up.adopted)
+        else:
+            slurm_id = self._submit_retry(handle, record, new_id, layout, follow_up.excluded, stage, follow_up.refused)
+        return _followed_by(handle, record, new_id, slurm_id, **changes)
+
+    def _slice_verdict(
+        self, handle: JobHandle, state: JobState, usage: JobUsage | None, *, settle: bool
+    ) -> tuple[Verdict, SliceEnd, str | None]:
+        """Decide whether the chain goes on after the slice ``handle``, from what the slice left.
+
+        :param settle: list the checkpoints again while shared storage may lag (:meth:`_slice_end`).
+        :returns: the verdict, what the slice left, and the chain's last checkpoint before this slice.
+        :raises RemoteCommandError: when the checkpoints could not be listed (nothing is decided).
+        """
+        end, listings, span = self._slice_end(handle, settle=settle)
         earlier = next((item.get("checkpoint") for item in reversed(handle.slices) if item.get("checkpoint")), None)
         verdict = continuation_verdict(
             native=state.native,
             slice_number=handle.slice_number,
             max_continuations=handle.max_continuations,
             time_hours=handle.time_hours or 0.0,
-            checkpoints=checkpoints,
+            checkpoints=end.checkpoints,
             last_checkpoint=earlier,
             elapsed_seconds=usage.elapsed_seconds if usage else None,
             checkpoint_interval=handle.checkpoint_interval,
             listings=listings,
             listed_over_seconds=span,
         )
-        if not verdict.go_on and found is None:  # a next slice an earlier try started was decided then
-            self.settle(handle, record, TaoState.ERROR, message=verdict.reason, err_class=ErrClass.ERR_PROGRAM)
-            raise job_failed(f"SLURM job {state.job_id}: {verdict.reason}", str(ErrClass.ERR_PROGRAM))
-        stage = None if found is not None else self._sidecar_stage(handle)
-        continued = verdict.reason if verdict.go_on else f"slice {handle.slice_number} ended {state.native}"
-        continued += " (warned of the limit before)" if end.warned else ""
-        record = _settled(record, TaoState.ERROR, message=f"{continued}; continued as {new_id}", source="sensor")
-        self.write_record(handle.record_path, record)
-        layout = JobLayout(handle.results_base, new_id)
-        if found is not None:
-            slurm_id = self._adopt_next(
-                record, new_id, layout, found, "the next slice an earlier try of this sensor started"
-            )
-        else:
-            hint = "check the partition and the account, then clear the task"
-            slurm_id = self._submit_retry(
-                handle, record, new_id, layout, handle.exclude_nodes, stage, ("its next slice", hint)
-            )
-        self.log.info(
-            "Slice %d of at most %d started (SLURM job %s), resuming from %s",
-            handle.slice_number + 1,
-            handle.max_continuations + 1,
-            slurm_id,
-            checkpoints[-1] if checkpoints else earlier,
-        )
-        return _followed_by(
-            handle,
-            record,
-            new_id,
-            slurm_id,
-            **_next_slice(handle, state, usage, checkpoints[-1] if checkpoints else None),
-        )
+        return verdict, end, earlier
 
     def _slice_end(self, handle: JobHandle, *, settle: bool = True) -> tuple[SliceEnd, int, float]:
         """Return what the slice left: its markers and the checkpoints it wrote (newer than its start marker).
@@ -702,29 +747,32 @@ class JobLifecycle:
 
         :param source: who cancels (``sensor on_kill``, ``nccl probe`` ...), said in the log and the record.
         """
-        self.log.info("Cancelling SLURM job %s (%s): %s", slurm_job_id, job_name, source)
+        plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
+        self.log.info("%s", plan.note)
         self.hook.cancel([slurm_job_id], job_name=job_name)
         try:
-            record = self.read_record(record_path) if record_path else None
-            if record_path and record is not None:
-                self.write_record(record_path, _canceled(record, slurm_job_id, source))
+            write = plan.record_write(self.hook.read_file(record_path)) if record_path else None
+            if write is not None:
+                self.hook.write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
-            self.remove_sidecar(sidecar_path)
+            if plan.sidecar_removal is not None:
+                command, options = plan.sidecar_removal
+                self.hook.run(command, **options)
 
     async def a_cancel(
         self, slurm_job_id: str, job_name: str, *, record_path: str | None, sidecar_path: str | None, source: str
     ) -> None:
-        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``)."""
-        self.log.info("Cancelling SLURM job %s (%s): %s", slurm_job_id, job_name, source)
+        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same steps, :class:`_CancelPlan`'s."""
+        plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
+        self.log.info("%s", plan.note)
         await self.hook.a_cancel([slurm_job_id], job_name=job_name)
         try:
-            text = await self.hook.a_read_file(record_path) if record_path else None
-            if record_path and text is not None:
-                record = _canceled(from_json(text), slurm_job_id, source)
-                await self.hook.a_write_file(record_path, to_json(record).encode(), "644")
+            write = plan.record_write(await self.hook.a_read_file(record_path)) if record_path else None
+            if write is not None:
+                await self.hook.a_write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
-            if sidecar_path:
-                command, options = _sidecar_removal(sidecar_path)
+            if plan.sidecar_removal is not None:
+                command, options = plan.sidecar_removal
                 await self.hook.a_run(command, **options)
 
     def remove_sidecar(self, path: str | None) -> None:
@@ -911,6 +959,46 @@ def _sidecar_removal(path: str | None, *, ends: tuple[str, str] | None = None) -
         command = commands.remove_end_markers(ends[0], ends[1], sidecar)
         return command, {"check": True, "what": "removing the secret sidecar and the end markers"}
     return commands.remove_files(sidecar), {"check": True, "what": f"removing the secret sidecar {path}"}
+
+
+@dataclass(frozen=True)
+class _CancelPlan:
+    """A cancel of our job, decided without I/O: the one sequence of the sync and the async cancel.
+
+    :meth:`JobLifecycle.cancel_job` and :meth:`JobLifecycle.a_cancel` run it, each with its own hook
+    calls. In order: log :attr:`note`; scancel the job by id AND exact name; write :meth:`record_write`
+    of the record read at ``record_path`` (when there is one); then, whatever became of the record, run
+    :attr:`sidecar_removal` (the job will not run again).
+
+    :param source: who cancels, said in the log and the record.
+    """
+
+    slurm_job_id: str
+    job_name: str
+    record_path: str | None
+    sidecar_path: str | None
+    source: str
+
+    @property
+    def note(self) -> str:
+        """The log line that says which job is cancelled, and by whom."""
+        return f"Cancelling SLURM job {self.slurm_job_id} ({self.job_name}): {self.source}"
+
+    def record_write(self, text: str | None) -> tuple[str, bytes, str] | None:
+        """Return the ``write_file`` arguments of the record marked CANCELED; None without a record.
+
+        :param text: the record read at ``record_path`` (None when there is none).
+        :raises RecordError: when the record read is not a valid record.
+        """
+        if self.record_path is None or text is None:
+            return None
+        record = _canceled(from_json(text), self.slurm_job_id, self.source)
+        return self.record_path, to_json(record).encode(), "644"
+
+    @property
+    def sidecar_removal(self) -> tuple[str, dict[str, Any]] | None:
+        """The command (and its ``run`` options) that removes the secret sidecar; None without one."""
+        return _sidecar_removal(self.sidecar_path) if self.sidecar_path else None
 
 
 def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:
