@@ -93,6 +93,12 @@ def module_name(path: Path) -> str:
     return ".".join([ROOT, *path.relative_to(PACKAGE).with_suffix("").parts])
 
 
+def package_module_name(path: Path) -> str:
+    """The module's dotted name; a package's ``__init__`` is the package itself."""
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
 ALL_MODULES = [path for folder in LAYERS for path in modules(folder)]
 
 
@@ -239,11 +245,64 @@ def test_the_one_path_rules_bite(me: str, source: str) -> None:
 
 def test_the_module_map_lists_every_module_once() -> None:
     """docs/module-map.md has one line per module of the package: none missing, none extra, none twice."""
-    modules = set()
-    for path in PACKAGE.rglob("*.py"):
-        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
-        modules.add(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    modules = {package_module_name(path) for path in PACKAGE.rglob("*.py")}
     text = (PACKAGE.parent / "docs" / "module-map.md").read_text()
     listed = re.findall(r"^\| `(airflow_provider_tao_slurm[\w.]*)` \| \S", text, flags=re.MULTILINE)
     assert sorted(listed) == sorted(set(listed)), "a module is listed twice"
     assert set(listed) == modules, f"missing: {sorted(modules - set(listed))}; gone: {sorted(set(listed) - modules)}"
+
+
+# ---------------------------------------------------------------------- functions short enough to read whole
+
+#: The most lines a function may take, its docstring and decorators counted (issue 43, item 5).
+MAX_FUNCTION_LINES = 60
+#: Functions that are tables of data, not steps to follow: ``get_provider_info`` is the provider's metadata
+#: (connection type, hooks, operators, triggers...) as the literal dict Airflow reads, one key a line.
+LONG_TABLES = {f"{ROOT}.get_provider_info"}
+
+
+def long_functions(me: str, source: str) -> list[str]:
+    """Every function (methods and nested ones too) of module ``me`` longer than :data:`MAX_FUNCTION_LINES`.
+
+    :returns: ``<qualified name> (<n> lines, line <first>)`` each; the allowed tables left out.
+    """
+    found: list[str] = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = (
+                f"{prefix}.{child.name}"
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                else prefix
+            )
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([child.lineno, *(decorator.lineno for decorator in child.decorator_list)])
+                lines = (child.end_lineno or child.lineno) - first + 1
+                if lines > MAX_FUNCTION_LINES and name not in LONG_TABLES:
+                    found.append(f"{name} ({lines} lines, line {first})")
+            visit(child, name)
+
+    visit(ast.parse(source), me)
+    return found
+
+
+def test_every_function_reads_whole() -> None:
+    """No function of the package is over 60 lines (tables of data aside, :data:`LONG_TABLES`)."""
+    found = [
+        item
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for item in long_functions(package_module_name(path), path.read_text())
+    ]
+    assert found == [], f"split into helpers that read whole (one job each): {found}"
+
+
+def test_the_length_rule_bites() -> None:
+    body = [f"x{i} = {i}" for i in range(MAX_FUNCTION_LINES - 1)]
+    decorated = ["class C:", "    @staticmethod", "    def long():", *(f"        {line}" for line in body)]
+    plain = ["def short():", *(f"    {line}" for line in body)]
+    source = "\n".join([*decorated, *plain]) + "\n"
+    assert long_functions(f"{ROOT}.core.made_up", source) == [
+        f"{ROOT}.core.made_up.C.long ({MAX_FUNCTION_LINES + 1} lines, line 2)"
+    ]
+    table = "\n".join(["def get_provider_info():", *(f"    {line}" for line in body * 2)])
+    assert long_functions(ROOT, table) == []
