@@ -108,6 +108,28 @@ def _superseded(state: JobState | None, marker: EndMarker) -> bool:
     return state is not None and state.run is not None and state.run > marker.restart
 
 
+def _say_dropped(marker: EndMarker, state: JobState | None, other_end: bool) -> None:
+    """Say why a marker is dropped unconfirmed: accounting shows another end (``other_end``), or none in time."""
+    if other_end:
+        log.debug(
+            "SLURM job %s shows %s, not run %d's end as its marker says (exit code %d): the scheduler "
+            "queries report it",
+            marker.slurm_job_id,
+            state,
+            marker.restart,
+            marker.exit_code,
+        )
+        return
+    log.info(
+        "SLURM job %s's end marker (run %d, exit code %d) is not confirmed by accounting within %.0f s "
+        "(requeued, or accounting down): the scheduler queries decide",
+        marker.slurm_job_id,
+        marker.restart,
+        marker.exit_code,
+        END_MARKER_CONFIRM_S,
+    )
+
+
 @dataclass
 class _Waiting:
     """An end marker waiting for accounting's word, for one subscriber.
@@ -396,21 +418,21 @@ class StatusPoller:
     async def _confirm_end_markers(self) -> None:
         """Ask accounting, in one command, about every job whose marker waits; a job it shows ended is sent.
 
-        Every waiting marker goes in the query, due or not (one ``sacct`` per batch of ends). The update
-        carries accounting's state (so the record agrees with accounting) and the job's last log lines
-        (read in one more command). A marker is dropped (that run is not asked about again) when
-        accounting shows an end no script's own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit code
-        other than the marker's, or when it is still unconfirmed after :data:`END_MARKER_CONFIRM_S`
-        seconds: a requeued job runs again and leaves a new marker; with accounting down the scheduler
-        queries decide. Accounting lists every run of a requeued job (``sacct -D``): a marker whose run is
-        not the newest accounting shows is dropped at once (:func:`_confirms`, :func:`_superseded`). A
-        marker accounting answered for without an end is asked about again after
-        :data:`END_MARKER_RECHECK_S`, doubling per answer; a failed query is no answer: its markers are
-        asked about again after :data:`END_MARKER_INTERVAL_S`.
+        Every waiting marker goes in the query, due or not (one ``sacct`` per batch of ends): accounting's
+        answer confirms, keeps waiting or drops each marker (:meth:`_judge_waiting`), and each confirmed
+        job's subscriber is sent its end (:meth:`_send_confirmed`).
+        """
+        states, answered = await self._ask_accounting()
+        await self._send_confirmed(self._judge_waiting(states, answered))
+
+    async def _ask_accounting(self) -> tuple[dict[str, JobState], bool]:
+        """Return accounting's states of every job whose marker waits, and whether accounting answered.
+
+        A failed query is no answer (no states): it is counted and said at debug level only, the status
+        queries go on regardless.
         """
         assert self._confirm_ends is not None
         ids = sorted({waiting.marker.slurm_job_id for waiting in self._unconfirmed.values()})
-        answered = True
         try:
             states = await self._confirm_ends(ids)
         except asyncio.CancelledError:
@@ -418,9 +440,24 @@ class StatusPoller:
         except Exception as exc:
             self.stats.end_confirm_failures += 1
             log.debug("accounting could not confirm %d end marker(s) on %s: %s", len(ids), self.key, exc)
-            states, answered = {}, False
-        else:
-            self.stats.end_confirms += 1
+            return {}, False
+        self.stats.end_confirms += 1
+        return states, True
+
+    def _judge_waiting(
+        self, states: Mapping[str, JobState], answered: bool
+    ) -> dict[asyncio.Queue[PollUpdate], JobState]:
+        """Judge every waiting marker by accounting's ``states``; return the subscribers whose job it confirms.
+
+        A marker is dropped (that run is not asked about again) when accounting shows an end no script's
+        own exit gives (:data:`ENDED_BY_ITS_SCRIPT`) or an exit code other than the marker's, or when it is
+        still unconfirmed after :data:`END_MARKER_CONFIRM_S` seconds: a requeued job runs again and leaves a
+        new marker; with accounting down the scheduler queries decide. Accounting lists every run of a
+        requeued job (``sacct -D``): a marker whose run is not the newest accounting shows is dropped at once
+        (:func:`_confirms`, :func:`_superseded`). A marker accounting answered for without an end is asked
+        about again after :data:`END_MARKER_RECHECK_S`, doubling per answer; after a failed query
+        (``answered`` False) its markers are asked about again after :data:`END_MARKER_INTERVAL_S`.
+        """
         now = time.monotonic()
         confirmed: dict[asyncio.Queue[PollUpdate], JobState] = {}
         for queue, waiting in list(self._unconfirmed.items()):
@@ -438,33 +475,24 @@ class StatusPoller:
             self._next_run[queue] = marker.restart + 1
             if ended and state is not None and _confirms(state, marker):
                 confirmed[queue] = state
-            elif ended or _superseded(state, marker):
-                log.debug(
-                    "SLURM job %s shows %s, not run %d's end as its marker says (exit code %d): the scheduler "
-                    "queries report it",
-                    marker.slurm_job_id,
-                    state,
-                    marker.restart,
-                    marker.exit_code,
-                )
             else:
-                log.info(
-                    "SLURM job %s's end marker (run %d, exit code %d) is not confirmed by accounting within %.0f s "
-                    "(requeued, or accounting down): the scheduler queries decide",
-                    marker.slurm_job_id,
-                    marker.restart,
-                    marker.exit_code,
-                    END_MARKER_CONFIRM_S,
-                )
-        if confirmed:
-            lines = await self._follow_logs({state.job_id: state for state in confirmed.values()}, confirmed)
-            wall = time.time()
-            for queue, state in confirmed.items():
-                self._sent[queue] = state
-                self._seen[state.job_id] = wall
-                queue.put_nowait(
-                    PollUpdate(state.job_id, state, wall, lines=tuple(lines.get(queue, ())), last_seen=wall)
-                )
+                _say_dropped(marker, state, ended or _superseded(state, marker))
+        return confirmed
+
+    async def _send_confirmed(self, confirmed: Mapping[asyncio.Queue[PollUpdate], JobState]) -> None:
+        """Send each confirmed subscriber accounting's end of its job, with the job's last log lines.
+
+        Accounting's state, so that the record agrees with accounting; the lines of all of them are read in
+        one more command.
+        """
+        if not confirmed:
+            return
+        lines = await self._follow_logs({state.job_id: state for state in confirmed.values()}, confirmed)
+        wall = time.time()
+        for queue, state in confirmed.items():
+            self._sent[queue] = state
+            self._seen[state.job_id] = wall
+            queue.put_nowait(PollUpdate(state.job_id, state, wall, lines=tuple(lines.get(queue, ())), last_seen=wall))
 
     async def _follow_logs(
         self, states: dict[str, JobState], only: Collection[asyncio.Queue[PollUpdate]] | None = None
