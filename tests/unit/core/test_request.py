@@ -109,6 +109,20 @@ def test_the_request_takes_the_connections_defaults_and_is_frozen() -> None:
         made.secret_env["TOKEN"] = SECRET  # type: ignore[index]
 
 
+def test_a_parameter_left_out_or_misnamed_is_refused_as_a_signature_would() -> None:
+    left_out = {name: value for name, value in DEFAULTS.items() if name != "requeue"}
+
+    with pytest.raises(TypeError, match=r"missing keyword arguments \['requeue'\], unexpected ones \['requeu'\]"):
+        submit_request(
+            settings=SETTINGS,
+            conn_id="slurm_default",
+            secret_sources=("env",),
+            read_supporting_files=no_files,
+            **left_out,
+            requeu=True,
+        )
+
+
 def test_the_operators_own_values_win() -> None:
     made = request(partition="polar_long", account="other", container_mounts="/lustre/u:/lustre/u")
 
