@@ -37,6 +37,7 @@ from airflow_provider_tao_slurm.exceptions import (
 )
 from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
 from airflow_provider_tao_slurm.lifecycle.jobs import chain_summary, record_dict
+from airflow_provider_tao_slurm.lifecycle.waiting import log_tails
 
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.failures import Classification
@@ -285,7 +286,7 @@ class Settlement:
         if not handle.log_dir:
             return ""
         if secrets is None:
-            return "\n".join(self.lifecycle.log_tail(f"{handle.log_dir}/{name}", FINAL_LOG_BYTES) for name in LOGS)
+            return log_tails(self.lifecycle, [f"{handle.log_dir}/{name}" for name in LOGS], FINAL_LOG_BYTES)
         return "\n".join(self.show_log(name, f"{handle.log_dir}/{name}", secrets, shown.get(name)) for name in LOGS)
 
     def show_log(self, label: str, path: str, secrets: Sequence[str], shown: int | None) -> str:
