@@ -12,35 +12,29 @@ from __future__ import annotations
 
 import math
 import secrets
-import time
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_provider_tao_slurm.core.defaults import CONVERSION_TIME_HOURS
 from airflow_provider_tao_slurm.lifecycle.support import (
-    MISSING_IMAGE,
     check_flag,
     check_poll_interval_seconds,
     default_deferrable,
-    install_registry_credentials,
-    partitions_for,
-    registry_credentials_from_connection,
     renamed_attribute,
     renamed_parameter,
-    sqsh_problem,
 )
 from airflow_provider_tao_slurm.operators.base import SlurmBaseOperator
 
 if TYPE_CHECKING:
-    from airflow_provider_tao_slurm.core.conversion import ConversionPlan, SubmittedConversion
+    from airflow_provider_tao_slurm.core.conversion import SubmittedConversion
     from airflow_provider_tao_slurm.core.images import ImageRef
     from airflow_provider_tao_slurm.core.resources import JobParameters
+    from airflow_provider_tao_slurm.lifecycle.conversion import Conversion
 
-#: Bytes of each conversion log quoted in a failure message.
-LOG_TAIL_BYTES = 4096
-#: Seconds between looks at a lock whose owner is still submitting its job.
-LOCK_POLL_S = 2.0
+# The conversion itself (lock, submit or adopt, wait, verify) is the lifecycle's
+# (:mod:`airflow_provider_tao_slurm.lifecycle.conversion`). Run-time modules (the lifecycle, core's
+# domain modules, the trigger) are imported inside the methods that run a task: a DAG file that
+# imports this operator loads none of them (tests/unit/test_dag_parse.py).
 
 
 class EnrootImportOperator(SlurmBaseOperator):
@@ -146,58 +140,29 @@ class EnrootImportOperator(SlurmBaseOperator):
 
     def execute(self, context: Any) -> str:
         """Return the ``.sqsh`` path: checked, reused, or converted (deferring while the job runs)."""
-        from airflow_provider_tao_slurm.core.conversion import (
-            ConversionJob,
-            conversion_job_name,
-            render_conversion_script,
-        )
-        from airflow_provider_tao_slurm.core.layout import JobLayout
-        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.lifecycle.conversion import existing_image  # run time only (see above)
+        from airflow_provider_tao_slurm.lifecycle.waiting import wait_for_job
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
         image = self._image()
         if image.path is not None:
-            return self._existing_image(image.path)
+            return existing_image(self.hook, self.log, image.path)
         owner = secrets.token_hex(8)
-        extra = self._job_parameters().sbatch_extra  # every resource parameter checked before any SSH
-        plan = self._plan(image)
-        partition = ",".join(partitions_for(self.hook, plan.partition, self.time_hours, cpu_only=True))
-        plan = replace(plan, partition=partition)
-        script = render_conversion_script(
-            ConversionJob(
-                job_name=conversion_job_name(owner),
-                image=image,
-                target=plan.target,
-                partition=partition,
-                account=plan.account,
-                cpus=self.cpus_per_task,
-                mem_mb=self.mem_mb,
-                time_minutes=self._time_minutes(),
-                log_dir=JobLayout(plan.results_dir, conversion_job_name(owner)).log_dir,
-                sbatch_extra=extra,
-            )
+        job = self._job_parameters()  # every resource parameter checked before any SSH
+        conversion = self._conversion(image)
+        script = conversion.script(
+            job, owner, cpus=self.cpus_per_task, mem_mb=self.mem_mb, time_minutes=self._time_minutes()
         )
-        started = self._start(plan, script, owner)
+        started = conversion.start(script, owner)
         if isinstance(started, str):
             return started
-        if self.deferrable:
-            self.defer(
-                trigger=SlurmJobTrigger(
-                    slurm_conn_id=self.slurm_conn_id,
-                    slurm_job_id=started.job_id,
-                    job_name=started.job_name,
-                    poll_interval=self.poll_interval_seconds,
-                    submitted_at=started.submitted_at,
-                    cancel_on_kill=not started.adopted,  # a conversion another run shares is its to cancel
-                ),
-                method_name="execute_complete",
-            )
         self._converting = None if started.adopted else started
-        event = JobLifecycle(self.hook, self.log).wait_until_ended(
-            started.job_id,
-            started.job_name,
-            submitted_at=started.submitted_at,
+        event = wait_for_job(
+            self,
+            conversion.handle(started),
+            trigger=SlurmJobTrigger,
             poll_interval=self.poll_interval_seconds,
+            cancel_on_kill=not started.adopted,  # a conversion another run shares is its to cancel
         )
         return self.execute_complete(context, event)
 
@@ -207,37 +172,14 @@ class EnrootImportOperator(SlurmBaseOperator):
         A conversion adopted from another run is left running for that run; a deferred task is
         killed through its trigger, which cancels only a conversion this task submitted.
         """
-        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.lifecycle.conversion import cancel_conversion  # run time only (see above)
 
         if self._converting is not None:
-            JobLifecycle(self.hook, self.log).cancel_job(
-                self._converting.job_id, self._converting.job_name, source="EnrootImportOperator on_kill"
-            )
+            cancel_conversion(self.hook, self.log, self._converting)
 
     def execute_complete(self, context: Any, event: Any = None) -> str:
         """Check the trigger's event and the converted file; fail with the conversion log's tail."""
-        from airflow_provider_tao_slurm.core.conversion import owner_of_job
-        from airflow_provider_tao_slurm.core.storage import display_value
-        from airflow_provider_tao_slurm.exceptions import ImageConversionError
-
-        plan = self._plan(self._image())
-        job_id, job_name, failure = self._read_event(event)
-        try:
-            if failure is None:
-                problem = sqsh_problem(self.hook, plan.target)
-                if problem is None:
-                    self.log.info("Image %s converted by SLURM job %s: %s", plan.image.raw, job_id, plan.target)
-                    return plan.target
-                failure = f"completed, but {plan.target} is not a usable image: {problem}"
-            raise ImageConversionError(
-                f"converting image {display_value(plan.image.raw)} failed: SLURM job {job_id} ({job_name}) "
-                f"{failure}. Nothing usable is at {plan.target}, and no GPU job may fall back to the registry "
-                "image. Fix the cause shown in the conversion log below (image name and tag, registry credentials "
-                "via registry_conn_id, mem_mb, time_hours) and run the task again.\n"
-                + self._log_tail(plan.results_dir, job_id, job_name)
-            )
-        finally:
-            self._remove_lock_quietly(plan.lock, owner_of_job(job_name))
+        return self._conversion(self._image()).finish(event)
 
     # ------------------------------------------------------------------ validation (no SSH)
 
@@ -246,7 +188,7 @@ class EnrootImportOperator(SlurmBaseOperator):
 
         :raises ResourceError: (or ``ValidationError`` for a site option) naming the parameter and the fix.
         """
-        from airflow_provider_tao_slurm.core.resources import check_job_parameters
+        from airflow_provider_tao_slurm.core.resources import check_job_parameters  # run time only (see above)
         from airflow_provider_tao_slurm.exceptions import ResourceError
 
         job = check_job_parameters(
@@ -272,7 +214,8 @@ class EnrootImportOperator(SlurmBaseOperator):
         return math.ceil(self.time_hours * 60)
 
     def _image(self) -> ImageRef:
-        from airflow_provider_tao_slurm.core.images import parse_image
+        """Check the flags and the image reference (no SSH); return the parsed image."""
+        from airflow_provider_tao_slurm.core.images import parse_image  # run time only (see above)
         from airflow_provider_tao_slurm.core.storage import display_value
         from airflow_provider_tao_slurm.exceptions import ValidationError
 
@@ -287,203 +230,23 @@ class EnrootImportOperator(SlurmBaseOperator):
             )
         return image
 
-    def _plan(self, image: ImageRef) -> ConversionPlan:
-        from airflow_provider_tao_slurm.core.conversion import ConversionPlan, lock_dir, sqsh_target
-        from airflow_provider_tao_slurm.core.images import sqsh_cache_path
-        from airflow_provider_tao_slurm.core.storage import resolve_cluster_path
-        from airflow_provider_tao_slurm.exceptions import ConnectionConfigError
+    def _conversion(self, image: ImageRef) -> Conversion:
+        """Return the conversion of ``image`` into its target (no SSH; a missing results_dir fails here)."""
+        from airflow_provider_tao_slurm.lifecycle.conversion import Conversion, conversion_plan  # run time only
 
-        settings = self.hook.settings
-        if not settings.results_dir:
-            raise ConnectionConfigError(
-                f"connection {self.slurm_conn_id!r} has no results_dir: set it (the shared base directory, e.g. "
-                "/lustre/<user>); conversion scripts and logs go under it"
-            )
-        results_dir = resolve_cluster_path(settings.results_dir, param="results_dir")
-        if self.sqsh_path is not None:
-            target = sqsh_target(self.sqsh_path)
-        else:
-            containers = resolve_cluster_path(
-                self.containers_dir or f"{results_dir}/containers", param="containers_dir"
-            )
-            target = sqsh_cache_path(image, containers)
-        return ConversionPlan(
-            image=image,
-            target=target,
-            lock=lock_dir(target),
-            partition=self.partition or settings.conversion_partition,
-            account=self.account or settings.account,
-            results_dir=results_dir,
+        plan = conversion_plan(
+            self.hook.settings,
+            self.slurm_conn_id,
+            image,
+            sqsh_path=self.sqsh_path,
+            containers_dir=self.containers_dir,
+            partition=self.partition,
+            account=self.account,
         )
-
-    # ------------------------------------------------------------------ on the cluster
-
-    def _existing_image(self, path: str) -> str:
-        from airflow_provider_tao_slurm.exceptions import ImageConversionError
-
-        problem = sqsh_problem(self.hook, path)
-        if problem == MISSING_IMAGE:
-            raise ImageConversionError(
-                f"image {path} does not exist on cluster {self.hook.settings.cluster_name!r}; fix the path, or give "
-                "the registry image (e.g. nvcr.io#nvidia/tao/tao-toolkit:5.5.0-pyt) to convert it"
-            )
-        if problem is not None:
-            raise ImageConversionError(f"image {path} is not usable: {problem}")
-        self.log.info("Using the existing image %s", path)
-        return path
-
-    def _start(self, plan: ConversionPlan, script: str, owner: str) -> str | SubmittedConversion:
-        """Reuse a valid file, or submit the conversion, or adopt the conversion another run started."""
-        from airflow_provider_tao_slurm.core.conversion import (
-            LOCK_SUBMIT_GRACE_S,
-            LockAction,
-            SubmittedConversion,
-            acquire_lock,
-            conversion_job_name,
-            held_lock_action,
-            parse_lock,
+        return Conversion(
+            self.hook,
+            self.log,
+            plan,
+            force_reconvert_latest=self.force_reconvert_latest,
+            registry_conn_id=self.registry_conn_id,
         )
-        from airflow_provider_tao_slurm.core.images import needs_conversion
-        from airflow_provider_tao_slurm.exceptions import ImageConversionError
-
-        problem = sqsh_problem(self.hook, plan.target)
-        if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
-            self.log.info("Reusing the converted image %s", plan.target)
-            return plan.target
-        if problem not in (None, MISSING_IMAGE):
-            self.log.warning("%s is not a usable image (%s); converting again to replace it", plan.target, problem)
-        deadline = time.monotonic() + LOCK_SUBMIT_GRACE_S + 60
-        while time.monotonic() < deadline:
-            acquired = self.hook.run(acquire_lock(plan.lock, owner), check=True, what="taking the conversion lock")
-            lock = parse_lock(acquired.stdout)
-            if lock.acquired:
-                return self._convert(plan, script, owner)
-            holder = self.hook.get_states([lock.job_id]).get(lock.job_id) if lock.job_id else None
-            action = held_lock_action(lock, holder)
-            if action is LockAction.ADOPT and lock.owner and lock.job_id:
-                self.log.info(
-                    "Another run is converting %s with SLURM job %s: waiting for it", plan.target, lock.job_id
-                )
-                return SubmittedConversion(
-                    lock.job_id, conversion_job_name(lock.owner), time.time() - lock.age_seconds, adopted=True
-                )
-            if action is LockAction.WAIT:
-                time.sleep(LOCK_POLL_S)
-                continue
-            if (
-                action is LockAction.FINISHED
-                and not self.force_reconvert_latest
-                and sqsh_problem(self.hook, plan.target) is None
-            ):
-                self._remove_lock_quietly(plan.lock, lock.owner)
-                self.log.info("Reusing the image converted by SLURM job %s: %s", lock.job_id, plan.target)
-                return plan.target
-            self.log.warning("Removing the stale conversion lock %s (%s, job %s)", plan.lock, action, lock.job_id)
-            self._remove_lock(plan.lock, lock.owner)
-        raise ImageConversionError(
-            f"the conversion lock {plan.lock} stayed without a conversion job for {LOCK_SUBMIT_GRACE_S} s; if no "
-            f"conversion of this image is running (squeue --me), remove it by hand (rm -rf {plan.lock}) and retry"
-        )
-
-    def _convert(self, plan: ConversionPlan, script: str, owner: str) -> str | SubmittedConversion:
-        """Check the target once more, then stage and submit the conversion job (holding the lock)."""
-        from airflow_provider_tao_slurm.core.conversion import (
-            SubmittedConversion,
-            conversion_job_name,
-            record_lock_job,
-        )
-        from airflow_provider_tao_slurm.core.images import needs_conversion
-        from airflow_provider_tao_slurm.core.layout import JobLayout
-        from airflow_provider_tao_slurm.lifecycle.submission import submit_job
-
-        job_name = conversion_job_name(owner)
-        try:
-            problem = sqsh_problem(self.hook, plan.target)
-            if not needs_conversion(plan.image, problem is None, self.force_reconvert_latest):
-                self._remove_lock(plan.lock, owner)
-                self.log.info("Reusing the image another run converted meanwhile: %s", plan.target)
-                return plan.target
-            if self.registry_conn_id is not None:
-                login, password = registry_credentials_from_connection(self.registry_conn_id)
-                machines = install_registry_credentials(self.hook, plan.image, login, password)
-                self.log.info("Installed Enroot credentials for %s", ", ".join(machines))
-            layout = JobLayout(plan.results_dir, job_name)
-            self.hook.write_file(layout.script_path, script.encode(), mode="600")
-            job_id = submit_job(self.hook, layout.script_path, job_name, log_dir=layout.log_dir, log=self.log)
-        except Exception:
-            self._remove_lock_quietly(plan.lock, owner)
-            raise
-        recorded = self.hook.run(record_lock_job(plan.lock, owner, job_id), what="recording the conversion job")
-        if recorded.rc != 0:
-            self.log.warning("The conversion lock %s was taken over; SLURM job %s converts anyway", plan.lock, job_id)
-        self.log.info(
-            "Converting %s into %s with SLURM job %s on partition %s",
-            plan.image.raw,
-            plan.target,
-            job_id,
-            plan.partition,
-        )
-        return SubmittedConversion(job_id, job_name, time.time())
-
-    def _read_event(self, event: Any) -> tuple[str, str, str | None]:
-        """``(job id, job name, failure description or None)`` from a trigger event."""
-        from airflow_provider_tao_slurm.core.conversion import owner_of_job
-        from airflow_provider_tao_slurm.core.states import TaoState
-        from airflow_provider_tao_slurm.exceptions import ImageConversionError, ValidationError
-        from airflow_provider_tao_slurm.lifecycle.events import EventStatus, JobEvent
-
-        try:
-            parsed = JobEvent.from_dict(event, what="conversion trigger event")
-            owner_of_job(parsed.job_name)
-        except ValidationError as exc:
-            raise ImageConversionError(
-                f"the conversion trigger sent an unusable event ({exc}); check the triggerer's log and run the task "
-                "again"
-            ) from None
-        state = parsed.state
-        if parsed.status is EventStatus.TERMINAL and state is not None and state.tao_state is TaoState.COMPLETE:
-            return parsed.slurm_job_id, parsed.job_name, None
-        if parsed.status is EventStatus.TERMINAL and state is not None:
-            return (
-                parsed.slurm_job_id,
-                parsed.job_name,
-                f"ended {state.message or state.native} (exit code {state.exit_code})",
-            )
-        return parsed.slurm_job_id, parsed.job_name, parsed.message or f"ended with event status {parsed.status}"
-
-    def _log_tail(self, results_dir: str, job_id: str, job_name: str) -> str:
-        """Return the last :data:`LOG_TAIL_BYTES` of the conversion's ``main.err`` and ``main.out``, redacted."""
-        from airflow_provider_tao_slurm.core.layout import JobLayout
-        from airflow_provider_tao_slurm.exceptions import TaoSlurmError
-        from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-
-        lifecycle = JobLifecycle(self.hook, self.log)
-        sections = []
-        for path in JobLayout(results_dir, job_name).log_paths(job_id)[::-1]:
-            try:
-                text = lifecycle.log_tail(path, LOG_TAIL_BYTES)
-            except TaoSlurmError as exc:
-                text = f"(could not read it: {exc})"
-            sections.append(f"--- end of {path} ---\n{text.strip() or '(empty or missing)'}")
-        return "\n".join(sections)
-
-    def _remove_lock(self, lock: str, owner: str | None) -> None:
-        from airflow_provider_tao_slurm.core.conversion import remove_lock
-        from airflow_provider_tao_slurm.exceptions import ImageConversionError, RemoteCommandError
-
-        try:
-            self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
-        except RemoteCommandError as exc:
-            raise ImageConversionError(
-                f"cannot remove the stale conversion lock {lock} ({exc}); if no conversion of this image is "
-                f"running (squeue --me), remove it by hand: rm -rf {lock}"
-            ) from None
-
-    def _remove_lock_quietly(self, lock: str, owner: str | None) -> None:
-        from airflow_provider_tao_slurm.core.conversion import remove_lock
-        from airflow_provider_tao_slurm.exceptions import TaoSlurmError
-
-        try:
-            self.hook.run(remove_lock(lock, owner), check=True, what="removing the conversion lock")
-        except TaoSlurmError as exc:
-            self.log.warning("Could not remove the conversion lock %s (%s); the next run cleans it up", lock, exc)

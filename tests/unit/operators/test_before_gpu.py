@@ -726,7 +726,7 @@ def test_import_waits_for_a_lock_being_submitted_then_breaks_it(
         os.utime(lock, (time.time() - 2 * conversion.LOCK_SUBMIT_GRACE_S,) * 2)
 
     clock = SimpleNamespace(sleep=sleep, monotonic=time.monotonic, time=time.time)
-    monkeypatch.setattr("airflow_provider_tao_slurm.operators.enroot_import.time", clock)
+    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.conversion.time", clock)
     _, kwargs = _deferred(importer(cluster, image)).trigger.serialize()
     assert sleeps == [2.0]
     assert kwargs["slurm_job_id"] == "4242"
