@@ -247,7 +247,7 @@ def cache_entry(
 @pytest.fixture
 def now(monkeypatch: pytest.MonkeyPatch) -> str:
     """Pin the operator's clock: a day after the cached entries were proven."""
-    monkeypatch.setattr("airflow_provider_tao_slurm.operators.nccl_probe.utc_now", lambda: "2026-01-02T00:00:00Z")
+    monkeypatch.setattr("airflow_provider_tao_slurm.lifecycle.probe.utc_now", lambda: "2026-01-02T00:00:00Z")
     return "2026-01-02T00:00:00Z"
 
 
