@@ -482,8 +482,8 @@ class RegistryStreamTrigger(SlurmJobTrigger, BaseEventTrigger):
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         registry = REGISTRIES.setdefault((type(self).__name__, self.slurm_conn_id), _Registry())
-        self._streams = await self._line_streams()
-        token = registry.add(_Member(self.slurm_job_id, self.poll_interval, tuple(self._streams), self.end_marker_dir))
+        streams = await self._line_streams()
+        token = registry.add(_Member(self.slurm_job_id, self.poll_interval, tuple(streams), self.end_marker_dir))
         watch, rules = self._watch()
         sent: JobState | None = None
         try:
@@ -534,7 +534,8 @@ class RegistryStreamTrigger(SlurmJobTrigger, BaseEventTrigger):
             self.log.log(note.level, "%s", note.message)
         if step.event is None:
             return step.watch, None
-        return step.watch, TriggerEvent(trigger_module.replace(step.event, log_offsets=self._shown_offsets()).to_dict())
+        event = trigger_module.replace(step.event, log_offsets=self._live.shown_offsets())
+        return step.watch, TriggerEvent(event.to_dict())
 
 
 class RaisingRegistryStreamTrigger(RegistryStreamTrigger):
@@ -584,7 +585,7 @@ class StreamOnlyTrigger(RegistryStreamTrigger):
 
     async def filter_shared_stream(self, shared_stream: AsyncIterator[Any]) -> AsyncIterator[TriggerEvent]:
         hook = self._hook()
-        self._streams = await self._line_streams()
+        await self._line_streams()
         watch, rules = self._watch()
         sent: JobState | None = None
         seen: float | None = None
@@ -631,13 +632,14 @@ class StreamOnlyTrigger(RegistryStreamTrigger):
 
     async def _own_lines(self, hook: FakeHook, state: JobState | None) -> list[str]:
         """This member's own read of its own streams (the stream does not know them): one command."""
-        if not self._streams or state is None or state.tao_state is TaoState.PENDING:
+        streams = self._live.streams
+        if not streams or state is None or state.tao_state is TaoState.PENDING:
             return []
         try:
-            chunks = await hook.a_tail_many([stream.request() for stream in self._streams])
+            chunks = await hook.a_tail_many([stream.request() for stream in streams])
         except Exception:
             return []
-        return [line for stream, chunk in zip(self._streams, chunks, strict=True) for line in stream.feed(chunk)]
+        return [line for stream, chunk in zip(streams, chunks, strict=True) for line in stream.feed(chunk)]
 
 
 # ------------------------------------------------------------------------------------------------- driver
