@@ -355,6 +355,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         """Render, lint, stage, open the record, submit (or adopt by name), mark RUNNING; return the handle."""
         from airflow_provider_tao_slurm.core.request import bind_request
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
+        from airflow_provider_tao_slurm.lifecycle.stopping import STOPPED_BY_CTRL_C, abandon_submission
 
         request = self._request if self._request is not None else self._validated()
         ti = context["ti"]
@@ -370,9 +371,13 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         previous = attempt.previous if attempt.adopted is not None else None
         record = previous or job.open_record(now=utc_now(), retry_of=attempt.retry_of, secrets=secret_values)
         staged = self._files(job, ti, script, record, resources, secrets) if attempt.adopted is None else {}
-        slurm_job_id, record = lifecycle.submit_once(
-            attempt, results_base=request.results_base, files=staged, record=record, secrets=secret_values
-        )
+        try:
+            slurm_job_id, record = lifecycle.submit_once(
+                attempt, results_base=request.results_base, files=staged, record=record, secrets=secret_values
+            )
+        except KeyboardInterrupt:  # airflow dags test stopped mid-submission: nothing it staged may outlive it
+            abandon_submission(lifecycle, attempt.job_id, attempt.layout, source=STOPPED_BY_CTRL_C)
+            raise
         self._log_submitted(job, slurm_job_id)
         self._handle = _job_handle(job, slurm_job_id, record, resources).to_dict()
         return self._handle

@@ -234,7 +234,11 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if not self.deferrable:
             self._start_watch(handle)
             self._live.follow(streams, self._secret_values(handle), self.log_bytes_per_poll)
-            return super().execute(context)
+            try:
+                return super().execute(context)
+            except KeyboardInterrupt:  # Ctrl-C (airflow dags test), or SIGINT forwarded by the supervisor
+                self.on_kill()
+                raise
         self._defer(handle, streams)
         return None
 
@@ -270,6 +274,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
         event_path = _event_path(_events_dir(handle.job_dir), handle.slurm_job_id)
+        self._current = handle  # what a SIGTERM to airflow dags test cancels while the trigger runs inline
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,
@@ -493,7 +498,9 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
     def on_kill(self) -> None:
         """Cancel, record CANCELED, drop the sidecar: a user killed the task waiting in a worker (``deferrable=False``).
 
-        A deferred sensor is killed through its trigger's ``on_kill`` instead; this one then has no job.
+        A deferred sensor is killed through its trigger's ``on_kill`` instead: its worker has exited. Under
+        ``airflow dags test`` the trigger runs in this process, and a SIGTERM reaches this method (the Task
+        SDK's handler): it cancels the job the sensor deferred on, and the trigger then sees it end.
         """
         if self._current is not None:
             self.lifecycle.cancel(self._current, source="sensor on_kill")

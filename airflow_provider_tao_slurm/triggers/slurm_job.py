@@ -7,11 +7,13 @@ the new lines of its logs and its ``status.json`` progress appear in the task lo
 (read for all jobs of the cluster by one more batched command, resumed after a triggerer restart
 from cursor files beside the logs). It yields exactly one event and returns: given an ``event_path``,
 a compact one (the triggerer logs it whole in the task log) whose full form is in that file. A user kill
-(Airflow 3.3 ``on_kill``) cancels the SLURM job; a triggerer restart (``cleanup`` only) does not.
+(Airflow 3.3 ``on_kill``) cancels the SLURM job; a triggerer restart (``cleanup`` only) does not. Run
+inline by ``airflow dags test`` and stopped there (Ctrl-C), it cancels the job: nothing else would watch it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import posixpath
 import time
@@ -29,6 +31,7 @@ from airflow_provider_tao_slurm.lifecycle.events import (
     JobEvent,
 )
 from airflow_provider_tao_slurm.lifecycle.following import LiveLogs
+from airflow_provider_tao_slurm.lifecycle.stopping import STOPPED_BY_CTRL_C, in_process_run
 from airflow_provider_tao_slurm.lifecycle.watch import Watch, WatchRules, observe
 
 
@@ -179,6 +182,10 @@ class SlurmJobTrigger(BaseTrigger):
                         await self._payload(hook, replace(step.event, log_offsets=self._live.shown_offsets()))
                     )
                     return
+        except asyncio.CancelledError:
+            if in_process_run():  # airflow dags test stopped (Ctrl-C): no triggerer will take this watch over
+                await self._cancel(STOPPED_BY_CTRL_C)
+            raise
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
 
@@ -225,6 +232,10 @@ class SlurmJobTrigger(BaseTrigger):
 
         Airflow 3.3 calls this only on explicit user action, never on triggerer restarts.
         """
+        await self._cancel("trigger on_kill")
+
+    async def _cancel(self, source: str) -> None:
+        """Cancel the job through the lifecycle (unless it is not this task's to cancel); ``source`` says who."""
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
 
         if not self.cancel_on_kill:
@@ -239,5 +250,5 @@ class SlurmJobTrigger(BaseTrigger):
             self.job_name,
             record_path=self.record_path,
             sidecar_path=self.sidecar_path,
-            source="trigger on_kill",
+            source=source,
         )

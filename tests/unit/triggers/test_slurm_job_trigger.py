@@ -331,6 +331,31 @@ def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook:
     assert hook.cancels == []
 
 
+def test_a_trigger_run_inline_by_dags_test_and_stopped_cancels_its_job(
+    hook: TriggerHook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dag.test()`` runs the trigger in its own process; Ctrl-C cancels the run: nobody else will watch the job."""
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.supervisor import InProcessSupervisorComms
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object.__new__(InProcessSupervisorComms), raising=False)
+    hook.script = [squeue("PENDING")]
+    trigger = make(sidecar_path=SIDECAR)
+
+    async def stop() -> None:
+        task = asyncio.ensure_future(all_events(trigger))
+        while len(hook.polls) < 2:
+            await asyncio.sleep(POLL / 2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(stop())
+
+    assert hook.cancels == [([JOB], NAME)]
+    assert hook.commands == [f"rm -f -- {SIDECAR}"]
+
+
 def test_an_unrecognised_state_ends_the_wait_after_its_grace(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING"), squeue("WEIRD_STATE")]
     started = time.time()
