@@ -19,7 +19,7 @@ The builders live in one module per subject and are all importable from here:
 - :mod:`.enroot`: registry credentials and squashfs image checks;
 - :mod:`.preflight`: srun's options, the node probe and the read of its site-mounts cache;
 - :mod:`.markers`: the end markers batch scripts leave;
-- :mod:`.pacing`: the provider's own budget of slurmctld RPCs;
+- :mod:`.pacing`: the provider's own budget of slurmctld RPCs, and the site configuration it reads;
 - :mod:`.values`: the validation every builder shares.
 """
 
@@ -77,6 +77,7 @@ from airflow_provider_tao_slurm.core.commands.pacing import (
     SUBMISSION_RPCS,
     parse_paced,
     rpc_pacing,
+    site_config,
 )
 from airflow_provider_tao_slurm.core.commands.preflight import (
     SITE_MOUNTS_MARKER,
@@ -172,6 +173,7 @@ __all__ = [
     "show_job",
     "sinfo_partitions",
     "sinfo_partitions_cached",
+    "site_config",
     "split_site_mounts",
     "split_test_paths",
     "sqsh_check",

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from airflow_provider_tao_slurm.core.preemption import CONFIG_KEYS
+
 #: slurmctld RPCs of the cluster user that one submission causes, counted with ``sdiag`` on the test
 #: cluster: the submitting round trip sends 5 (sbatch: ``REQUEST_FED_INFO``, ``REQUEST_PARTITION_INFO``,
 #: ``REQUEST_SUBMIT_BATCH_JOB``; the duplicate check: ``REQUEST_JOB_USER_INFO``; the release:
@@ -55,6 +57,9 @@ PACED_PREFIX = "#paced "
 PACING_DIR = ".tao-slurm"
 PACING_FILE = "rpc-bucket"
 LIMITS_FILE = "slurmctld-parameters"
+#: The site's preemption settings (and SlurmctldParameters) as ``scontrol show config`` printed them, read
+#: with the same ``scontrol`` call: a stamp line, then the ``Key = value`` lines.
+PREEMPTION_FILE = "slurmctld-preemption"
 
 # Reads the site's limiter from ``site`` (SlurmctldParameters' value), the figures the connection gave
 # (``size``/``rate``, empty: the site's share) and "tokens stamp" on stdin (nothing: a full bucket). Where
@@ -82,15 +87,33 @@ _TAKE = (
     'printf "%.3f %s\\n", tokens < 0 ? -tokens / rate : 0, why }'
 )
 
+# Reads the site's configuration lines that matter here (SlurmctldParameters and the preemption settings) into
+# $_sc, SlurmctldParameters' value into $_sp, and caches both under $_pd (with this host's clock) when scontrol
+# printed the SlurmctldParameters line: one REQUEST_BUILD_INFO serves the pacing and the preemption read.
+_READ = (
+    "_sc=$(scontrol show config 2>/dev/null | awk '/^({keys}) *=/'); "
+    "_sp=$(printf '%s\\n' \"$_sc\" | sed -n 's/^SlurmctldParameters *= *//p'); "
+    'if [ -n "$_sp" ]; then printf \'%s\\n%s\\n\' "$_now" "$_sp" > "$_cf.$$" && mv -f -- "$_cf.$$" "$_cf"; '
+    'printf \'%s\\n%s\\n\' "$_now" "$_sc" > "$_pf.$$" && mv -f -- "$_pf.$$" "$_pf"; fi; '
+    'rm -f -- "$_cf.$$" "$_pf.$$"; '
+)
+
 # Prints the site's SlurmctldParameters into $_sp: from the cache while it is fresh (by this host's clock; a
-# stamp in the future is stale), else from scontrol, cached only when scontrol printed the line.
+# stamp in the future is stale), else from scontrol (:data:`_READ`).
 _SITE = (
-    '{{ _cf="$_pd/{limits}"; '
+    '{{ _cf="$_pd/{limits}"; _pf="$_pd/{preemption}"; '
     '_sp=$(awk -v now="$_now" \'NR == 1 {{ s = $1 + 0 }} NR == 2 {{ p = $0 }} '
     'END {{ if (NR == 2 && s <= now && now - s < {age:d}) print p; else exit 1 }}\' "$_cf" 2>/dev/null) || '
-    "{{ _sp=$(scontrol show config 2>/dev/null | sed -n 's/^SlurmctldParameters *= *//p'); "
-    '[ -n "$_sp" ] && printf \'%s\\n%s\\n\' "$_now" "$_sp" > "$_cf.$$" && mv -f -- "$_cf.$$" "$_cf"; '
-    'rm -f -- "$_cf.$$"; }}; }}'
+    "{{ {read}}}; }}"
+)
+
+# Prints the cached configuration lines while they are fresh, else reads them (:data:`_READ`) and prints them;
+# exits 1 when scontrol printed none.
+_CONFIG = (
+    '_pd="$HOME/{dir}"; _now=$(date +%s.%N); _cf="$_pd/{limits}"; _pf="$_pd/{preemption}"; '
+    'awk -v now="$_now" \'NR == 1 {{ s = $1 + 0; next }} {{ l = l $0 "\\n" }} '
+    'END {{ if (NR > 1 && s <= now && now - s < {age:d}) printf "%s", l; else exit 1 }}\' "$_pf" 2>/dev/null || '
+    '{{ mkdir -p -- "$_pd" 2>/dev/null; {read}[ -n "$_sc" ] && printf \'%s\\n\' "$_sc"; }}'
 )
 
 
@@ -132,7 +155,7 @@ def rpc_pacing(
         return ""
     size = "" if bucket_size is None else f"{bucket_size:d}"
     rate = "" if refill_rate is None else repr(float(refill_rate))
-    site = _SITE.format(limits=LIMITS_FILE, age=LIMITS_CACHE_S) if bucket_size is None or refill_rate is None else ":"
+    site = _site(_SITE, LIMITS_CACHE_S) if bucket_size is None or refill_rate is None else ":"
     take = (
         f'awk -v now="$_now" -v cost={cost:d} -v size="{size}" -v rate="{rate}" -v dsize={FALLBACK_BUCKET_SIZE:d} '
         f'-v share={SITE_SHARE!r} -v site="$_sp" -v max={max_wait!r} -v out="$_pd/{PACING_FILE}" \'{_TAKE}\''
@@ -143,6 +166,28 @@ def rpc_pacing(
         f'9>>"$_pd/{PACING_FILE}.lock" ) && _pw=${{_po%% *}} && sleep "$_pw"; }} 2>/dev/null || true; '
         f"case ${{_pw:-0}} in 0|0.000) ;; *) printf '%s%s\\n' '{PACED_PREFIX}' \"$_po\" >&2;; esac; "
     )
+
+
+def site_config(max_age: int = LIMITS_CACHE_S) -> str:
+    """Shell that prints the site's preemption settings and ``SlurmctldParameters`` (``scontrol show config`` lines).
+
+    It answers from the cache the pacing keeps beside the bucket while it is younger than ``max_age`` seconds,
+    else asks ``scontrol`` and refreshes the cache for both (read it with
+    :func:`~airflow_provider_tao_slurm.core.preemption.parse_preemption`). It exits 1 when ``scontrol``
+    printed nothing.
+
+    :param max_age: the oldest cache used, in seconds (0: always ask ``scontrol``).
+    :raises ValueError: for a negative age.
+    """
+    if max_age < 0:
+        raise ValueError(f"bad cache age: {max_age}")
+    return _site(_CONFIG, max_age)
+
+
+def _site(template: str, age: int) -> str:
+    """Fill a template that reads the site's configuration (:data:`_SITE`, :data:`_CONFIG`)."""
+    read = _READ.format(keys="|".join(CONFIG_KEYS))
+    return template.format(dir=PACING_DIR, limits=LIMITS_FILE, preemption=PREEMPTION_FILE, age=age, read=read)
 
 
 def parse_paced(stderr: str) -> Paced:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_provider_tao_slurm.core.commands import PACED_PREFIX, SUBMISSION_RPCS, parse_paced, rpc_pacing
+from airflow_provider_tao_slurm.core.commands import PACED_PREFIX, SUBMISSION_RPCS, parse_paced, rpc_pacing, site_config
 from airflow_provider_tao_slurm.core.commands.pacing import LIMITS_CACHE_S, Paced
+from airflow_provider_tao_slurm.core.preemption import parse_preemption
 
 SHELLS = ["bash", "dash"]
 
@@ -226,3 +227,55 @@ def test_the_connection_sets_figures(
         take(login, shell, 0, rpc_pacing(SUBMISSION_RPCS, size, rate))
     assert slept(login) == [pytest.approx(wait) for wait in waits]
     assert scontrol_calls(login) == asked
+
+
+def config(login: Path, text: str | None) -> None:
+    """What the stand-in ``scontrol show config`` prints (None: it fails)."""
+    path = login / "config"
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(text)
+
+
+PREEMPTION = (
+    "MinJobAge               = 300 sec\nPreemptMode             = REQUEUE\n"
+    "PreemptType             = preempt/partition_prio\nSlurmctldParameters     = {ctld}\nSwitchType = (null)\n"
+)
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_the_preemption_read_shares_the_pacing_cache(login: Path, shell: str) -> None:
+    config(login, PREEMPTION.format(ctld="preempt_send_user_signal"))
+    printed = take(login, shell, 1000, site_config() + ";")
+    site = parse_preemption(printed)
+    assert (site.preempt_type, site.mode, site.warns_batch_shell) == ("preempt/partition_prio", "REQUEUE", True)
+    assert "MinJobAge" not in printed  # only the lines that matter
+    # the pacing takes its SlurmctldParameters from the same read, and the preemption read from the pacing's
+    assert take(login, shell, 1010, rpc_pacing(SUBMISSION_RPCS)) == "sent\n"
+    config(login, PREEMPTION.format(ctld="(null)"))
+    assert parse_preemption(take(login, shell, 1020, site_config() + ";")).warns_batch_shell
+    assert scontrol_calls(login) == 1
+    # a fresh read (the preflight's) asks scontrol, and the pacing's next read is the new answer
+    assert not parse_preemption(take(login, shell, 1030, site_config(0) + ";")).warns_batch_shell
+    assert scontrol_calls(login) == 2
+    (login / "home" / ".tao-slurm" / "slurmctld-preemption").unlink()
+    take(login, shell, 1040, rpc_pacing(SUBMISSION_RPCS))  # the pacing's cache is fresh: scontrol not asked
+    assert scontrol_calls(login) == 2
+    # an old cache is read again, by either
+    take(login, shell, 1030 + LIMITS_CACHE_S, rpc_pacing(SUBMISSION_RPCS))
+    assert scontrol_calls(login) == 3
+    assert take(login, shell, 1030 + LIMITS_CACHE_S, site_config() + ";").startswith("PreemptMode")
+    assert scontrol_calls(login) == 3
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_failed_preemption_read_prints_nothing_and_keeps_nothing(login: Path, shell: str) -> None:
+    config(login, None)
+    (login / "now").write_text("1000.0\n")
+    env = {"HOME": str(login / "home"), "PATH": f"{login / 'bin'}:/usr/bin:/bin"}
+    proc = subprocess.run([shell, "-c", site_config()], env=env, capture_output=True, text=True, check=False)
+    assert (proc.returncode, proc.stdout) == (1, "")
+    assert not (login / "home" / ".tao-slurm" / "slurmctld-preemption").exists()
+    with pytest.raises(ValueError, match="bad cache age"):
+        site_config(-1)
