@@ -285,6 +285,23 @@ def test_first_try_stages_everything_with_the_secret_only_in_the_sidecar(monkeyp
     assert SECRET not in hook.files[LAYOUT.record_path]
 
 
+@pytest.mark.parametrize("made", [True, False], ids=["sbatch-made-the-job", "no-job-yet"])
+def test_ctrl_c_mid_submission_leaves_no_job_and_no_secret(made: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``airflow dags test`` stopped while sbatch runs: the job of that name (if any) is cancelled, the staged
+    sidecar removed, and the interrupt goes on."""
+    monkeypatch.setenv("TAO_TEST_SECRET", SECRET)
+    hook = SubmitHook()
+    hook.submit_error = KeyboardInterrupt()  # type: ignore[assignment]
+    if made:
+        hook.found[JOB_ID] = ["777"]
+
+    with pytest.raises(KeyboardInterrupt):
+        operator(hook, secret_env={"TOKEN": "env:TAO_TEST_SECRET"}).execute(ctx())
+
+    assert hook.cancels == ([(["777"], JOB_ID)] if made else [])
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
 def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
     hook = SubmitHook()
     first = operator(hook).execute(ctx())

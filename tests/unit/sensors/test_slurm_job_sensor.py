@@ -476,6 +476,24 @@ def test_non_deferrable_on_kill_cancels_records_and_removes_the_sidecar() -> Non
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
 
 
+def test_ctrl_c_of_a_poking_sensor_cancels_its_job_and_stops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``airflow dags test`` stopped with Ctrl-C (or SIGINT forwarded to a worker) while the sensor pokes."""
+    hook = SensorHook()
+    sensor = sensor_with(hook, deferrable=False)
+
+    def interrupted(context: Any) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sensor, "poke", interrupted)
+
+    with pytest.raises(KeyboardInterrupt):
+        sensor.execute(CTX)
+
+    assert hook.cancels == [([SLURM_ID], JOB_ID)]
+    assert read_record(hook)["terminal_state"] == "CANCELED"
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
 def test_infra_failure_the_partition_could_not_fit_again_is_not_resubmitted() -> None:
     hook = SensorHook()
     node_failed(hook)
