@@ -229,17 +229,18 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         if self.slurm_job_id is not None:
             return self._watch_foreign(context)
         handle = self._resumed(context, JobHandle.from_dict(self.job))
-        self._publish(context, handle)
-        streams = self._live_streams(context, handle)
-        if not self.deferrable:
-            self._start_watch(handle)
-            self._live.follow(streams, self._secret_values(handle), self.log_bytes_per_poll)
-            try:
+        self._current = handle  # what a stop cancels: Ctrl-C here, SIGTERM while the trigger runs inline
+        try:
+            self._publish(context, handle)
+            streams = self._live_streams(context, handle)
+            if not self.deferrable:
+                self._start_watch(handle)
+                self._live.follow(streams, self._secret_values(handle), self.log_bytes_per_poll)
                 return super().execute(context)
-            except KeyboardInterrupt:  # Ctrl-C (airflow dags test), or SIGINT forwarded by the supervisor
-                self.on_kill()
-                raise
-        self._defer(handle, streams)
+            self._defer(handle, streams)
+        except KeyboardInterrupt:  # Ctrl-C (airflow dags test), or SIGINT forwarded by the supervisor
+            self.on_kill()
+            raise
         return None
 
     def _resumed(self, context: Any, root: JobHandle) -> JobHandle:
@@ -274,7 +275,7 @@ class SlurmJobSensor(SlurmHookMixin, SerializeParamsOnceMixin, BaseSensorOperato
         from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
         event_path = _event_path(_events_dir(handle.job_dir), handle.slurm_job_id)
-        self._current = handle  # what a SIGTERM to airflow dags test cancels while the trigger runs inline
+        self._current = handle  # a resumed sensor defers on the next job here: a SIGTERM under dags test cancels it
         self.defer(
             trigger=SlurmJobTrigger(
                 slurm_conn_id=self.slurm_conn_id,

@@ -140,7 +140,21 @@ class SlurmJobTrigger(BaseTrigger):
         return SlurmHook(self.slurm_conn_id)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        """Subscribe to the shared poller and yield one event when the job is terminal (or vanished)."""
+        """Yield one event when the job is terminal (or vanished).
+
+        Cancelled, it leaves the job to the triggerer that takes the watch over; run inline by ``airflow dags
+        test`` and stopped there (Ctrl-C), it cancels the job: nothing else would watch it.
+        """
+        try:
+            payload = await self._watch_to_end()
+        except asyncio.CancelledError:
+            if in_process_run():
+                await self._cancel(STOPPED_BY_CTRL_C)
+            raise
+        yield TriggerEvent(payload)
+
+    async def _watch_to_end(self) -> dict[str, Any]:
+        """Subscribe to the shared poller; return the payload of the event that ends the wait."""
         from airflow_provider_tao_slurm.triggers.poller import get_poller
 
         hook = self._hook()
@@ -178,14 +192,7 @@ class SlurmJobTrigger(BaseTrigger):
                 for note in step.notes:
                     self.log.log(note.level, "%s", note.message)
                 if step.event is not None:
-                    yield TriggerEvent(
-                        await self._payload(hook, replace(step.event, log_offsets=self._live.shown_offsets()))
-                    )
-                    return
-        except asyncio.CancelledError:
-            if in_process_run():  # airflow dags test stopped (Ctrl-C): no triggerer will take this watch over
-                await self._cancel(STOPPED_BY_CTRL_C)
-            raise
+                    return await self._payload(hook, replace(step.event, log_offsets=self._live.shown_offsets()))
         finally:
             poller.unsubscribe(self.slurm_job_id, queue)
 
