@@ -76,8 +76,11 @@ matrix:
 	$(RELEASES) run --not-on-host $(MATRIX_RELEASE) -- make matrix-here
 
 # The requeue stress case (3 to 4 minutes) runs in the full suite on the machine's own release; on MATRIX_RELEASE
-# the single requeue tests of test_submit_watch.py cover the same path.
-MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_moments_end_each_watch_once_on_its_true_end
+# the single requeue tests of test_submit_watch.py cover the same path. The continued training under
+# `airflow dags test` (about 100 s) tries Airflow's dag.test(), not SLURM: on MATRIX_RELEASE the slices' SLURM
+# side is test_trainings_over_several_slices.
+MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_moments_end_each_watch_once_on_its_true_end \
+	tests/cluster/test_long_trainings.py::test_a_continued_training_under_airflow_dags_test
 
 matrix-here: venv cluster-up
 	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
