@@ -16,7 +16,10 @@ or raises; this module owns what that round trip cannot know:
 - adoption (:func:`adopt_job`): every path that takes over a job of ours found by name (a submit
   task's retry, a sensor's retry that finds the next slice or the infrastructure resubmission an
   earlier try started, an unknown outcome reconciled here) releases it, creates its log directory
-  and records it through that one function.
+  and records it through that one function;
+- a continued training whose ``checkpoint_signal`` preemption will not send (the site has no
+  ``send_user_signal``) is told so once, when its first slice is submitted
+  (:func:`note_unsignalled_preemption`).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from airflow_provider_tao_slurm.exceptions import (
 from airflow_provider_tao_slurm.lifecycle.support import utc_now
 
 if TYPE_CHECKING:
+    from airflow_provider_tao_slurm.core.request import Continuation
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
 #: How long a submission whose outcome is unknown is looked for by name before it counts as never made.
@@ -208,3 +212,35 @@ def submit_job(
         f"sbatch's outcome for {job_name} was unknown twice and no job of that name appeared; check the cluster "
         f"(squeue --me --name={job_name}) and retry"
     )
+
+
+def note_unsignalled_preemption(hook: SlurmHook, continuation: Continuation, log: logging.Logger | Any) -> None:
+    """Say in the task log when a continued training's ``checkpoint_signal`` will not come at preemption.
+
+    Only a continued training with a ``checkpoint_signal`` asks: the site's preemption settings come from
+    the ``scontrol show config`` read the RPC pacing keeps for 10 minutes on the login host
+    (:func:`~airflow_provider_tao_slurm.core.commands.site_config`; ``scontrol`` is asked only when that
+    is older). Where the site preempts without ``send_user_signal``, a warning says that only the time
+    limit sends the signal. This never stops a submission: a read that fails is said in a warning.
+
+    :param log: the task's logger.
+    """
+    from airflow_provider_tao_slurm.core import commands
+    from airflow_provider_tao_slurm.core.preemption import parse_preemption, unsignalled_preemption
+    from airflow_provider_tao_slurm.exceptions import TaoSlurmError
+
+    if not continuation.max_continuations or continuation.checkpoint_signal is None:
+        return
+    try:
+        result = hook.run(commands.site_config(), what="reading the site's preemption settings")
+        note = unsignalled_preemption(parse_preemption(result.stdout), continuation.checkpoint_signal)
+    except TaoSlurmError as exc:
+        log.warning(
+            "Whether preemption on cluster %s sends checkpoint_signal=%s is not known (%s): checkpoint periodically",
+            hook.settings.cluster_name,
+            continuation.checkpoint_signal,
+            exc,
+        )
+        return
+    if note is not None:
+        log.warning("On cluster %s, %s", hook.settings.cluster_name, note)

@@ -41,8 +41,10 @@ class SlurmPreflightOperator(SlurmBaseOperator):
     login host; the Pyxis options of ``srun`` (from ``srun --help``, which lists the options SPANK
     plugins register); ``enroot version`` in a one-minute step on the conversion partition; the
     results directory is writable; the partitions exist (``sinfo``); the account is usable by the user
-    (``sacctmgr``); Enroot credentials for ``image``'s registry when it needs them (installed first
-    from ``registry_conn_id`` or ``registry_secret_env`` when given).
+    (``sacctmgr``); what a preempted training can rely on (``scontrol show config``: whether preemption sends
+    the batch shell its ``--signal`` warning, ``send_user_signal``; never a failure, and the answer refreshes
+    the cache the submissions read); Enroot credentials for ``image``'s registry when it needs them
+    (installed first from ``registry_conn_id`` or ``registry_secret_env`` when given).
 
     ``slurm_conn_id`` (the ``tao_slurm`` connection, default ``slurm_default``) and the ``BaseOperator``
     arguments (``task_id``, ``retries``, ...) are passed on through ``**kwargs``.
@@ -151,6 +153,8 @@ class SlurmPreflightOperator(SlurmBaseOperator):
         found.run("results_dir", lambda: self._results_dir(results_dir))
         found.run("partitions", lambda: self._partitions(partitions, conversion, resolved))
         account_ok = found.run("account", lambda: self._account(account, account_check))
+        if tools_ok:
+            found.run("preemption", self._preemption)
         # An explicit conversion partition is tried even when sinfo does not list it: every problem at once.
         conversion_name = resolved.get("conversion") or (conversion[0] if conversion else None)
         if self.check_enroot and tools_ok and conversion_name is not None:
@@ -303,6 +307,24 @@ class SlurmPreflightOperator(SlurmBaseOperator):
                 "refuse the jobs; fix account on the connection or the operator, or ask the cluster admins to add it"
             )
         return True, f"ok: {user} may charge {account}"
+
+    def _preemption(self) -> tuple[bool, str]:
+        """Say what a preempted training can rely on (never a failure): whether preemption warns the batch shell."""
+        from airflow_provider_tao_slurm.core import commands
+        from airflow_provider_tao_slurm.core.preemption import parse_preemption
+        from airflow_provider_tao_slurm.exceptions import RemoteCommandError
+
+        cluster = self.hook.settings.cluster_name
+        result = self.hook.run(commands.site_config(0), what="scontrol show config")
+        try:
+            site = parse_preemption(result.stdout)
+        except RemoteCommandError:
+            text = f"not verified: scontrol show config printed no preemption settings (exit status {result.rc})"
+            self.log.warning("Preflight on cluster %s: preemption %s", cluster, text)
+            return True, text
+        if site.preempts and not site.warns_batch_shell:
+            self.log.warning("Preflight on cluster %s: %s", cluster, site.describe())
+        return True, f"ok: {site.describe()}"
 
     def _enroot(self, partition: str, account: str | None) -> tuple[bool, str]:
         from airflow_provider_tao_slurm.core import commands

@@ -11,12 +11,14 @@ from typing import Any
 import pytest
 from fakes import FakeSlurmHook, StagedFiles
 
+from airflow_provider_tao_slurm.core.request import Continuation
 from airflow_provider_tao_slurm.exceptions import (
     AmbiguousSubmissionError,
     JobLookupError,
     SubmissionError,
     SubmissionOutcomeUnknownError,
 )
+from airflow_provider_tao_slurm.hooks.replies import CommandResult
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW
 from airflow_provider_tao_slurm.lifecycle import submission
 from airflow_provider_tao_slurm.lifecycle.submission import find_job, submit_job
@@ -144,3 +146,35 @@ def test_a_refusal_is_not_reconciled() -> None:
 @pytest.mark.parametrize(("ids", "found"), [([], None), (["7"], "7")])
 def test_find_job(ids: list[str], found: str | None) -> None:
     assert find_job(Cluster([], [ids]), "j") == found  # type: ignore[arg-type]
+
+
+#: ``scontrol show config`` lines of a site that preempts, without and with send_user_signal (22.05's spelling).
+PREEMPTING = "PreemptMode = REQUEUE\nPreemptType = preempt/partition_prio\nSlurmctldParameters = {}\n"
+
+
+@pytest.mark.parametrize(
+    ("config", "max_continuations", "signal", "said"),
+    [
+        (PREEMPTING.format("(null)"), 1, "USR1", "preempts jobs (PreemptType=preempt/partition_prio, PreemptMode="),
+        (PREEMPTING.format("preempt_send_user_signal"), 1, "USR1", None),
+        ("PreemptMode = OFF\nPreemptType = preempt/none\n", 1, "USR1", None),
+        (None, 1, "USR2", "Whether preemption on cluster mini sends checkpoint_signal=USR2 is not known"),
+        (PREEMPTING.format("(null)"), 1, None, None),  # no checkpoint_signal: the site is not asked
+        (PREEMPTING.format("(null)"), 0, "USR1", None),  # not a continued training: no slice signal at all
+    ],
+    ids=["no-send-user-signal", "send-user-signal", "no-preemption", "unreadable", "no-signal", "not-continued"],
+)
+def test_a_continued_training_hears_once_when_preemption_will_not_send_its_signal(
+    config: str | None, max_continuations: int, signal: str | None, said: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    hook = FakeSlurmHook()
+    hook.handlers.append(
+        lambda command: CommandResult(0 if config else 1, config or "", "") if "scontrol" in command else None
+    )
+    continuation = Continuation(max_continuations, ("*.pth",), signal, 60)
+    with caplog.at_level(logging.WARNING):
+        submission.note_unsignalled_preemption(hook, continuation, logging.getLogger("task"))  # type: ignore[arg-type]
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == (1 if said else 0)  # once, and only where there is something to say
+    assert said is None or said in messages[0]
+    assert len(hook.commands) == (1 if max_continuations and signal else 0)

@@ -65,9 +65,15 @@ SRUN_HELP = (
     "      --container-mounts=SRC:DST[:FLAGS][,SRC:DST...]\n"
     "      --no-container-mount-home\n"
 )
+#: ``scontrol show config``'s preemption lines (a release with PreemptParameters).
+PREEMPTION = (
+    "PreemptMode             = REQUEUE\nPreemptParameters       = {}\n"
+    "PreemptType             = preempt/partition_prio\nSlurmctldParameters     = (null)\n"
+)
 STUBS = {
     "sbatch": 'printf \'%s\\n\' "$*" >> "$STUBS/sbatch.calls"; echo 4242',
-    "scontrol": 'if [ "$*" = "show config" ]; then echo "PlugStackConfig         = $STUBS/plugstack.conf"; fi',
+    "scontrol": 'if [ "$*" = "show config" ]; then echo "PlugStackConfig         = $STUBS/plugstack.conf"; '
+    'cat "$STUBS/preemption.conf" 2>/dev/null; fi',
     "scancel": 'printf \'%s\\n\' "$*" >> "$STUBS/scancel.calls"; exit 0',
     "squeue": 'cat "$STUBS/squeue.out" 2>/dev/null; exit 0',
     "sacct": 'cat "$STUBS/sacct.out" 2>/dev/null; exit 0',
@@ -137,6 +143,7 @@ class Cluster:
         self.stub("plugstack.conf.d/pyxis.conf", "required /usr/local/lib/slurm/spank_pyxis.so\n")
         self.stub("sinfo.out", "polar*|4:00:00|gpu:a100:4\ncpu_long|7-00:00:00|(null)\n")
         self.stub("sacctmgr.out", "unit|gpu_proj|alice||normal\n")
+        self.stub("preemption.conf", PREEMPTION.format("send_user_signal"))
         settings = ClusterSettings(
             hosts=("login1",),
             user="alice",
@@ -813,6 +820,9 @@ def test_preflight_passes_and_reports_each_check(cluster: Cluster) -> None:
         "results_dir": f"ok: {cluster.results} is writable",
         "partitions": "ok: GPU jobs on polar (4 h, 4 GPUs/node: a100); conversion on cpu_long (7 d, no GPUs)",
         "account": "ok: alice may charge gpu_proj",
+        "preemption": "ok: preemption sends the batch shell its --signal warning (PreemptType=preempt/partition_prio, "
+        "PreemptMode=REQUEUE, PreemptParameters=send_user_signal): a slice's checkpoint_signal reaches the program "
+        "when it is preempted too",
         "enroot": "ok: enroot 3.4.1 on partition cpu_long",
         "gpu_node": f"ok: on node {socket.gethostname()} of partition polar: Pyxis configured, enroot 3.4.1, "
         f"{cluster.results} writable; site mounts from {cluster.mounts_d}: none (cached in "
@@ -986,6 +996,35 @@ def test_preflight_says_an_account_it_could_not_verify(cluster: Cluster, capfd: 
     assert report["checks"]["account"] == "not verified: sacctmgr failed (Problem talking to the database)"
     out = capfd.readouterr()
     assert "[warning  ] Preflight on cluster unit: account gpu_proj not verified: sacctmgr failed" in out.out + out.err
+
+
+def test_preflight_says_when_preemption_does_not_warn_the_batch_shell(
+    cluster: Cluster, capfd: pytest.CaptureFixture[str]
+) -> None:
+    cluster.stub("preemption.conf", PREEMPTION.format("(null)"))
+    report = preflight(cluster).execute({})
+    said = (
+        "preemption does not warn the batch shell (PreemptType=preempt/partition_prio, PreemptMode=REQUEUE, no "
+        "send_user_signal): the job's steps get SIGTERM and checkpoint_signal comes only before the time limit, so a "
+        "training must checkpoint periodically"
+    )
+    assert report["checks"]["preemption"] == f"ok: {said}"
+    out = capfd.readouterr()
+    assert f"[warning  ] Preflight on cluster unit: {said}" in out.out + out.err
+    # the preflight's read is fresh, and kept for the submissions (the RPC pacing's cache)
+    assert "PreemptParameters       = (null)" in (cluster.home / ".tao-slurm" / "slurmctld-preemption").read_text()
+
+
+def test_preflight_says_preemption_settings_it_could_not_read(
+    cluster: Cluster, capfd: pytest.CaptureFixture[str]
+) -> None:
+    (cluster.stubs / "preemption.conf").unlink()
+    report = preflight(cluster).execute({})
+    assert report["checks"]["preemption"] == (
+        "not verified: scontrol show config printed no preemption settings (exit status 1)"
+    )
+    out = capfd.readouterr()
+    assert "Preflight on cluster unit: preemption not verified" in out.out + out.err
 
 
 def test_preflight_installs_credentials_from_an_environment_variable(
