@@ -21,6 +21,11 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``rate-limit PARAMETERS`` (or ``off``): slurmctld's per-user RPC rate limiter (``rl_enable``, from SLURM
   23.02), e.g. ``rl_enable,rl_bucket_size=10,rl_refill_rate=1`` as ``SlurmctldParameters``; slurm.conf is
   rewritten and slurmctld reconfigured. ``up`` turns it off again.
+- ``preempt-signal on|off|default``: how a preempted job is warned. ``on`` and ``off`` give the partitions
+  below ``polar_urgent`` a preemption ``GraceTime`` (:data:`PREEMPT_GRACE_S`), ``on`` also has the batch
+  shell sent its ``--signal`` warning at preemption (``PreemptParameters=send_user_signal`` from SLURM 23.02,
+  ``SlurmctldParameters=preempt_send_user_signal`` before it);
+  ``default``: neither, as ``up`` sets it again. slurm.conf is rewritten and slurmctld reconfigured.
 - ``pyxis-off NODE`` / ``pyxis-on NODE``: hide (show) the Pyxis stand-in from the job steps of one node
   while the login host's srun keeps offering its options, as on a site whose GPU nodes lack Pyxis
   (see :func:`node_pyxis`); ``up`` shows it on every node.
@@ -144,6 +149,10 @@ SITE_MOUNT_DESTINATION = "/datasets"
 MIN_JOB_AGE = STATE / "min-job-age"
 #: Written by ``rate-limit``: the ``SlurmctldParameters`` slurm.conf sets (absent: none, no RPC limiter).
 RATE_LIMIT = STATE / "rate-limit"
+#: Written by ``preempt-signal``: ``on`` or ``off`` (absent: no preemption GraceTime, no PreemptParameters).
+PREEMPT_SIGNAL = STATE / "preempt-signal"
+#: The preemption ``GraceTime`` of the preemptible partitions while ``preempt-signal`` is ``on`` or ``off``.
+PREEMPT_GRACE_S = 10
 FAULT_SWITCH = SHARED / ".harness" / "faults"
 TASK_PROLOG = ETC_SLURM / "task_prolog.sh"
 TEST_FAULTS = ("nccl_hang_unless_p2p_disable",)
@@ -691,6 +700,11 @@ def cgroup_conf() -> str:
     )
 
 
+def preempt_signal() -> str | None:
+    """``on`` or ``off`` as ``preempt-signal`` set it, None when it is SLURM's default (no grace, no parameters)."""
+    return PREEMPT_SIGNAL.read_text().strip() if PREEMPT_SIGNAL.exists() else None
+
+
 def slurm_conf() -> str:
     """Return slurm.conf for the two-node cluster."""
     host = short_hostname()
@@ -698,6 +712,13 @@ def slurm_conf() -> str:
         loopback_name = socket.gethostbyname(host).startswith("127.")
     except OSError:
         loopback_name = False
+    # The partitions polar_urgent preempts: a grace time while preempt-signal is set (SLURM's default is none).
+    grace = f" GraceTime={PREEMPT_GRACE_S}" if preempt_signal() else ""
+    # send_user_signal: PreemptParameters from 23.02; before it SlurmctldParameters=preempt_send_user_signal.
+    preempt_parameters = slurm_release() >= (23, 2)
+    ctld = [RATE_LIMIT.read_text().strip()] if RATE_LIMIT.exists() else []
+    if preempt_signal() == "on" and not preempt_parameters:
+        ctld.append("preempt_send_user_signal")
     lines = [
         f"ClusterName={CLUSTER}",
         f"SlurmctldHost={host}({HOST})",
@@ -731,7 +752,8 @@ def slurm_conf() -> str:
         "EnforcePartLimits=ALL",
         "JobRequeue=1",
         *([f"MinJobAge={MIN_JOB_AGE.read_text().strip()}"] if MIN_JOB_AGE.exists() else []),
-        *([f"SlurmctldParameters={RATE_LIMIT.read_text().strip()}"] if RATE_LIMIT.exists() else []),
+        *([f"SlurmctldParameters={','.join(ctld)}"] if ctld else []),
+        *(["PreemptParameters=send_user_signal"] if preempt_signal() == "on" and preempt_parameters else []),
         "MailProg=/bin/true",
         f"TaskProlog={TASK_PROLOG}",
         "AccountingStorageType=accounting_storage/slurmdbd",
@@ -749,13 +771,14 @@ def slurm_conf() -> str:
             for node, (addr, port) in NODES.items()
         ),
         f"PartitionName={GPU_PARTITION} Nodes={','.join(GPU_NODES)} Default=YES MaxTime=04:00:00 "
-        "DefaultTime=01:00:00 State=UP",
-        f"PartitionName={LONG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00 State=UP",
+        f"DefaultTime=01:00:00{grace} State=UP",
+        f"PartitionName={LONG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=2-00:00:00 DefaultTime=01:00:00"
+        f"{grace} State=UP",
         f"PartitionName={DOWN_PARTITION} Nodes={','.join(CPU_NODES)} MaxTime=7-00:00:00 State=DOWN",
         f"PartitionName={CPU_PARTITION} Nodes={','.join(CPU_NODES)} MaxTime=7-00:00:00 DefaultTime=01:00:00 State=UP",
-        f"PartitionName={DEBUG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={DEBUG_MAX_TIME} State=UP",
-        f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME} State=UP",
-        f"PartitionName={HIDDEN_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=1-00:00:00 Hidden=YES State=UP",
+        f"PartitionName={DEBUG_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={DEBUG_MAX_TIME}{grace} State=UP",
+        f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME}{grace} State=UP",
+        f"PartitionName={HIDDEN_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=1-00:00:00 Hidden=YES{grace} State=UP",
         f"PartitionName={URGENT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=01:00:00 PriorityTier=10 State=UP",
     ]
     return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
@@ -1868,6 +1891,7 @@ def cmd_up() -> int:
     ensure_munge_key()
     MIN_JOB_AGE.unlink(missing_ok=True)
     RATE_LIMIT.unlink(missing_ok=True)
+    PREEMPT_SIGNAL.unlink(missing_ok=True)
     changed = write_configs()
     ensure_login_cut()
     build_plugin()
@@ -1880,7 +1904,8 @@ def cmd_up() -> int:
     ensure_daemon(table["slurmdbd"])
     ensure_accounting()
     # slurm.conf is back to what slurmctld was started with, but slurmctld was reconfigured since
-    # (min-job-age or rate-limit of a run that did not finish): it keeps running, so have it read the file again.
+    # (min-job-age, rate-limit or preempt-signal of a run that did not finish): it keeps running, so have it read
+    # the file again.
     reread = str(SLURM_CONF) in changed and runs_current_config(table["slurmctld"])
     for key in ("slurmctld", *(f"slurmd-{node}" for node in NODES)):
         ensure_daemon(table[key])
@@ -1953,6 +1978,29 @@ def set_rate_limit(value: str) -> None:
     step(f"slurmctld: SlurmctldParameters {shown}")
 
 
+def set_preempt_signal(value: str) -> None:
+    """Set how a preempted job is warned (see the module's ``preempt-signal``) and check that it took."""
+    if value == "default":
+        PREEMPT_SIGNAL.unlink(missing_ok=True)
+    elif value in ("on", "off"):
+        write_file(PREEMPT_SIGNAL, f"{value}\n")
+    else:
+        fail(f"preempt-signal {value!r}: give on, off or default")
+    write_file(SLURM_CONF, slurm_conf())
+    reconfigure()
+    config = {
+        key.strip(): val.strip()
+        for key, _, val in (line.partition("=") for line in run(["scontrol", "show", "config"]).stdout.splitlines())
+    }
+    shown = f"PreemptParameters={config['PreemptParameters']}" if "PreemptParameters" in config else ""
+    shown += f" SlurmctldParameters={config.get('SlurmctldParameters', '')}"
+    grace = run(["scontrol", "show", "partition", GPU_PARTITION]).stdout.split("GraceTime=")[-1].split()[0]
+    expected_grace = "0" if value == "default" else str(PREEMPT_GRACE_S)
+    if ("send_user_signal" in shown) != (value == "on") or grace != expected_grace:
+        fail(f"preempt-signal {value}: slurmctld reports {shown.strip()}, GraceTime {grace} after the reconfigure")
+    step(f"slurmctld: {shown.strip()}, GraceTime {grace} s on the partitions polar_urgent preempts")
+
+
 def cancel_all_jobs() -> None:
     """Cancel every job and wait (up to 15 s) until slurmctld forgets them."""
     if pid_of(daemons()["slurmctld"]) is None:
@@ -2023,6 +2071,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands.add_parser(name).add_argument("node", choices=list(NODES))
     commands.add_parser("min-job-age").add_argument("seconds", help="whole seconds, or 'default' (300)")
     commands.add_parser("rate-limit").add_argument("parameters", help="rl_enable[,rl_bucket_size=N,...], or 'off'")
+    commands.add_parser("preempt-signal").add_argument("setting", choices=("on", "off", "default"))
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         fail("run the harness as root (it installs packages and starts system daemons)")
@@ -2068,6 +2117,8 @@ def run_command(args: argparse.Namespace) -> int:
         set_min_job_age(args.seconds)
     elif args.command == "rate-limit":
         set_rate_limit(args.parameters)
+    elif args.command == "preempt-signal":
+        set_preempt_signal(args.setting)
     elif args.command in ("pyxis-off", "pyxis-on"):
         node_pyxis(args.node, on=args.command == "pyxis-on")
     else:
