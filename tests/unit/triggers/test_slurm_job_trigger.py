@@ -311,17 +311,22 @@ def test_on_kill_removes_the_secret_sidecar_after_cancelling(hook: TriggerHook) 
     assert hook.commands == [f"rm -f -- {SIDECAR}"]
 
 
+async def cancel_after_two_polls(trigger: SlurmJobTrigger, hook: TriggerHook) -> None:
+    """Run ``trigger`` until it polled twice, then cancel its run as a triggerer (or Ctrl-C) does."""
+    task = asyncio.ensure_future(all_events(trigger))
+    while len(hook.polls) < 2:
+        await asyncio.sleep(POLL / 2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 def test_triggerer_restart_cancels_run_and_cleanup_does_not_cancel_the_job(hook: TriggerHook) -> None:
     hook.script = [squeue("RUNNING")]
     trigger = make()
 
     async def restart() -> int:
-        task = asyncio.ensure_future(all_events(trigger))
-        while len(hook.polls) < 2:
-            await asyncio.sleep(POLL / 2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        await cancel_after_two_polls(trigger, hook)
         await trigger.cleanup()
         polls = len(hook.polls)
         await asyncio.sleep(POLL * 5)
@@ -340,17 +345,8 @@ def test_a_trigger_run_inline_by_dags_test_and_stopped_cancels_its_job(
 
     monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object.__new__(InProcessSupervisorComms), raising=False)
     hook.script = [squeue("PENDING")]
-    trigger = make(sidecar_path=SIDECAR)
 
-    async def stop() -> None:
-        task = asyncio.ensure_future(all_events(trigger))
-        while len(hook.polls) < 2:
-            await asyncio.sleep(POLL / 2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    run(stop())
+    run(cancel_after_two_polls(make(sidecar_path=SIDECAR), hook))
 
     assert hook.cancels == [([JOB], NAME)]
     assert hook.commands == [f"rm -f -- {SIDECAR}"]
