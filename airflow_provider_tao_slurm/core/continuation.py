@@ -64,6 +64,11 @@ class SliceScript:
     :param stop_at_timeout: the program runs under its own timeout (``timeout_hours`` was given), which
         ends the slice before SLURM's limit (exit 124, continued as TIMEOUT is); ``False`` (the default):
         the slice runs until SLURM's limit.
+    :param partition_limit: the training names several partitions whose limits differ (the earliest
+        start, :func:`~airflow_provider_tao_slurm.core.partitions.slice_hours`): the script asks no
+        ``--time``, so each slice takes the limit of the partition it starts on, and its batch shell lowers
+        a longer one to this slice length (``sbatch --time`` form, :func:`cap_time_limit`); ``None``: the
+        script asks ``--time`` as any job does.
     """
 
     slices_dir: str
@@ -72,6 +77,20 @@ class SliceScript:
     checkpoint_globs: tuple[str, ...] = DEFAULT_CHECKPOINT_GLOBS
     checkpoint_signal: str | None = None
     stop_at_timeout: bool = False
+    partition_limit: str | None = None
+
+
+def cap_time_limit(slurm_time: str) -> str:
+    """Return the batch shell's command that lowers its job's time limit to ``slurm_time`` (when longer).
+
+    A user may lower the limit of a running job, never raise it: on a partition whose limit is already
+    ``slurm_time`` or shorter, ``scontrol`` refuses and the limit stays. SLURM's warning signal
+    (``--signal``) follows the new end. The limit the slice runs under is echoed for the job's log.
+    """
+    update = f'scontrol update "JobId=${{SLURM_JOB_ID}}" {quote(f"TimeLimit={slurm_time}")}'
+    show = f'squeue -h -j "${{SLURM_JOB_ID}}" -o {quote("%P %l")}'
+    shown = f'echo "TAO_SLURM: slice partition and time limit: $({show} 2> /dev/null)"'
+    return f"{update} > /dev/null 2>&1 || true; {shown}"
 
 
 def check_max_continuations(value: object) -> int:

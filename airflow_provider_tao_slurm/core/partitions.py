@@ -11,7 +11,7 @@ kept with a ``problem`` that a job asking for it is refused with, and the hook n
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from airflow_provider_tao_slurm.core.resources import (
@@ -262,9 +262,18 @@ def resolve_partitions(requested: Sequence[str], known: Sequence[Partition], clu
 
 
 def check_partition_limits(
-    time_hours: float, partitions: Sequence[str], known: Sequence[Partition], param: str = "time_hours"
+    time_hours: float,
+    partitions: Sequence[str],
+    known: Sequence[Partition],
+    param: str = "time_hours",
+    *,
+    continued: bool = False,
 ) -> None:
     """Refuse a wall time over the ``MaxTime`` of any requested partition (SLURM would refuse it at submit).
+
+    A continued training (``continued``: ``max_continuations`` set) naming several partitions is refused
+    only for what none of them can run: each slice takes the limit of the partition it starts on
+    (:func:`slice_hours`), so ``time_hours`` is its longest slice and must fit one of them.
 
     :raises ResourceError: naming the partition, its limit and the partitions that would allow it, or
         for a requested partition whose sinfo line could not be read.
@@ -272,13 +281,18 @@ def check_partition_limits(
     by_name = {p.name: p for p in known}
     for name in partitions:
         partition = by_name.get(name)
-        if partition is None:
-            continue
-        if partition.problem is not None:
+        if partition is not None and partition.problem is not None:
             raise ResourceError(
                 f"partition {name} cannot be checked: {partition.problem}; ask the site what its limits are, or pick "
                 "another partition"
             )
+    if continued and len(partitions) > 1:
+        _check_longest_slice(time_hours, partitions, by_name, param)
+        return
+    for name in partitions:
+        partition = by_name.get(name)
+        if partition is None:
+            continue
         limit = partition.max_time_hours
         if limit is not None and time_hours > limit + 1e-9:
             longer = [
@@ -291,6 +305,43 @@ def check_partition_limits(
                 f"partition {name} allows at most {format_duration(limit)}, but {param}={time_hours:g} "
                 f"({format_duration(time_hours)}): lower {param} or pick a partition with a longer limit{hint}"
             )
+
+
+def _check_longest_slice(
+    time_hours: float, partitions: Sequence[str], by_name: Mapping[str, Partition], param: str
+) -> None:
+    """Refuse a continued training's longest slice that none of its partitions allows (the earliest start)."""
+    limits = [by_name[name].max_time_hours if name in by_name else None for name in partitions]
+    if any(limit is None or time_hours <= limit + 1e-9 for limit in limits):
+        return
+    longest = max(limit for limit in limits if limit is not None)
+    shown = ", ".join(f"{name} {format_duration(limit or 0.0)}" for name, limit in zip(partitions, limits, strict=True))
+    raise ResourceError(
+        f"{param}={time_hours:g} ({format_duration(time_hours)}) is the longest slice of this continued training, but "
+        f"none of its partitions allows it ({shown}); each slice takes the limit of the partition it starts on: "
+        f"lower {param} to at most {longest:g} ({format_duration(longest)}), or add a partition with a longer limit"
+    )
+
+
+def slice_hours(time_hours: float, partitions: Sequence[str], known: Sequence[Partition]) -> dict[str, float] | None:
+    """Return how long a continued training's slice runs on each of its partitions, when they differ.
+
+    ``time_hours`` is the longest slice; a slice on a partition whose ``MaxTime`` is shorter gets that limit.
+    SLURM 22.05 refuses a ``--time`` over the limit of any named partition (``EnforcePartLimits=ALL``)
+    and never lowers it to the partition a job starts on (``--time-min`` does not either): such a job is
+    submitted without ``--time``, takes the limit of the partition it starts on, and its batch shell lowers
+    a longer limit to ``time_hours`` (:func:`~airflow_provider_tao_slurm.core.continuation.cap_time_limit`).
+
+    :returns: ``{partition: slice hours}`` in the order named, or ``None`` when every partition allows
+        ``time_hours`` (the job asks ``--time`` as any job does) or only one is named.
+    """
+    if len(partitions) < 2:
+        return None
+    by_name = {p.name: p for p in known}
+    limits = {name: by_name[name].max_time_hours if name in by_name else None for name in partitions}
+    if all(limit is None or limit + 1e-9 >= time_hours for limit in limits.values()):
+        return None
+    return {name: time_hours if limit is None else min(limit, time_hours) for name, limit in limits.items()}
 
 
 def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Partition]) -> Resources:

@@ -34,7 +34,12 @@ from airflow_provider_tao_slurm.core.continuation import (
 from airflow_provider_tao_slurm.core.execution import Execution, build_step_command, canonical_sha256, parse_execution
 from airflow_provider_tao_slurm.core.images import ImageRef, parse_image
 from airflow_provider_tao_slurm.core.mounts import SiteMounts, check_mounts, spec_dataset_paths
-from airflow_provider_tao_slurm.core.resources import Resources, check_job_parameters, gpu_resources
+from airflow_provider_tao_slurm.core.resources import (
+    Resources,
+    check_job_parameters,
+    gpu_resources,
+    hours_to_slurm_time,
+)
 from airflow_provider_tao_slurm.core.secrets import assert_no_secrets, sidecar_text
 from airflow_provider_tao_slurm.core.specs import load_spec
 from airflow_provider_tao_slurm.core.tao import job_network_arch
@@ -85,6 +90,7 @@ class Continuation:
     :param grace_seconds: how long before the limit the batch script is warned.
     :param stop_at_timeout: ``timeout_hours`` was given: the program's own timeout stops each slice
         (exit 124, continued as a TIMEOUT is); without it a slice runs until SLURM's limit.
+    :param grace_given: ``signal_grace_seconds`` was given (else the grace is a tenth of the slice).
     """
 
     max_continuations: int
@@ -92,19 +98,32 @@ class Continuation:
     checkpoint_signal: str | None
     grace_seconds: int
     stop_at_timeout: bool = False
+    grace_given: bool = False
 
     @property
     def handle_globs(self) -> tuple[str, ...]:
         """The patterns the job handle carries: none for a job that is not continued."""
         return self.checkpoint_globs if self.max_continuations else ()
 
-    def slice_script(self, layout: JobLayout) -> SliceScript | None:
-        """Return what the batch script needs to run as a slice of a chain; ``None`` for an ordinary job."""
+    def slice_script(self, layout: JobLayout, slice_hours: Mapping[str, float] | None = None) -> SliceScript | None:
+        """Return what the batch script needs to run as a slice of a chain; ``None`` for an ordinary job.
+
+        :param slice_hours: each partition's slice length when the training names several whose limits differ
+            (:func:`~airflow_provider_tao_slurm.core.partitions.slice_hours`): the slice takes the limit of
+            the partition it starts on, and the warning fits the shortest slice it may get.
+        :raises ValidationError: for a ``signal_grace_seconds`` not shorter than the shortest slice.
+        """
         if not self.max_continuations:
             return None
+        grace, limit = self.grace_seconds, None
+        if slice_hours:
+            shortest = min(slice_hours.values())
+            grace = grace_seconds(shortest, self.grace_seconds if self.grace_given else None)
+            limit = hours_to_slurm_time(max(slice_hours.values()))
         return SliceScript(
             slices_dir=layout.slices_dir,
-            grace_seconds=self.grace_seconds,
+            grace_seconds=grace,
+            partition_limit=limit,
             results_dir=layout.results_dir,
             checkpoint_globs=self.checkpoint_globs,
             checkpoint_signal=self.checkpoint_signal,
@@ -201,8 +220,11 @@ class BoundRequest:
         """The mode-600 secret sidecar, for a job with ``secret_env``."""
         return self.layout.sidecar_path if self.request.secret_env else None
 
-    def script(self, resources: Resources) -> str:
+    def script(self, resources: Resources, slice_hours: Mapping[str, float] | None = None) -> str:
         """Render the batch script for ``resources``.
+
+        :param slice_hours: a continued training's slice length on each of its partitions, when they differ
+            (:meth:`Continuation.slice_script`).
 
         :raises ValidationError: (or ``TemplateRenderError``) for a value the script cannot carry.
         """
@@ -222,7 +244,7 @@ class BoundRequest:
                 exit_code_file=layout.exit_code_path,
                 ends_dir=layout.ends_dir,
                 master_port=request.master_port,
-                slice=request.continuation.slice_script(layout),
+                slice=request.continuation.slice_script(layout, slice_hours),
             )
         )
 
@@ -432,6 +454,7 @@ def _continuation(
         checkpoint_signal=check_checkpoint_signal(checkpoint_signal),
         grace_seconds=grace_seconds(resources.time_hours, grace),
         stop_at_timeout=stop_at_timeout,
+        grace_given=grace is not None,
     )
 
 

@@ -20,7 +20,9 @@ IMAGE, CONTAINER_MOUNTS, COMMAND, EXTRA_ENV (list of ``NAME=quoted`` exports) an
 credentials sidecar; empty without secrets). A slice (:attr:`SbatchSpec.slice`; all empty without one):
 SLICE (true), SIGNAL_OPTION (``--signal=B:USR1@<grace>``), GRACE_SECONDS, SLICES_DIR,
 LATEST_CHECKPOINT_FIND (the ``find`` command listing the checkpoints under the results directory as
-``<mtime> <path>``) and CHECKPOINT_SIGNAL (the signal forwarded to the program, or empty).
+``<mtime> <path>``), CHECKPOINT_SIGNAL (the signal forwarded to the program, or empty) and
+CAP_TIME_LIMIT (a training on several partitions: the command that lowers the slice's limit; TIME is
+then empty, so the script asks no ``--time``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import jinja2.meta
 from airflow_provider_tao_slurm.core.continuation import (
     SLICE_SIGNAL,
     SliceScript,
+    cap_time_limit,
     check_checkpoint_globs,
     check_checkpoint_signal,
     find_names,
@@ -265,7 +268,7 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "GPUS_PER_NODE": spec.gpus_per_node,
         "NUM_GPUS": spec.num_nodes * spec.gpus_per_node,
         "CPUS_PER_TASK": spec.cpus_per_task,
-        "TIME": spec.time,
+        "TIME": spec.time if spec.slice is None or spec.slice.partition_limit is None else "",
         "MEM_MB": spec.mem_mb or "",
         "TIMEOUT_SECONDS": _program_timeout(spec),
         "REQUEUE": "--requeue" if spec.requeue else "--no-requeue",
@@ -292,10 +295,20 @@ def _slice_values(script: SliceScript | None) -> dict[str, object]:
     """Return the slice placeholders: all empty (false) outside a chain of slices."""
     if script is None:
         return dict.fromkeys(
-            ("SLICE", "SIGNAL_OPTION", "GRACE_SECONDS", "SLICES_DIR", "LATEST_CHECKPOINT_FIND", "CHECKPOINT_SIGNAL"), ""
+            (
+                "SLICE",
+                "SIGNAL_OPTION",
+                "GRACE_SECONDS",
+                "SLICES_DIR",
+                "LATEST_CHECKPOINT_FIND",
+                "CHECKPOINT_SIGNAL",
+                "CAP_TIME_LIMIT",
+            ),
+            "",
         )
     return {
         "SLICE": True,
+        "CAP_TIME_LIMIT": cap_time_limit(script.partition_limit) if script.partition_limit else "",
         "SIGNAL_OPTION": f"--signal=B:{SLICE_SIGNAL}@{script.grace_seconds}",
         "GRACE_SECONDS": script.grace_seconds,
         "SLICES_DIR": quote(script.slices_dir),
@@ -409,6 +422,8 @@ def _validate_slice(script: SliceScript, wall_seconds: int) -> None:
     signal = check_checkpoint_signal(script.checkpoint_signal)
     if signal != script.checkpoint_signal:
         raise ValidationError(f"checkpoint_signal={script.checkpoint_signal!r} must be written {signal!r}")
+    if script.partition_limit is not None:
+        _check_sbatch_word("slice partition_limit", script.partition_limit, _SLURM_TIME)
 
 
 def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:

@@ -16,8 +16,9 @@ from typing import Any
 from airflow_provider_tao_slurm.core.records import check_slurm_job_id
 from airflow_provider_tao_slurm.core.shell import join
 
-#: ``sacct -X -n -P -o USAGE_FIELDS``: one allocation row per job.
-USAGE_FIELDS = "JobIDRaw,Submit,Start,End,ElapsedRaw,AllocTRES,NodeList,ExitCode"
+#: ``sacct -X -n -P -o USAGE_FIELDS``: one allocation row per job (``Partition``: the one it ran on, of those
+#: it named; ``TimelimitRaw``: its time limit in minutes, as it ran).
+USAGE_FIELDS = "JobIDRaw,Submit,Start,End,ElapsedRaw,AllocTRES,NodeList,ExitCode,Partition,TimelimitRaw"
 _GPUS = re.compile(r"(?:^|,)gres/gpu=(\d+)(?:,|$)")
 _EXIT = re.compile(r"(\d+):(\d+)")
 _NO_TIME = frozenset({"", "None", "Unknown", "N/A"})
@@ -33,6 +34,8 @@ class JobUsage:
     :ivar gpu_hours: ``gpus * elapsed_seconds / 3600``, rounded to 4 places.
     :ivar node_list: the allocation's nodes as SLURM prints them (``n[1-2]``).
     :ivar exit_code: the job's exit status (``None`` when accounting has none).
+    :ivar partition: the partition it ran on (of those it named; ``None`` when accounting has none).
+    :ivar time_limit_seconds: its time limit as it ran (``None``: unlimited or not known).
     """
 
     queue_seconds: int | None
@@ -41,6 +44,8 @@ class JobUsage:
     gpu_hours: float
     node_list: str | None
     exit_code: int | None
+    partition: str | None = None
+    time_limit_seconds: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the figures as plain JSON values (for XCom and the job record)."""
@@ -95,7 +100,7 @@ def parse_usage(stdout: str, slurm_job_id: str) -> JobUsage | None:
         fields = line.split("|")
         if len(fields) != len(USAGE_FIELDS.split(",")) or fields[0] != slurm_job_id:
             continue
-        _, submit, start, _end, elapsed, tres, nodes, exit_code = fields
+        _, submit, start, _end, elapsed, tres, nodes, exit_code, partition, limit = fields
         if not elapsed.strip().isdigit():
             return None
         submitted, started = _time(submit), _time(start)
@@ -111,5 +116,7 @@ def parse_usage(stdout: str, slurm_job_id: str) -> JobUsage | None:
             gpu_hours=round(gpus * seconds / 3600, 4),
             node_list=nodes.strip() if nodes.strip() not in ("", "None assigned", "None") else None,
             exit_code=int(code.group(1)) if code else None,
+            partition=partition.strip() or None,
+            time_limit_seconds=int(limit) * 60 if limit.strip().isdigit() else None,
         )
     return None

@@ -924,13 +924,19 @@ def _next_slice(handle: JobHandle, state: JobState, usage: JobUsage | None, chec
         "queue_seconds": usage.queue_seconds if usage else None,
         "elapsed_seconds": usage.elapsed_seconds if usage else None,
         "gpu_hours": usage.gpu_hours if usage else None,
+        "partition": usage.partition if usage else None,
+        "time_limit_seconds": usage.time_limit_seconds if usage else None,
         "checkpoint": checkpoint,
     }
     return {"slice_number": handle.slice_number + 1, "slices": (*handle.slices, ended)}
 
 
 def chain_summary(handle: JobHandle, state: JobState, usage: JobUsage | None) -> dict[str, Any]:
-    """Summarise a finished chain: its ``slices`` (every slice, the last one included) and their ``totals``."""
+    """Summarise a finished chain: its ``slices`` (every slice, the last one included) and their ``totals``.
+
+    Each slice carries the partition it ran on and its time limit there (``partition``, ``time_limit_seconds``,
+    from accounting): a training naming several partitions starts each slice on whichever takes it first.
+    """
     last = _next_slice(handle, state, usage, None)["slices"][-1]
     slices = [dict(item) for item in (*handle.slices, last)]
 

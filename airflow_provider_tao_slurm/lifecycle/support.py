@@ -274,6 +274,7 @@ def _chosen_partitions(
     param: str,
     cpu_only: bool,
     datasets: Sequence[tuple[str, str]] = (),
+    continued: bool = False,
 ) -> tuple[tuple[str, ...], list[Partition]]:
     from airflow_provider_tao_slurm.core.partitions import (
         check_partition_limits,
@@ -298,7 +299,7 @@ def _chosen_partitions(
         known = hook.partition_limits(fresh=True)  # a partition added since the cached answer
     cluster = hook.settings.cluster_name
     chosen = choose_partitions(wanted, known, cluster, time_hours, cpu_only=cpu_only)
-    check_partition_limits(time_hours, chosen, known, param)
+    check_partition_limits(time_hours, chosen, known, param, continued=continued)
     skipped = skipped_cpu_partitions(known, time_hours) if cpu_only and not wanted else []
     if skipped:
         hook.log.info(
@@ -348,7 +349,29 @@ def place_on_cluster(
     :raises MissingPathsError: naming every missing dataset path and the fix.
     :raises ResourceError: for an unknown partition, a time over its limit, or GPUs no node can hold.
     """
-    from airflow_provider_tao_slurm.core.partitions import fit_gpus
+    return place_training(hook, resources, param=param, datasets=datasets)[0]
 
-    chosen, known = _chosen_partitions(hook, resources.partition, resources.time_hours, param, False, datasets)
-    return fit_gpus(resources, chosen, known)
+
+def place_training(
+    hook: SlurmHook,
+    resources: Resources,
+    *,
+    param: str = "time_hours",
+    datasets: Sequence[tuple[str, str]] = (),
+    continued: bool = False,
+) -> tuple[Resources, dict[str, float] | None]:
+    """:func:`place_on_cluster`, and a continued training's slice length on each of its partitions.
+
+    :param continued: a continued training (``max_continuations``): on several partitions each slice takes
+        the limit of the one it starts on (the earliest start), so ``time_hours`` is only refused when
+        none of them allows it (:func:`~airflow_provider_tao_slurm.core.partitions.check_partition_limits`).
+    :returns: the placed resources, and ``{partition: slice hours}`` when the named partitions' limits
+        differ (:func:`~airflow_provider_tao_slurm.core.partitions.slice_hours`), else ``None``.
+    """
+    from airflow_provider_tao_slurm.core.partitions import fit_gpus, slice_hours
+
+    chosen, known = _chosen_partitions(
+        hook, resources.partition, resources.time_hours, param, False, datasets, continued=continued
+    )
+    placed = fit_gpus(resources, chosen, known)
+    return placed, slice_hours(resources.time_hours, chosen, known) if continued else None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+import subprocess
 import tempfile
 import threading
 import time
@@ -314,3 +315,42 @@ def test_a_continued_training_under_airflow_dags_test(
     assert "the job this sensor last deferred on (task state store)" in output
     rows = sacct_rows(ssh_run, [item["job_id"] for item in slices])
     assert sorted(row[1] for row in rows) == sorted(item["slurm_job_id"] for item in slices), "one job per slice"
+
+
+def partition_state(name: str, state: str) -> None:
+    """Set a partition's state as the site's admin would (the tests run as root on the head node)."""
+    subprocess.run(["scontrol", "update", f"PartitionName={name}", f"State={state}"], check=True, timeout=30)
+
+
+def test_each_slice_starts_on_the_partition_that_takes_it(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
+) -> None:
+    """The earliest start: a training naming the one-minute partition and ``debug`` (30 min), slices of at most
+    two minutes. Slice 1 starts on the one-minute partition (free, named first) and ends TIMEOUT after a minute;
+    that partition is DOWN before slice 2, which starts on ``debug`` with the two minutes its batch shell lowered
+    the partition's 30 to, and completes the training. The chain summary names each slice's partition and limit.
+    """
+    ctx = context(dag_id, "train", "r1")
+    op = training(
+        image, f"{cluster.short_partition},{cluster.debug_partition}", 8, max_continuations=2, time_hours=2 / 60
+    )
+    handle = submit(op, ctx)
+    script = remote_text(ssh_run, handle["script_path"])
+    assert "#SBATCH --time" not in script
+    assert "TimeLimit=00:02:00" in script
+    try:
+        wait_until(
+            lambda: squeue_field(ssh_run, handle["slurm_job_id"], "%T") == "RUNNING", "slice 1 running", timeout=60
+        )
+        partition_state(cluster.short_partition, "DOWN")  # a running job keeps running; slice 2 goes elsewhere
+        done = run_deferrable(sensor_for(handle), ctx, timeout=200)
+    finally:
+        partition_state(cluster.short_partition, "UP")
+    slices = done["slices"]
+    assert [item["state"] for item in slices] == ["TIMEOUT", "COMPLETED"]
+    assert [(item["partition"], item["time_limit_seconds"]) for item in slices] == [
+        (cluster.short_partition, 60),
+        (cluster.debug_partition, 120),
+    ]
+    log = remote_text(ssh_run, f"{cluster.results_dir}/logs/{slices[1]['job_id']}-{slices[1]['slurm_job_id']}/main.out")
+    assert f"slice partition and time limit: {cluster.debug_partition} 2:00" in log

@@ -7,7 +7,7 @@ import pytest
 from airflow_provider_tao_slurm.core.usage import USAGE_FIELDS, JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import ValidationError
 
-ROW = "{id}|2026-12-03T06:00:00|{start}|2026-12-03T07:02:10|{elapsed}|{tres}|{nodes}|{exit}"
+ROW = "{id}|2026-12-03T06:00:00|{start}|2026-12-03T07:02:10|{elapsed}|{tres}|{nodes}|{exit}|{partition}|{limit}"
 
 
 def row(
@@ -17,8 +17,12 @@ def row(
     tres: str = "billing=16,cpu=16,gres/gpu=8,mem=64G,node=2",
     nodes: str = "n[1-2]",
     exit_code: str = "0:0",
+    partition: str = "",
+    limit: str = "",
 ) -> str:
-    return ROW.format(id=job, start=start, elapsed=elapsed, tres=tres, nodes=nodes, exit=exit_code)
+    return ROW.format(
+        id=job, start=start, elapsed=elapsed, tres=tres, nodes=nodes, exit=exit_code, partition=partition, limit=limit
+    )
 
 
 @pytest.mark.parametrize(
@@ -36,6 +40,10 @@ def row(
             JobUsage(None, 0, 8, 0.0, None, 0),
             id="cancelled-while-pending",
         ),
+        pytest.param(row(partition="gpu_preempt", limit="240"),
+                     JobUsage(12, 3718, 8, 8.2622, "n[1-2]", 0, "gpu_preempt", 14400), id="partition-it-ran-on"),
+        pytest.param(row(partition="gpu", limit="UNLIMITED"), JobUsage(12, 3718, 8, 8.2622, "n[1-2]", 0, "gpu"),
+                     id="unlimited"),
         pytest.param(row(elapsed=""), None, id="placeholder-row"),
         pytest.param(row(job="813"), None, id="another-job"),
         pytest.param("", None, id="no-row"),

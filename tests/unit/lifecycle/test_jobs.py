@@ -799,7 +799,16 @@ def test_a_log_tail_that_starts_inside_a_key_block_withholds_its_rows(rows_kept:
 SLICE_2 = slice_job_id(FIRST, 2)
 #: What the sensor task minted for the next slice before (the previous release's name, still adopted).
 LEGACY_SLICE_2 = RETRY_ID
-SLICE_USAGE = JobUsage(queue_seconds=2, elapsed_seconds=65, gpus=1, gpu_hours=0.0181, node_list="n1", exit_code=0)
+SLICE_USAGE = JobUsage(
+    queue_seconds=2,
+    elapsed_seconds=65,
+    gpus=1,
+    gpu_hours=0.0181,
+    node_list="n1",
+    exit_code=0,
+    partition="gpu_preempt",
+    time_limit_seconds=60,
+)
 
 
 def chain(**changes: Any) -> JobHandle:
@@ -855,6 +864,8 @@ def test_a_slice_with_a_new_checkpoint_is_followed_by_the_next_one(monkeypatch: 
             "queue_seconds": 2,
             "elapsed_seconds": 65,
             "gpu_hours": 0.0181,
+            "partition": "gpu_preempt",
+            "time_limit_seconds": 60,
             "checkpoint": f"{LAYOUT.results_dir}/e2.pth",
         },
     )

@@ -252,7 +252,8 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
 ) -> None:
     hook = SensorHook()
     hook.usage_stdout = (
-        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T07:02:10|3718|cpu=2,gres/gpu=2|n2|0:0\n"
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T07:02:10|3718|cpu=2,gres/gpu=2|n2|0:0"
+        "|polar|240\n"
     )
     metrics: list[tuple[str, str, Any]] = []
     recorder = SimpleNamespace(
@@ -272,6 +273,8 @@ def test_the_jobs_cost_and_timing_reach_the_xcom_the_record_the_metrics_and_the_
         "gpu_hours": 2.0656,
         "node_list": "n2",
         "exit_code": 0,
+        "partition": "polar",
+        "time_limit_seconds": 14400,
     }
     assert {key: result[key] for key in figures} == figures
     assert read_record(hook)["extra"]["usage"] == figures
@@ -839,7 +842,7 @@ def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
 def test_a_finished_training_announces_its_results_on_the_sensors_assets() -> None:
     hook = SensorHook()
     hook.usage_stdout = (
-        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0\n"
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0|polar|10\n"
     )
     results = Asset("tao://team/classifier/train")
     other = Asset("tao://team/other")
@@ -892,7 +895,7 @@ def test_a_completed_evaluation_returns_its_kpis_and_announces_them_reading_stat
     hook.files[LAYOUT.record_path] = running_record("classification_pyt")
     set_status(hook, EVALUATION_STATUS)
     hook.usage_stdout = (
-        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0\n"
+        f"{SLURM_ID}|2026-12-03T06:00:00|2026-12-03T06:00:12|2026-12-03T06:10:12|600|gres/gpu=1|n2|0:0|polar|10\n"
     )
     evaluation = Asset("tao://team/classifier/evaluate")
     events: dict[Asset, SimpleNamespace] = {}
