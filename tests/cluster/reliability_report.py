@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "RELIABILITY.md"
 RESULTS = ROOT / "RELIABILITY.json"
 PLUGIN_NAME = "tao-reliability-recorder"
+#: The lines around the soak's own section (``tests/cluster/soak.py`` writes it): a regenerated report keeps it.
+SOAK_BEGIN = "<!-- soak: written by tests/cluster/soak.py (make soak); kept when the rest is regenerated -->"
+SOAK_END = "<!-- soak end -->"
 FAULTS = "tests/cluster/faults"
 SECURITY = "tests/cluster/security"
 SUITES = (FAULTS, SECURITY)
@@ -567,7 +570,29 @@ class Recorder:
         run = {"commit": self.commit, "date": self.date, "tests": self.tests}
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(run, indent=1) + "\n")  # tests in collection order, as rendered
-        REPORT.write_text(render(run))
+        write_report(render(run))
+
+
+def soak_section(report: str) -> str:
+    """The body of the soak's section of ``report`` ('' when it has none)."""
+    begin, end = report.find(SOAK_BEGIN), report.find(SOAK_END)
+    return report[begin + len(SOAK_BEGIN) : end].strip() if 0 <= begin < end else ""
+
+
+def replace_soak_section(report: str, section: str) -> str:
+    """``report`` with its soak section (markers included) replaced by ``section``, at the end."""
+    begin, end = report.find(SOAK_BEGIN), report.find(SOAK_END)
+    kept = report[:begin] + report[end + len(SOAK_END) :] if 0 <= begin < end else report
+    return f"{kept.rstrip()}\n\n{SOAK_BEGIN}\n{section.strip()}\n{SOAK_END}\n"
+
+
+def write_report(text: str) -> None:
+    """Write the rendered report, keeping the soak section of the one it replaces."""
+    try:
+        earlier = soak_section(REPORT.read_text())
+    except OSError:
+        earlier = ""
+    REPORT.write_text(replace_soak_section(text, earlier) if earlier else text)
 
 
 def carry_long_results(tests: dict[str, dict[str, Any]]) -> None:
@@ -723,7 +748,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         run = json.loads(RESULTS.read_text())
         if "tests" not in run:  # written before runs recorded their commit: the tests alone
             run = {"commit": "not recorded", "date": "not recorded", "tests": run}
-        REPORT.write_text(render(run))
+        write_report(render(run))
         return 0
     files = dict.fromkeys(ref.split("::")[0] for ref in _refs() if not ref.startswith(SUITES))
     os.chdir(ROOT)
