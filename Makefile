@@ -118,6 +118,7 @@ bench: venv cluster-up
 	$(BIN)/python benchmarks/markers.py
 	$(BIN)/python benchmarks/shared_streams.py
 	$(BIN)/python benchmarks/storm.py
+	$(BIN)/python benchmarks/earliest_start.py
 	$(MAKE) bench-release
 	$(BIN)/python benchmarks/report.py
 

@@ -34,7 +34,7 @@ from _common import Figure
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 RAW = RESULTS.parent / "results"
-SCRIPTS = ("poller", "restart", "submit", "import_parse", "detect", "logs", "markers", "storm")
+SCRIPTS = ("poller", "restart", "submit", "import_parse", "detect", "logs", "markers", "storm", "earliest_start")
 #: Scripts ``make bench`` also runs on a newer SLURM release (``make bench-release``: ``<name>@<release>.json``),
 #: set beside the machine's own figures.
 RELEASE_SCRIPTS = ("poller", "submit")
