@@ -16,6 +16,11 @@ cluster user every 10 minutes). A connection may set the bucket's figures instea
 ``rpc_refill_rate``): each figure it sets is used as given, a refill rate set pacing whatever the site
 does, and a refill rate of 0 never pacing.
 
+The same ``scontrol`` call keeps the site's preemption settings in a second file beside it
+(:data:`PREEMPTION_FILE`), which :func:`site_config` reads: a continued training's submission learns
+whether preemption sends the batch shell its warning (:mod:`~airflow_provider_tao_slurm.core.preemption`)
+without asking slurmctld again.
+
 The bucket must be one for every Airflow worker of the user, whichever host runs it, so it lives on the
 login host: a two-number file (tokens, time of the last take) in the user's home, updated under
 ``flock``. The take is a reservation: it may leave the bucket below zero, and the taker sleeps until its
