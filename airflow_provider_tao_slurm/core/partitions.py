@@ -1,7 +1,7 @@
 """The cluster's partitions as ``sinfo -a`` shows them, and what a job may ask of them.
 
 A site's shape is read from the cluster, never assumed: each partition's ``MaxTime`` in every form
-SLURM prints (``M:SS`` for the sub-hour debug partitions most sites have), whether it is the
+SLURM prints (``M:SS`` for the sub-hour debug partitions most sites have) and its ``DefaultTime``, whether it is the
 default, hidden partitions (``-a``), the GPUs per node and GPU types of its nodes (GRES), their CPUs
 and memory, whether the partition is up, and whether it is open to every user (``AllowGroups``,
 ``RootOnly``). One partition whose line cannot be read never fails a job that does not use it: it is
@@ -26,9 +26,9 @@ from airflow_provider_tao_slurm.core.resources import (
 from airflow_provider_tao_slurm.exceptions import ResourceError
 
 #: ``sinfo`` output format read by :func:`parse_sinfo_partitions`: ``name[*]|time limit|GRES|availability|
-#: CPUs per node|memory MB per node|AllowGroups|RootOnly``. (The hook's partition cache is named after it:
-#: change ``hooks.slurm.PARTITION_CACHE_NAME`` with it.)
-SINFO_FORMAT = "%P|%l|%G|%a|%c|%m|%g|%r"
+#: CPUs per node|memory MB per node|AllowGroups|RootOnly|default time``. (The hook's partition cache is named
+#: after it: change ``hooks.slurm.PARTITION_CACHE_NAME`` with it.)
+SINFO_FORMAT = "%P|%l|%G|%a|%c|%m|%g|%r|%L"
 #: sinfo's ``%a`` for a partition that runs jobs; ``down`` queues them without starting any, ``drain``
 #: and ``inact`` take none.
 UP = "up"
@@ -82,6 +82,8 @@ class Partition:
     :param allow_groups: the only groups that may submit there (``AllowGroups``; empty: every group).
     :param root_only: only root may submit there (``RootOnly=YES``).
     :param shapes: its node shapes with their CPUs and memory (one per sinfo line that had them).
+    :param default_time_hours: ``DefaultTime`` in hours, the limit of a job that asks no ``--time`` (``None``:
+        none set, such a job gets ``MaxTime``).
     """
 
     name: str
@@ -94,6 +96,12 @@ class Partition:
     allow_groups: tuple[str, ...] = ()
     root_only: bool = False
     shapes: tuple[NodeShape, ...] = ()
+    default_time_hours: float | None = None
+
+    @property
+    def job_limit_hours(self) -> float | None:
+        """The limit of a job that asks no ``--time`` here: ``DefaultTime`` when set, else ``MaxTime`` (None: none)."""
+        return self.default_time_hours if self.default_time_hours is not None else self.max_time_hours
 
     @property
     def has_gpus(self) -> bool:
@@ -176,7 +184,7 @@ def _groups(text: str) -> tuple[str, ...]:
 
 
 def _read_line(line: str) -> Partition:
-    name, limit, gres, state, cpus_text, memory_text, groups, root = (line.split("|") + [""] * 8)[:8]
+    name, limit, gres, state, cpus_text, memory_text, groups, root, default = (line.split("|") + [""] * 9)[:9]
     partition = Partition(
         name.rstrip("*"),
         None,
@@ -191,6 +199,11 @@ def _read_line(line: str) -> Partition:
         return replace(partition, problem=f"sinfo printed the time limit {limit.strip()!r}, which is not a SLURM time")
     count, types = _gpus(gres)
     partition = replace(partition, max_time_hours=hours, gpus_per_node=count, gpu_types=types)
+    if default.strip().lower() not in _NO_VALUE:
+        try:
+            partition = replace(partition, default_time_hours=parse_slurm_time(default))
+        except ResourceError:
+            return replace(partition, problem=f"sinfo printed the default time {default.strip()!r}, not a SLURM time")
     try:
         cpus, cpus_more = _amount(cpus_text, "CPUs per node")
         memory, memory_more = _amount(memory_text, "memory per node")
@@ -329,7 +342,8 @@ def slice_hours(time_hours: float, partitions: Sequence[str], known: Sequence[Pa
     ``time_hours`` is the longest slice; a slice on a partition whose ``MaxTime`` is shorter gets that limit.
     SLURM 22.05 refuses a ``--time`` over the limit of any named partition (``EnforcePartLimits=ALL``)
     and never lowers it to the partition a job starts on (``--time-min`` does not either): such a job is
-    submitted without ``--time``, takes the limit of the partition it starts on, and its batch shell lowers
+    submitted without ``--time``, takes the limit of the partition it starts on (its ``DefaultTime`` where
+    the site set one, else its ``MaxTime``: :attr:`Partition.job_limit_hours`), and its batch shell lowers
     a longer limit to ``time_hours`` (:func:`~airflow_provider_tao_slurm.core.continuation.cap_time_limit`).
 
     :returns: ``{partition: slice hours}`` in the order named, or ``None`` when every partition allows
@@ -341,7 +355,8 @@ def slice_hours(time_hours: float, partitions: Sequence[str], known: Sequence[Pa
     limits = {name: by_name[name].max_time_hours if name in by_name else None for name in partitions}
     if all(limit is None or limit + 1e-9 >= time_hours for limit in limits.values()):
         return None
-    return {name: time_hours if limit is None else min(limit, time_hours) for name, limit in limits.items()}
+    given = {name: by_name[name].job_limit_hours if name in by_name else None for name in partitions}
+    return {name: time_hours if limit is None else min(limit, time_hours) for name, limit in given.items()}
 
 
 def fit_gpus(resources: Resources, partitions: Sequence[str], known: Sequence[Partition]) -> Resources:

@@ -88,7 +88,7 @@ DEFAULT_SACCT_WINDOW = "now-7days"
 PARTITION_CACHE_S = 600
 #: The cache file's name under ``<results_dir>/.tao-slurm``; it names sinfo's output format, so an answer
 #: cached by a version that asked sinfo for other fields is never read as this one's.
-PARTITION_CACHE_NAME = "partitions-a-gres-avail-cpus-mem-access"
+PARTITION_CACHE_NAME = "partitions-a-gres-avail-cpus-mem-access-deftime"
 #: The preflight's cache of the site's Enroot mounts (:class:`~airflow_provider_tao_slurm.core.mounts.SiteMounts`
 #: as JSON) under ``<results_dir>/.tao-slurm``; read back with every partition read.
 SITE_MOUNTS_CACHE_NAME = "site-mounts.json"

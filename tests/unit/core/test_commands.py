@@ -139,7 +139,7 @@ GOLDEN: list[tuple[str, Callable[[], str], str]] = [
         lambda: commands.scancel(["12"], name="tao-x", user="alice"),
         "scancel -Q --name=tao-x --user=alice 12",
     ),
-    ("sinfo", commands.sinfo_partitions, "sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r'"),
+    ("sinfo", commands.sinfo_partitions, "sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r|%L'"),
     (
         "sacctmgr",
         lambda: commands.sacctmgr_assoc("alice", "proj_1"),
@@ -469,7 +469,7 @@ def test_slurm_commands_argv(shell: str, work: Path, stand_ins: dict[str, str]) 
         ),
         (commands.scancel(["5"], name="tao-a", user="a.b"), ["scancel", "-Q", "--name=tao-a", "--user=a.b", "5"]),
         (commands.node_states(), ["sinfo", "-a", "-h", "-N", "-o", "%N|%P|%t"]),
-        (commands.sinfo_partitions(), ["sinfo", "-a", "-h", "-o", "%P|%l|%G|%a|%c|%m|%g|%r"]),
+        (commands.sinfo_partitions(), ["sinfo", "-a", "-h", "-o", "%P|%l|%G|%a|%c|%m|%g|%r|%L"]),
         (
             commands.sacctmgr_assoc("a.b@c", "acct"),
             [

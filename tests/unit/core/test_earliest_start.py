@@ -9,7 +9,12 @@ import pytest
 
 from airflow_provider_tao_slurm.core.continuation import SliceScript, cap_time_limit
 from airflow_provider_tao_slurm.core.layout import JobLayout
-from airflow_provider_tao_slurm.core.partitions import Partition, check_partition_limits, slice_hours
+from airflow_provider_tao_slurm.core.partitions import (
+    Partition,
+    check_partition_limits,
+    parse_sinfo_partitions,
+    slice_hours,
+)
 from airflow_provider_tao_slurm.core.request import Continuation
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
 from airflow_provider_tao_slurm.exceptions import ResourceError, ValidationError
@@ -111,3 +116,16 @@ def test_the_cap_is_the_jobs_own_and_quoted() -> None:
         'echo "TAO_SLURM: slice partition and time limit: '
         """$(squeue -h -j "${SLURM_JOB_ID}" -o '%P %l' 2> /dev/null)\""""
     )
+
+
+def test_a_partitions_default_time_is_what_a_job_without_time_gets() -> None:
+    known, _ = parse_sinfo_partitions(
+        "preemptible|4:00:00|gpu:8|up|64|512000|all|NO|n/a\n"
+        "regular|1-00:00:00|gpu:8|up|64|512000|all|NO|2:00:00\n"
+        "odd|1:00:00|gpu:8|up|64|512000|all|NO|soon\n"
+    )
+    by_name = {p.name: p for p in known}
+    assert (by_name["preemptible"].default_time_hours, by_name["preemptible"].job_limit_hours) == (None, 4.0)
+    assert (by_name["regular"].default_time_hours, by_name["regular"].job_limit_hours) == (2.0, 2.0)
+    assert by_name["odd"].problem == "sinfo printed the default time 'soon', not a SLURM time"
+    assert slice_hours(12.0, ("preemptible", "regular"), known) == {"preemptible": 4.0, "regular": 2.0}

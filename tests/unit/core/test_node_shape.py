@@ -67,7 +67,7 @@ def test_no_fraction_of_an_hour_is_shown() -> None:
     assert verdict.reason.startswith("the 1 min slice 1 ended TIMEOUT")
 
 
-#: sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r' lines and the partition each is read as.
+#: sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r|%L' lines and the partition each is read as.
 SHAPE_LINES = [
     pytest.param(
         "polar*|4:00:00|gpu:a100:4|up|8|8192|all|no",

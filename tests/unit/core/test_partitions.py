@@ -30,7 +30,7 @@ KNOWN = [
 
 
 def test_sinfo_asks_for_hidden_partitions_gres_state_shape_and_access() -> None:
-    assert commands.sinfo_partitions() == "sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r'"
+    assert commands.sinfo_partitions() == "sinfo -a -h -o '%P|%l|%G|%a|%c|%m|%g|%r|%L'"
 
 
 @pytest.mark.parametrize(
