@@ -31,6 +31,15 @@ class TaoSlurmError(Exception):
     """Base class of every error raised by this provider."""
 
 
+class SubmissionStopped(KeyboardInterrupt):
+    """A kill (SIGTERM) reached ``SbatchSubmitOperator.on_kill`` while it submitted.
+
+    Raised from ``on_kill`` so that the submission stops where it is and is undone as a Ctrl-C's is (the job
+    of that name cancelled, its secret sidecar removed); a :class:`KeyboardInterrupt`, so that nothing on the
+    way takes it for an ordinary error to retry.
+    """
+
+
 # --- bad input: raised before anything reaches the cluster -------------------------------------
 
 

@@ -6,8 +6,9 @@ a pipeline) runs every task and trigger in one process, and its user stops it wi
 
 - Ctrl-C raises :class:`KeyboardInterrupt` in a task (the submit operator, a sensor that pokes), and
   cancels the trigger ``dag.test()`` runs inline (asyncio's SIGINT handling);
-- SIGTERM reaches the running task's ``on_kill`` (the Task SDK's handler), the sensor's too while its
-  trigger runs inline.
+- SIGTERM reaches the running task's ``on_kill`` (the Task SDK's handler): the submit operator's raises
+  :class:`~airflow_provider_tao_slurm.exceptions.SubmissionStopped` while it submits, the sensor's
+  cancels its job, also while its trigger runs inline.
 
 A trigger cancelled in a real triggerer (a restart, a trigger moved to another triggerer) must leave
 its job alone: another triggerer takes the watch over. Inline under ``dag.test()`` nothing will, so
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Who cancels, as the log and the record say it, when a user stops ``airflow dags test`` with Ctrl-C.
 STOPPED_BY_CTRL_C = "the run was stopped (Ctrl-C)"
+#: The same for a kill (SIGTERM) that reached a task while it submitted.
+STOPPED_BY_SIGTERM = "the task was killed (SIGTERM)"
 
 
 def in_process_run() -> bool:

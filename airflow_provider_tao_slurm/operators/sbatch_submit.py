@@ -14,7 +14,7 @@ from airflow_provider_tao_slurm.lifecycle.links import SlurmJobLogsLink, SlurmJo
 from airflow_provider_tao_slurm.lifecycle.support import (
     SECRET_SOURCES,
     lint_bash,
-    place_on_cluster,
+    place_training,
     resolve_secret,
     secret_references,
     utc_now,
@@ -56,7 +56,9 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
     :param cpus_per_task: CPUs per task (one task per node). Default ``None``: the node's CPUs for the job's
         share of its GPUs (all of them for a whole-node job; 16 where the node shape is unknown). A value no
         node of the partition can hold is refused before anything is submitted.
-    :param time_hours: wall-time limit in hours (at most the partition's limit); default 4.
+    :param time_hours: wall-time limit in hours (at most the partition's limit); default 4. A continued
+        training (``max_continuations``) naming several partitions: its longest slice; each slice starts on
+        whichever partition takes it first, with that partition's limit (the docs' "Long trainings" page).
     :param timeout_hours: the program's own timeout in hours, below ``time_hours``. Default ``None``:
         derived from ``time_hours``, less a twentieth of it and at least 15 s (3.8 for 4 h, 1.9 for 2 h,
         45 s for one minute), the time the batch script needs after the program. In a continued
@@ -199,6 +201,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         self._request: SubmitRequest | None = None
         self._handle: dict[str, Any] | None = None  # the job this try submitted
         self._reattached: dict[str, Any] = {}  # the job this try reattached to
+        self._submitting = False  # inside sbatch's round trip: a kill stops it (on_kill)
 
     # ------------------------------------------------------------------ validation (no SSH)
 
@@ -316,6 +319,19 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
 
     # ------------------------------------------------------------------ ResumableJobMixin
 
+    def on_kill(self) -> None:
+        """Stop the submission a kill (SIGTERM) caught halfway, so that it is undone.
+
+        Raises :class:`~airflow_provider_tao_slurm.exceptions.SubmissionStopped` into the submission (the Task
+        SDK calls this from its SIGTERM handler): the job of that name, if sbatch made one, is cancelled and
+        its secret sidecar removed. At any other moment there is nothing of this task's to stop: its job,
+        once submitted, is the sensor's.
+        """
+        from airflow_provider_tao_slurm.exceptions import SubmissionStopped
+
+        if self._submitting:
+            raise SubmissionStopped
+
     def get_job_status(self, external_id: Any, context: Any) -> str:
         """Describe what became of the job an earlier try stored (see :mod:`.lifecycle.resume`)."""
         from airflow_provider_tao_slurm.lifecycle.events import JobHandle
@@ -354,8 +370,14 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
     def submit_job(self, context: Any) -> dict[str, Any]:
         """Render, lint, stage, open the record, submit (or adopt by name), mark RUNNING; return the handle."""
         from airflow_provider_tao_slurm.core.request import bind_request
+        from airflow_provider_tao_slurm.exceptions import SubmissionStopped
         from airflow_provider_tao_slurm.lifecycle.jobs import JobLifecycle
-        from airflow_provider_tao_slurm.lifecycle.stopping import STOPPED_BY_CTRL_C, abandon_submission
+        from airflow_provider_tao_slurm.lifecycle.stopping import (
+            STOPPED_BY_CTRL_C,
+            STOPPED_BY_SIGTERM,
+            abandon_submission,
+        )
+        from airflow_provider_tao_slurm.lifecycle.submission import note_unsignalled_preemption
 
         request = self._request if self._request is not None else self._validated()
         ti = context["ti"]
@@ -371,14 +393,19 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         previous = attempt.previous if attempt.adopted is not None else None
         record = previous or job.open_record(now=utc_now(), retry_of=attempt.retry_of, secrets=secret_values)
         staged = self._files(job, ti, script, record, resources, secrets) if attempt.adopted is None else {}
+        self._submitting = True
         try:
             slurm_job_id, record = lifecycle.submit_once(
                 attempt, results_base=request.results_base, files=staged, record=record, secrets=secret_values
             )
-        except KeyboardInterrupt:  # airflow dags test stopped mid-submission: nothing it staged may outlive it
-            abandon_submission(lifecycle, attempt.job_id, attempt.layout, source=STOPPED_BY_CTRL_C)
+        except KeyboardInterrupt as stop:  # stopped mid-submission: nothing it staged may outlive it
+            why = STOPPED_BY_SIGTERM if isinstance(stop, SubmissionStopped) else STOPPED_BY_CTRL_C
+            abandon_submission(lifecycle, attempt.job_id, attempt.layout, source=why)
             raise
+        finally:
+            self._submitting = False
         self._log_submitted(job, slurm_job_id)
+        note_unsignalled_preemption(self.hook, request.continuation, self.log)
         self._handle = _job_handle(job, slurm_job_id, record, resources).to_dict()
         return self._handle
 
@@ -393,6 +420,7 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         the container reads elsewhere than the host, or under the job's own directories, is left to the job
         (:func:`~airflow_provider_tao_slurm.core.storage.spec_dataset_checks`).
         """
+        from airflow_provider_tao_slurm.core.resources import format_duration
         from airflow_provider_tao_slurm.core.storage import spec_dataset_checks
 
         script = job.draft_script(secrets)
@@ -401,10 +429,16 @@ class SbatchSubmitOperator(ResumableJobMixin, SlurmBaseOperator):
         layout = job.layout
         own = (layout.job_dir, layout.results_dir)
         datasets = spec_dataset_checks(job.spec, job.request.container_mounts, own=own) if check_data else []
-        resources = place_on_cluster(self.hook, requested, datasets=datasets)
-        if resources != requested:
+        continued = bool(job.request.continuation.max_continuations)
+        resources, slices = place_training(self.hook, requested, datasets=datasets, continued=continued)
+        if slices:
+            self.log.info(
+                "Each slice starts on whichever partition takes it first, with that partition's limit: %s",
+                ", ".join(f"{name} {format_duration(hours)}" for name, hours in slices.items()),
+            )
+        if resources != requested or slices:
             job.request.check_layout(resources)
-            script = job.script(resources)
+            script = job.script(resources, slices)
         return script, resources
 
     def _files(

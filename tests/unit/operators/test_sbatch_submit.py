@@ -24,6 +24,7 @@ from airflow_provider_tao_slurm.exceptions import (
     ResourceError,
     SecretLeakError,
     StatusQueryError,
+    SubmissionStopped,
     ValidationError,
 )
 from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, SlurmHook
@@ -300,6 +301,32 @@ def test_ctrl_c_mid_submission_leaves_no_job_and_no_secret(made: bool, monkeypat
 
     assert hook.cancels == ([(["777"], JOB_ID)] if made else [])
     assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+
+
+def test_a_kill_mid_submission_stops_it_and_undoes_it_and_is_nothing_afterwards(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SIGTERM (the Task SDK calls ``on_kill``) while sbatch runs: the submission stops and is undone; once the
+    job is submitted, a kill leaves it to the sensor."""
+    monkeypatch.setenv("TAO_TEST_SECRET", SECRET)
+    hook = SubmitHook()
+    hook.found[JOB_ID] = ["777"]
+    op = operator(hook, secret_env={"TOKEN": "env:TAO_TEST_SECRET"})
+    submit = hook.submit
+
+    def killed_while_sbatch_runs(*args: Any, **kwargs: Any) -> str:
+        submit(*args, **kwargs)
+        op.on_kill()  # what the SIGTERM handler does, here mid-round trip
+        raise AssertionError("on_kill let the submission go on")
+
+    monkeypatch.setattr(hook, "submit", killed_while_sbatch_runs)
+
+    with pytest.raises(SubmissionStopped):
+        op.execute(ctx())
+
+    assert hook.cancels == [(["777"], JOB_ID)]
+    assert hook.commands[-1] == f"rm -f -- {LAYOUT.sidecar_path}"
+    op.on_kill()  # after the submission: nothing of this task's to stop
 
 
 def test_retried_try_adopts_the_job_and_keeps_its_record() -> None:
