@@ -167,6 +167,8 @@ class Cluster:
     def __init__(self, env: ClusterEnv) -> None:
         self.env = env
         self.info = {item.name: getattr(env, item.name) for item in fields(ClusterEnv)}
+        #: The cut login sshd (its SLURM tools can be cut off the head node): the soak's connection goes there.
+        self.cut_port = int(json.loads(CLUSTER_JSON.read_text())["cut_port"])
 
     def run(self, command: str, timeout: float = 60) -> str:
         """The command's output ('' when it failed)."""
@@ -239,7 +241,7 @@ class Injector:
         """The login sshd restarted: the harness restarts the login sshd, and every session of the soak's login
         sshd (the cut one) is reset, as a restarting login host drops them."""
         harness("restart-sshd")
-        subprocess.run(["ss", "-K", "-t", "sport", "=", f":{self.cluster.info['cut_port']}"], capture_output=True)
+        subprocess.run(["ss", "-K", "-t", "sport", "=", f":{self.cluster.cut_port}"], capture_output=True)
         return "login sshd restarted, the sessions of the soak's login sshd reset"
 
     def _slurmctld_restart(self, fault: Fault) -> str:
@@ -270,7 +272,8 @@ class Injector:
         try:
             time.sleep(fault.hold_s)
         finally:
-            harness("node-resume", node)
+            if not self.cluster.node_usable(node):  # slurmd may have brought it back already
+                harness("node-resume", node)
             self.cluster.wait_usable(node)
         return f"{node} down for {fault.hold_s:.0f} s"
 
@@ -516,6 +519,8 @@ class Findings:
     """What the checks found."""
 
     outcomes: Counter[str] = field(default_factory=Counter)
+    #: How much was checked: jobs, runs, records, files, XCom entries.
+    evidence: Counter[str] = field(default_factory=Counter)
     violations: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -586,8 +591,22 @@ def check(
     for jid, (name, state) in sorted(jobs.items()):
         if state in LIVE:
             found.violations.append(f"job {jid} ({name}) left {state}")
+    runs = Counter(
+        line.split("|")[0]
+        for line in cluster.run(join(["sacct", "-D", "-X", "-n", "-P", "-u", cluster.env.user, "-S", since, "-o",
+                                      "JobIDRaw,JobName%80"])).splitlines()
+        if line.split("|")[-1].strip().startswith(prefix)
+    )  # fmt: skip
     records = read_records(base)
     names = set(by_name)
+    found.evidence.update(
+        {
+            "SLURM jobs of the soak (sacct, squeue)": len(jobs),
+            "job names": len(by_name),
+            "jobs that ran more than once (requeued)": sum(count > 1 for count in runs.values()),
+            "job records": len(records),
+        }
+    )
     for training in trainings:
         if not training.run_id:
             continue
@@ -619,7 +638,7 @@ def check(
             found.violations.append(f"record {job_id}: no terminal state (SLURM job {ref}: {state or 'not found'})")
         elif RECORD_STATE.get(state) != terminal:
             found.violations.append(f"record {job_id}: terminal {terminal}, accounting {state or 'no row'} (job {ref})")
-    for path in leaks([base, *logs], secret):
+    for path in leaks([base, *logs], secret, found.evidence):
         found.violations.append(f"the secret is in {path}")
     for training in trainings:
         for ti in training.tis:
@@ -627,18 +646,22 @@ def check(
                 f"{training.path}/taskInstances/{ti['task_id']}/xcomEntries/return_value",
                 params={"map_index": ti["map_index"]},
             )
+            found.evidence["XCom entries read"] += entry.status_code == 200
             if entry.status_code == 200 and secret in entry.text:
                 found.violations.append(f"the secret is in the XCom of {training.dag_id} {ti['task_id']}")
     return found
 
 
-def leaks(roots: list[Path], secret: str) -> Iterator[Path]:
-    """Every file under ``roots`` holding ``secret`` (read here: no remote command line carries it)."""
+def leaks(roots: list[Path], secret: str, scanned: Counter[str]) -> Iterator[Path]:
+    """Every file under ``roots`` holding ``secret`` (read here: no remote command line carries it); counts
+    the files read in ``scanned``."""
     needle = secret.encode()
     for root in roots:
         for path in [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()):
             with contextlib.suppress(OSError):
-                if needle in path.read_bytes():
+                data = path.read_bytes()
+                scanned["files searched for the secret"] += 1
+                if needle in data:
                     yield path
 
 
@@ -664,6 +687,8 @@ def table(
     lines += [f"| {kind} | {sum(f.kind == kind for f in faults)} | {injected.get(kind, 0)} |" for kind in FAULT_KINDS]
     lines += ["", "| training: Airflow / SLURM | count |", "|---|---|"]
     lines += [f"| {outcome} | {count} |" for outcome, count in sorted(found.outcomes.items())]
+    lines += ["", "| checked | count |", "|---|---|"]
+    lines += [f"| {what} | {count} |" for what, count in found.evidence.items()]
     lines += ["", f"**Violations: {len(found.violations)}.**", ""]
     lines += [f"- {item}" for item in found.violations]
     if found.notes:
@@ -704,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     secret = f"soak-{uuid.uuid4().hex}"
     meta = {"commit": tested_commit(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
     since = datetime.now().strftime("%Y-%m-%dT%H:%M:%S")
-    connection = connection_json(env, port=int(cluster.info["cut_port"]), extra={"results_dir": str(base)})
+    connection = connection_json(env, port=cluster.cut_port, extra={"results_dir": str(base)})
     dags = Path(f"/tmp/{tag}-dags")
     dags.mkdir()
     (dags / "soak_dags.py").write_text(
