@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,9 @@ MULTI = (
 )
 PARAMS = {{"epochs": Param(6, type="integer"), "epoch_seconds": Param(3, type="integer")}}
 SPEC = {{"train": {{"epochs": "{{{{ params.epochs }}}}"}}}}
-COMMON = dict(image=IMAGE, cpus_per_task=1, network_arch="classification_pyt")
+# A submission tried during an outage fails cleanly (no job): its retries outlast the soak's longest outage.
+COMMON = dict(image=IMAGE, cpus_per_task=1, network_arch="classification_pyt", retries=5,
+              retry_delay=timedelta(seconds=30))
 
 
 def sensor(**kwargs):
@@ -626,6 +629,8 @@ def check(
                 found.violations.append(f"{label}: Airflow {airflow}, SLURM {truth} (job {last or '-'})")
             elif training.cancelled_at and not training.cancelled_at[0].isdigit():
                 found.notes.append(f"{label}: {training.cancelled_at}")
+            elif truth == "no job":
+                found.notes.append(f"{label}: the submission failed every try and no SLURM job exists (its task logs)")
             elif training.cancelled_at and truth != "CANCELLED":
                 found.violations.append(f"{label}: cancelled by the user, but SLURM says {truth}")
     for job_id, record in sorted(records.items()):
@@ -757,6 +762,9 @@ def main(argv: list[str] | None = None) -> int:
             drain(stack, trainings, DRAIN_S)
             logs = [stack.home / "logs", stack.log, *stack.home.glob("triggerer-*.log"), stack.home / "airflow.db"]
             found = check(cluster, stack, trainings, since, base, secret, logs)
+            kept = Path(f"/tmp/{tag}-airflow-logs")
+            shutil.copytree(stack.home / "logs", kept, dirs_exist_ok=True)
+            print(f"soak: the Airflow task logs are kept in {kept}", flush=True)
         finally:
             injector.stop()
             harness("restore-login")
