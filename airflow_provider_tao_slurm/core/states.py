@@ -141,6 +141,10 @@ _JOB_ID = re.compile(r"\d+(?:[_+][^\s.|;]+)?")
 _SBATCH_REPLY = re.compile(r"(\d+)(?:;([^\s;]+))?")
 _EXIT_CODE = re.compile(r"(\d+)(?::(\d+))?")
 _NULL_TEXT = frozenset({"", "None", "(null)", "Unknown", "N/A"})
+#: The reason SLURM gives the provider's own hold at submission (``sbatch --hold``, released once the job's
+#: log directory exists). Accounting keeps it for the whole job: on a job that started and ended it says
+#: nothing about how it ended.
+SUBMISSION_HOLD_REASON = "JobHeldUser"
 _PLACEHOLDER_NAME = "allocation"
 
 
@@ -222,6 +226,15 @@ def _clean(value: str | None) -> str | None:
     return None if text in _NULL_TEXT else text
 
 
+def _reason(native: str, reason: str | None, start: str | None) -> str | None:
+    """SLURM's reason column, cleaned; the submission hold's reason is dropped from a job that started and ended."""
+    reason = _clean(reason)
+    ended = native in _NATIVE and _NATIVE[native][0].is_terminal
+    if reason == SUBMISSION_HOLD_REASON and ended and _clean(start) is not None:
+        return None
+    return reason
+
+
 def _mapped(native: str, shown: str, reason: str | None, *, placeholder: bool) -> tuple[TaoState, str]:
     """Map a native state to its TAO state and the message that explains it.
 
@@ -278,7 +291,7 @@ def state_from_native(
     """
     native = normalize_state(raw_state)
     shown = " ".join(raw_state.split())
-    reason = _clean(reason)
+    reason = _reason(native, reason, start)
     name = _clean(name)
     placeholder = source == "sacct" and native == "PENDING" and name == _PLACEHOLDER_NAME
     tao_state, message = _mapped(native, shown, reason, placeholder=placeholder)

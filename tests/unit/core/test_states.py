@@ -86,6 +86,25 @@ NATIVE_TABLE = [
 ]
 
 
+@pytest.mark.parametrize(
+    ("raw", "reason", "start", "kept"),
+    [
+        ("FAILED", "JobHeldUser", "2026-12-06T10:49:43", None),  # accounting's memory of the submission hold
+        ("COMPLETED", "JobHeldUser", "2026-12-06T10:49:43", None),
+        ("CANCELLED by 0", "JobHeldUser", "Unknown", "JobHeldUser"),  # cancelled while held: it never ran
+        ("PENDING", "JobHeldUser", "2026-12-06T10:49:43", "JobHeldUser"),  # held again after a run
+        ("NODE_FAIL", "PartitionDown", "2026-12-06T10:49:43", "PartitionDown"),  # only the hold is dropped
+    ],
+)
+def test_the_submission_holds_reason_is_dropped_from_a_job_that_started_and_ended(
+    raw: str, reason: str, start: str, kept: str | None
+) -> None:
+    state = state_from_native("7", raw, source="sacct", reason=reason, start=start)
+
+    assert state.reason == kept
+    assert ("reason:" in state.message) is (kept is not None)
+
+
 def test_native_table_covers_every_slurm_state_and_nothing_else() -> None:
     assert set(NATIVE_TO_TAO) == {row[0] for row in NATIVE_TABLE}
 
