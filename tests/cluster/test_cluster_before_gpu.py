@@ -178,6 +178,9 @@ def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
         f"{cluster.results_dir} writable; site mounts from /etc/enroot/mounts.d: {cluster.shared_dir}/datasets at "
         f"/datasets (cached in {cluster.results_dir}/.tao-slurm/site-mounts.json)",
         "credentials": "ok: not needed for this image",
+        "preemption": "ok: preemption does not warn the batch shell (PreemptType=preempt/partition_prio, "
+        "PreemptMode=REQUEUE, no send_user_signal): the job's steps get SIGTERM and checkpoint_signal comes only "
+        "before the time limit, so a training must checkpoint periodically",
     }
 
 
