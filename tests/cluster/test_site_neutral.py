@@ -256,8 +256,8 @@ def test_total_gpus_derives_the_layout(conn: str, image: str, dag_id: str, ssh_r
 
 def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, cluster: ClusterEnv) -> None:
     """The cluster has a 30-minute debug partition (sinfo prints ``30:00``), a one-minute one (``1:00``), a hidden
-    one and a CPU partition whose node has no GPUs. Expected: every partition is read with its limit and node
-    shape; none of them makes the others unreadable."""
+    one and a CPU partition whose node has no GPUs; three have a one-hour ``DefaultTime``. Expected: every
+    partition is read with its limit, default limit and node shape; none of them makes the others unreadable."""
     hook = SlurmHook()
     try:
         partitions = {p.name: p for p in hook.partition_limits(fresh=True)}
@@ -267,10 +267,10 @@ def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, 
     gpu = {"shapes": (NodeShape(4, 8, 8192),)}  # both GPU nodes: 8 CPUs, 8192 MB
     cpu = {"shapes": (NodeShape(0, 8, 8192),)}
     assert partitions == {
-        cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both, **gpu),
-        cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both, **gpu),
+        cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both, **gpu, default_time_hours=1.0),
+        cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both, **gpu, default_time_hours=1.0),
         cluster.down_partition: Partition(cluster.down_partition, 168.0, state="down", **cpu),
-        cluster.cpu_partition: Partition(cluster.cpu_partition, 168.0, **cpu),
+        cluster.cpu_partition: Partition(cluster.cpu_partition, 168.0, **cpu, default_time_hours=1.0),
         cluster.debug_partition: Partition(cluster.debug_partition, 0.5, False, 4, both, **gpu),
         cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both, **gpu),
         cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both, **gpu),

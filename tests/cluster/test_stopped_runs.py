@@ -72,14 +72,20 @@ class DagsTest:
 
     def __init__(self, env: dict[str, str], dag_id: str) -> None:
         self.lines: list[str] = []
-        self.proc = subprocess.Popen(
-            [airflow_bin(), "dags", "test", dag_id],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
+        # Ctrl-C works as in a terminal even when this suite runs in the background: a shell starts background
+        # commands with SIGINT ignored, which a child inherits; a handled SIGINT is the default after exec.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            self.proc = subprocess.Popen(
+                [airflow_bin(), "dags", "test", dag_id],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+        finally:
+            signal.signal(signal.SIGINT, previous)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
