@@ -382,6 +382,14 @@ class LogCapture(logging.Handler):
 # ---------------------------------------------------------------------- fixtures
 
 
+@pytest.fixture(scope="module")
+def demo_program() -> None:
+    """The training stand-in and its datasets under the demo directory (once per module that uses it)."""
+    from demo import load_cluster, stage_assets
+
+    stage_assets(load_cluster())
+
+
 @pytest.fixture(scope="session")
 def image(cluster: ClusterEnv, ssh_run: SshRun) -> str:
     """A real squashfs made once by the Enroot stand-in (reused while its magic is right)."""

@@ -26,6 +26,7 @@ from clusterkit import (
     as_other,
     conn,
     dag_id,
+    demo_program,
     image,
     record_of,
     remote_text,
@@ -36,7 +37,7 @@ from clusterkit import (
     submit_op,
 )
 from deferral import context, defer, first_event, resume, run_async, run_deferrable, wait_until
-from demo import DEMO_DIR, airflow_facts, load_cluster, prepare_airflow, run_dag, stage_assets
+from demo import DEMO_DIR, airflow_facts, prepare_airflow, run_dag
 
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import JobFailedError
@@ -44,21 +45,15 @@ from airflow_provider_tao_slurm.exceptions import JobFailedError
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("demo_program")]
 
-__all__ = ["conn", "dag_id", "image", "secret_value"]
+__all__ = ["conn", "dag_id", "demo_program", "image", "secret_value"]
 
 PROGRAM = f"python3 {DEMO_DIR}/tao_like_train.py"
 #: No timeout_hours: a chain's slice runs until SLURM's limit, a job that is not continued gets the derived 45 s.
 SLICE = {"time_hours": 1 / 60, "timeout_hours": None}
 #: sacct states of a job that has not ended yet
 LIVE_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "SUSPENDED", "RESIZING"}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def program() -> None:
-    """The training stand-in and its datasets under the demo directory."""
-    stage_assets(load_cluster())
 
 
 def training(image: str, partition: str, epochs: int, epoch_seconds: int = 10, **kwargs: Any) -> Any:

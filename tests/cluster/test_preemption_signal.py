@@ -18,6 +18,7 @@ from clusterkit import (
     as_other,
     conn,
     dag_id,
+    demo_program,
     harness,
     image,
     record_of,
@@ -28,7 +29,7 @@ from clusterkit import (
     submit_op,
 )
 from deferral import context, run_deferrable, wait_until
-from demo import DEMO_DIR, load_cluster, stage_assets
+from demo import DEMO_DIR
 
 from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.exceptions import ProgramFailedError
@@ -36,20 +37,14 @@ from airflow_provider_tao_slurm.exceptions import ProgramFailedError
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("demo_program")]
 
-__all__ = ["conn", "dag_id", "image", "secret_value"]
+__all__ = ["conn", "dag_id", "demo_program", "image", "secret_value"]
 
 PROGRAM = f"python3 {DEMO_DIR}/tao_like_train.py"
 #: The site configuration the provider keeps on the login host: removed around each test, so each reads the site.
 SITE_CACHES = '"$HOME/.tao-slurm/slurmctld-parameters" "$HOME/.tao-slurm/slurmctld-preemption"'
 UNSIGNALLED = "without send_user_signal, so a preempted slice gets no SIGUSR1"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def program() -> None:
-    """The training stand-in and its datasets under the demo directory."""
-    stage_assets(load_cluster())
 
 
 @pytest.fixture
