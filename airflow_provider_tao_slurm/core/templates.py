@@ -6,7 +6,9 @@ ordinary bash never contains: ``@@NAME@@`` for values, ``@@% ... %@@`` for block
 shell blocks both job templates share live in their own files (``job_end.sh.j2``: the EXIT trap
 that removes the secret sidecar and leaves the end marker; ``rendezvous_port.sh.j2``: the choice of
 a free ``MASTER_PORT``; ``slice.sh.j2``: what a slice of a chain does, see
-:mod:`~airflow_provider_tao_slurm.core.continuation`), pulled in with ``@@% include "NAME" %@@``.
+:mod:`~airflow_provider_tao_slurm.core.continuation`; ``preemption.sh.j2``: after the step, wait for
+SLURM to end a job whose preemption is under way, so a program that exited on the grace time's
+``SIGTERM`` does not end it FAILED instead of PREEMPTED), pulled in with ``@@% include "NAME" %@@``.
 
 Every value is checked before it is placed. Values on ``#SBATCH`` lines are parsed by ``sbatch``,
 not by a shell, so they are validated against strict patterns and refused rather than quoted.

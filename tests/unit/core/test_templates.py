@@ -372,11 +372,16 @@ FAKE_SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
 if [ "$1 $2 $3" = "show job -o" ]; then
     # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
-    # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason.
+    # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason,
+    # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists).
     [ -z "${FAKE_SCONTROL_DOWN:-}" ] || { echo 'Unable to contact slurm controller' >&2; exit 1; }
+    preempt=None
+    [ -e "$FAKE_DIR/preempting" ] && preempt="${FAKE_PREEMPT_TIME:-None}"
+    : > "$FAKE_DIR/scontrol.asked"
     echo "JobId=$4 JobName=tao-x UserId=u(1001) GroupId=u(1001) MCS_label=N/A Priority=1 Nice=0 Account=a QOS=normal" \\
         "JobState=COMPLETING Reason=${FAKE_JOB_REASON:-None} Dependency=(null) Requeue=1" \\
-        "Restarts=${FAKE_JOB_RESTARTS:-0} BatchFlag=1 Reboot=0 ExitCode=0:0 Comment=x_Restarts=9 Reason=NodeDown"
+        "Restarts=${FAKE_JOB_RESTARTS:-0} BatchFlag=1 Reboot=0 ExitCode=0:0 Comment=x_Restarts=9 Reason=NodeDown" \\
+        "PreemptEligibleTime=2026-12-06T10:00:00 PreemptTime=$preempt SuspendTime=None SecsPreSuspend=0"
 fi
 exit 0
 """
@@ -607,6 +612,68 @@ def test_run_sigterm_before_the_step_ends_the_script_without_a_marker(tmp_path: 
     assert process.wait(timeout=20) == 128 + signal.SIGTERM
     assert not (run.job_dir / "srun.args").exists()
     assert list(run.ends.iterdir()) == []
+
+
+@pytest.mark.parametrize("num_nodes", [1, 2], ids=["single-node", "multi-node"])
+def test_run_a_step_ended_by_a_preemption_waits_for_slurm_to_end_the_job(tmp_path: Path, num_nodes: int) -> None:
+    """A preemption's grace time: the steps got SIGTERM and the program exited, the shell got nothing. While
+    slurmctld shows a PreemptTime the script waits (so SLURM ends the job PREEMPTED and may requeue it); its
+    SIGTERM at the end of the grace time ends the wait, and no end marker is left."""
+    run = Run(tmp_path, command="exit 143", num_nodes=num_nodes, gpus_per_node=1)
+    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
+    (run.job_dir / "preempting").touch()
+    process = subprocess.Popen(
+        ["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    assert process.poll() is None, "the script ended before SLURM preempted the job"
+    os.killpg(process.pid, signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=20)
+    assert "TAO_SLURM: the job is being preempted (since 2026-12-06T10:05:00): waiting for SLURM to end it" in stdout
+    assert "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)" in stderr
+    assert process.returncode == 143
+    assert list(run.ends.iterdir()) == [], "a preempted run leaves no end marker"
+
+
+def test_run_a_preemption_that_no_longer_shows_ends_the_wait(tmp_path: Path) -> None:
+    """The wait lasts only while slurmctld shows the preemption: once it does not, the script ends by itself."""
+    run = Run(tmp_path, command="exit 143")
+    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
+    (run.job_dir / "preempting").touch()
+    process = subprocess.Popen(["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 20
+    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    (run.job_dir / "preempting").unlink()
+    stdout, _ = process.communicate(timeout=30)
+    assert process.returncode == 143
+    assert "waiting for SLURM to end it" in stdout
+    assert [path.name for path in run.ends.iterdir()] == ["4242-0-143.end"]
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        pytest.param({}, id="no-preemption"),
+        pytest.param(
+            {"FAKE_SCONTROL_DOWN": "1", "FAKE_PREEMPT_TIME": "2026-12-06T10:05:00"}, id="scheduler-unreachable"
+        ),
+    ],
+)
+def test_run_a_step_that_ends_without_a_preemption_ends_the_script(tmp_path: Path, env: dict[str, str]) -> None:
+    """No PreemptTime (or no answer): the step's end is the job's end, at once."""
+    run = Run(tmp_path, command="exit 143")
+    (run.job_dir / "preempting").touch()
+    run.env.update(env)
+    result = run.run()
+    assert result.returncode == 143
+    assert "preempted" not in result.stdout
+    assert (run.job_dir / "scontrol.asked").exists() is not bool(env)
 
 
 def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
