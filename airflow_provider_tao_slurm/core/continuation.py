@@ -69,6 +69,10 @@ class SliceScript:
         ``--time``, so each slice takes the limit of the partition it starts on, and its batch shell lowers
         a longer one to this slice length (``sbatch --time`` form, :func:`cap_time_limit`); ``None``: the
         script asks ``--time`` as any job does.
+    :param grace_from_limit: with ``partition_limit``, the warning fits the slice the partition gives (a
+        tenth of its limit, :data:`MIN_GRACE_S` to :data:`MAX_GRACE_S`, as :func:`grace_seconds`):
+        ``grace_seconds`` is then the longest slice's, when SLURM warns, and the batch shell of a shorter
+        slice defers that warning to its own time (a preemption's warning is never deferred).
     """
 
     slices_dir: str
@@ -78,6 +82,7 @@ class SliceScript:
     checkpoint_signal: str | None = None
     stop_at_timeout: bool = False
     partition_limit: str | None = None
+    grace_from_limit: bool = False
 
 
 def cap_time_limit(slurm_time: str) -> str:

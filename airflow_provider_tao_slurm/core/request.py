@@ -110,20 +110,24 @@ class Continuation:
 
         :param slice_hours: each partition's slice length when the training names several whose limits differ
             (:func:`~airflow_provider_tao_slurm.core.partitions.slice_hours`): the slice takes the limit of
-            the partition it starts on, and the warning fits the shortest slice it may get.
+            the partition it starts on, and so does its warning (unless ``signal_grace_seconds`` was given:
+            then that warning, which must fit the shortest slice it may get).
         :raises ValidationError: for a ``signal_grace_seconds`` not shorter than the shortest slice.
         """
         if not self.max_continuations:
             return None
-        grace, limit = self.grace_seconds, None
+        grace, limit, from_limit = self.grace_seconds, None, False
         if slice_hours:
-            shortest = min(slice_hours.values())
-            grace = grace_seconds(shortest, self.grace_seconds if self.grace_given else None)
             limit = hours_to_slurm_time(max(slice_hours.values()))
+            if self.grace_given:
+                grace = grace_seconds(min(slice_hours.values()), self.grace_seconds)
+            else:
+                grace, from_limit = grace_seconds(max(slice_hours.values())), True
         return SliceScript(
             slices_dir=layout.slices_dir,
             grace_seconds=grace,
             partition_limit=limit,
+            grace_from_limit=from_limit,
             results_dir=layout.results_dir,
             checkpoint_globs=self.checkpoint_globs,
             checkpoint_signal=self.checkpoint_signal,

@@ -24,7 +24,8 @@ SLICE (true), SIGNAL_OPTION (``--signal=B:USR1@<grace>``), GRACE_SECONDS, SLICES
 LATEST_CHECKPOINT_FIND (the ``find`` command listing the checkpoints under the results directory as
 ``<mtime> <path>``), CHECKPOINT_SIGNAL (the signal forwarded to the program, or empty) and
 CAP_TIME_LIMIT (a training on several partitions: the command that lowers the slice's limit; TIME is
-then empty, so the script asks no ``--time``).
+then empty, so the script asks no ``--time``), GRACE_FROM_LIMIT (the warning fits the limit the slice got,
+between MIN_GRACE_SECONDS and MAX_GRACE_SECONDS; GRACE_SECONDS is then the longest slice's).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ import jinja2
 import jinja2.meta
 
 from airflow_provider_tao_slurm.core.continuation import (
+    MAX_GRACE_S,
+    MIN_GRACE_S,
     SLICE_SIGNAL,
     SliceScript,
     cap_time_limit,
@@ -305,12 +308,16 @@ def _slice_values(script: SliceScript | None) -> dict[str, object]:
                 "LATEST_CHECKPOINT_FIND",
                 "CHECKPOINT_SIGNAL",
                 "CAP_TIME_LIMIT",
+                "GRACE_FROM_LIMIT",
             ),
             "",
         )
     return {
         "SLICE": True,
         "CAP_TIME_LIMIT": cap_time_limit(script.partition_limit) if script.partition_limit else "",
+        "GRACE_FROM_LIMIT": script.grace_from_limit,
+        "MIN_GRACE_SECONDS": MIN_GRACE_S,
+        "MAX_GRACE_SECONDS": MAX_GRACE_S,
         "SIGNAL_OPTION": f"--signal=B:{SLICE_SIGNAL}@{script.grace_seconds}",
         "GRACE_SECONDS": script.grace_seconds,
         "SLICES_DIR": quote(script.slices_dir),
@@ -426,6 +433,11 @@ def _validate_slice(script: SliceScript, wall_seconds: int) -> None:
         raise ValidationError(f"checkpoint_signal={script.checkpoint_signal!r} must be written {signal!r}")
     if script.partition_limit is not None:
         _check_sbatch_word("slice partition_limit", script.partition_limit, _SLURM_TIME)
+    elif script.grace_from_limit:
+        raise ValidationError(
+            "slice grace_from_limit needs a partition_limit: only a slice that takes its partition's limit "
+            "takes its warning from it"
+        )
 
 
 def _check_sbatch_word(name: str, value: str, pattern: re.Pattern[str]) -> None:

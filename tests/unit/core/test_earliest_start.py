@@ -75,20 +75,28 @@ def test_single_partition_and_plain_jobs_keep_the_strict_check() -> None:
         check_partition_limits(12.0, ("preemptible",), KNOWN, continued=True)
 
 
-def test_the_slice_takes_its_partitions_limit_and_the_grace_fits_the_shortest() -> None:
-    script = CONTINUED.slice_script(LAYOUT, {"preemptible": 1 / 60, "regular": 0.05})
+@pytest.mark.parametrize(
+    ("slices", "limit", "grace"),
+    [
+        pytest.param({"preemptible": 1 / 60, "regular": 0.05}, "00:03:00", 18, id="three-minute-longest"),
+        pytest.param({"preemptible": 4.0, "regular": 12.0}, "12:00:00", 600, id="at-most-10-min"),
+    ],
+)
+def test_the_slice_takes_its_partitions_limit_and_its_warning(slices: dict[str, float], limit: str, grace: int) -> None:
+    """SLURM warns as for the longest slice; each slice's batch shell takes its own from the limit it got."""
+    script = CONTINUED.slice_script(LAYOUT, slices)
     assert script is not None
-    assert (script.partition_limit, script.grace_seconds) == ("00:03:00", 10)
+    assert (script.partition_limit, script.grace_seconds, script.grace_from_limit) == (limit, grace, True)
     plain = CONTINUED.slice_script(LAYOUT)
     assert plain is not None
-    assert (plain.partition_limit, plain.grace_seconds) == (None, 600)
+    assert (plain.partition_limit, plain.grace_seconds, plain.grace_from_limit) == (None, 600, False)
 
 
 def test_a_given_grace_must_fit_the_shortest_slice() -> None:
     given = replace(CONTINUED, grace_seconds=90, grace_given=True)
     script = given.slice_script(LAYOUT, {"preemptible": 4.0, "regular": 12.0})
     assert script is not None
-    assert script.grace_seconds == 90
+    assert (script.grace_seconds, script.grace_from_limit) == (90, False), "a given warning is every slice's"
     with pytest.raises(ValidationError, match=r"less than the slice \(60 s\)"):
         given.slice_script(LAYOUT, {"preemptible": 1 / 60, "regular": 12.0})
 

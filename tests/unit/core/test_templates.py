@@ -373,7 +373,8 @@ FAKE_SCONTROL = """#!/bin/bash
 if [ "$1 $2 $3" = "show job -o" ]; then
     # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
     # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason,
-    # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists).
+    # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists), FAKE_START_TIME
+    # and FAKE_END_TIME its start and end.
     [ -z "${FAKE_SCONTROL_DOWN:-}" ] || { echo 'Unable to contact slurm controller' >&2; exit 1; }
     preempt=None
     [ -e "$FAKE_DIR/preempting" ] && preempt="${FAKE_PREEMPT_TIME:-None}"
@@ -381,6 +382,7 @@ if [ "$1 $2 $3" = "show job -o" ]; then
     echo "JobId=$4 JobName=tao-x UserId=u(1001) GroupId=u(1001) MCS_label=N/A Priority=1 Nice=0 Account=a QOS=normal" \\
         "JobState=COMPLETING Reason=${FAKE_JOB_REASON:-None} Dependency=(null) Requeue=1" \\
         "Restarts=${FAKE_JOB_RESTARTS:-0} BatchFlag=1 Reboot=0 ExitCode=0:0 Comment=x_Restarts=9 Reason=NodeDown" \\
+        "StartTime=${FAKE_START_TIME:-Unknown} EndTime=${FAKE_END_TIME:-Unknown}" \\
         "PreemptEligibleTime=2026-12-06T10:00:00 PreemptTime=$preempt SuspendTime=None SecsPreSuspend=0"
 fi
 exit 0
@@ -1057,6 +1059,74 @@ def test_slice_latest_checkpoint_and_slice_number(
 
 
 SLICE = SliceScript(slices_dir="/lustre/proj/results/jobs/x/slices", grace_seconds=30, results_dir="/lustre/proj/r")
+
+
+def slurm_time(offset_s: float) -> str:
+    """A time as scontrol prints it (local, no zone), ``offset_s`` from now."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() + offset_s))
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "grace"),
+    [
+        pytest.param(-110, 10, 12, id="two-minute-partition"),
+        pytest.param(-50, 10, 10, id="one-minute-partition-at-least-10-s"),
+        pytest.param(60 - 4 * 3600, 60, 600, id="four-hour-partition-at-most-10-min"),
+        pytest.param(None, None, 600, id="slurmctld-cannot-say-the-longest-slices"),
+    ],
+)
+def test_slice_warning_fits_the_limit_of_the_partition_it_got(
+    tmp_path: Path, slices: Path, start: int | None, end: int | None, grace: int
+) -> None:
+    """On several partitions SLURM warns as for the longest slice (600 s); the slice's own warning is a tenth
+    of the limit it got (SLURM's warning comes here when that one is due: nothing is deferred)."""
+    run = slice_run(tmp_path, LONG_STEP, partition_limit="04:00:00", grace_from_limit=True, grace_seconds=600)
+    if start is not None and end is not None:
+        run.env.update(FAKE_START_TIME=slurm_time(start), FAKE_END_TIME=slurm_time(end))
+    rc, stdout, _, _ = warn_during_step(run, slices)
+    assert rc == 3
+    assert f"TAO_SLURM: slice 1 warned {grace} s before its time limit" in stdout.splitlines()
+    assert "#SBATCH --signal=B:USR1@600" in run.script.read_text()
+
+
+def test_slice_warning_too_early_for_a_shorter_slice_follows_at_its_own_time(tmp_path: Path, slices: Path) -> None:
+    """A 100-second slice (warning 10 s) warned by SLURM 18 s before its end: nothing now, the ending marker
+    and the program's signal 8 s later."""
+    command = 'touch "$FAKE_DIR/step.started"; sleep 12; touch "$FAKE_DIR/step.done"; exit 3'
+    run = slice_run(tmp_path, command, partition_limit="04:00:00", grace_from_limit=True, grace_seconds=600)
+    run.env.update(FAKE_START_TIME=slurm_time(-82), FAKE_END_TIME=slurm_time(18))
+    process = subprocess.Popen(["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True)
+    wait_for(run.job_dir / "step.started")
+    warned_at = time.monotonic()
+    process.send_signal(signal.SIGUSR1)
+    wait_for(slices / slice_marker("4242", 0, "ending"))
+    deferred = time.monotonic() - warned_at
+    stdout, _ = process.communicate(timeout=30)
+    assert 5 <= deferred <= 11, deferred
+    assert any(line.startswith("TAO_SLURM: slice 1: SLURM's warning came ") for line in stdout.splitlines()), stdout
+    assert "TAO_SLURM: slice 1 ends in about 10 s (time limit)" in stdout
+
+
+def test_a_preemptions_warning_is_never_deferred(tmp_path: Path, slices: Path) -> None:
+    run = slice_run(tmp_path, LONG_STEP, partition_limit="04:00:00", grace_from_limit=True, grace_seconds=600)
+    run.env.update(FAKE_START_TIME=slurm_time(-60), FAKE_END_TIME=slurm_time(3600), FAKE_PREEMPT_TIME=slurm_time(0))
+    (run.job_dir / "preempting").touch()
+    process = subprocess.Popen(["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True)
+    wait_for(run.job_dir / "step.started")
+    process.send_signal(signal.SIGUSR1)
+    wait_for(slices / slice_marker("4242", 0, "ending"))
+    assert not (run.job_dir / "step.done").exists(), "the preemption's warning left the ending marker at once"
+    (run.job_dir / "preempting").unlink()  # SLURM ended the preemption: the script's wait after the step ends
+    stdout, _ = process.communicate(timeout=30)
+    assert "SLURM's warning came" not in stdout
+
+
+def test_a_slice_on_one_partition_takes_no_warning_of_its_own() -> None:
+    script = render_sbatch(replace(BASE, slice=SLICE))
+    assert "tao_slurm_warning_early" not in script
+    assert "TAO_SLURM_GRACE=30\n" in script
+    with pytest.raises(ValidationError, match="grace_from_limit needs a partition_limit"):
+        render_sbatch(replace(BASE, slice=replace(SLICE, grace_from_limit=True)))
 
 
 @pytest.mark.parametrize(
