@@ -323,7 +323,8 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
     """The earliest start: a training naming the one-minute partition and ``debug`` (30 min), slices of at most
     two minutes. Slice 1 starts on the one-minute partition (free, named first) and ends TIMEOUT after a minute;
     that partition is DOWN before slice 2, which starts on ``debug`` with the two minutes its batch shell lowered
-    the partition's 30 to, and completes the training. The chain summary names each slice's partition and limit.
+    the partition's 30 to, and completes the training. The chain summary names each slice's partition and limit;
+    each slice's warning fits the limit it got.
     """
     ctx = context(dag_id, "train", "r1")
     op = training(
@@ -347,5 +348,11 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
         (cluster.short_partition, 60),
         (cluster.debug_partition, 120),
     ]
-    log = remote_text(ssh_run, f"{cluster.results_dir}/logs/{slices[1]['job_id']}-{slices[1]['slurm_job_id']}/main.out")
-    assert f"slice partition and time limit: {cluster.debug_partition} 2:00" in log
+    logs = [
+        remote_text(ssh_run, f"{cluster.results_dir}/logs/{item['job_id']}-{item['slurm_job_id']}/main.out")
+        for item in slices
+    ]
+    assert f"slice partition and time limit: {cluster.debug_partition} 2:00" in logs[1]
+    # each slice's warning fits the limit it got: a tenth of 1 min is below the 10 s floor, of 2 min 12 s
+    assert "TAO_SLURM: slice 1 warned 10 s before its time limit" in logs[0], logs[0]
+    assert "TAO_SLURM: slice 2 warned 12 s before its time limit" in logs[1], logs[1]
