@@ -76,6 +76,12 @@ STATUS_RETRY_S = 2.0
 CHECKPOINT_SETTLE_S = 30.0
 #: Seconds between those listings.
 CHECKPOINT_RETRY_S = 5.0
+#: How long the lookup by name of a chain's next job (the next slice, an infrastructure resubmission) is asked
+#: again while it fails (slurmdbd or slurmctld down for minutes) before the settle gives up with the error: a
+#: failed lookup is never "no job", and the slice has already ended, so there is nothing else to wait for.
+NEXT_JOB_LOOKUP_S = 300.0
+#: Seconds between those lookups.
+NEXT_JOB_LOOKUP_RETRY_S = 15.0
 
 _T = TypeVar("_T")
 
@@ -515,15 +521,44 @@ class JobLifecycle:
         """
         minted = mint_job_id(ti.dag_id, ti.task_id, ti.run_id, ti.map_index, retry_of=handle.job_id)
         if not handle.max_continuations:
-            return minted, find_job(self.hook, minted)
+            return minted, self._find_through_outage(minted)
         first = str(handle.slices[0]["job_id"]) if handle.slices else handle.job_id
         new_id = slice_job_id(first, handle.slice_number + 1)
-        found = find_job(self.hook, new_id)
+        found = self._find_through_outage(new_id)
         if found is None:  # the previous release's name (deprecated): its running chains are still adopted
-            legacy = find_job(self.hook, minted)
+            legacy = self._find_through_outage(minted)
             if legacy is not None:
                 return minted, legacy
         return new_id, found
+
+    def _find_through_outage(self, name: str) -> str | None:
+        """:func:`find_job`, asked again while it fails (an outage of the scheduler or its accounting).
+
+        Every :data:`NEXT_JOB_LOOKUP_RETRY_S`, for up to :data:`NEXT_JOB_LOOKUP_S`.
+
+        :raises AmbiguousSubmissionError: when several jobs carry the name.
+        :raises JobLookupError: the last failure, when the lookup still fails at the end of the window.
+        """
+
+        def lookup() -> tuple[str | None, JobLookupError | None]:
+            try:
+                return find_job(self.hook, name), None
+            except JobLookupError as failed:
+                return None, failed
+
+        (found, failed), lookups, waited = self._read_settled(
+            lookup,
+            lambda answer: answer[1] is None,
+            window=NEXT_JOB_LOOKUP_S,
+            interval=NEXT_JOB_LOOKUP_RETRY_S,
+            note=f"Looking up SLURM jobs named {name} failed (is slurmctld or slurmdbd down?); asking again in "
+            f"{NEXT_JOB_LOOKUP_RETRY_S:g} s, for up to {NEXT_JOB_LOOKUP_S:g} s, before deciding the next job",
+        )
+        if failed is not None:
+            raise failed
+        if lookups > 1:
+            self.log.info("Looked up SLURM jobs named %s: answered after %d lookups over %.0f s", name, lookups, waited)
+        return found
 
     def _adopt_next(self, record: JobRecord, new_id: str, layout: JobLayout, found: str, why: str) -> str:
         """Adopt ``found``, the job ``new_id`` an earlier try started after ``record``'s (:func:`adopt_job`).

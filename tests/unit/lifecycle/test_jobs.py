@@ -1018,6 +1018,55 @@ def test_a_slice_preempted_before_its_first_checkpoint_says_so() -> None:
     assert hook.submits == []
 
 
+class OutageHook(LifecycleHook):
+    """A hook whose lookups by name fail ``failures`` times (slurmdbd down), then answer."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def find_jobs_by_name(self, job_name: str, **kwargs: Any) -> list[str]:
+        if self.failures:
+            self.failures -= 1
+            self.lookups.append(job_name)
+            raise JobLookupError("looking up jobs by name failed (sacct exited 1)", evidence="sacct exited 1")
+        return super().find_jobs_by_name(job_name, **kwargs)
+
+
+def test_a_next_slice_lookup_that_fails_while_accounting_is_down_is_asked_again_until_it_answers() -> None:
+    """slurmdbd is down when the slice has ended: the lookup of the next slice's name fails twice, then answers
+    none. Expected: it is asked again every NEXT_JOB_LOOKUP_RETRY_S (never read as "no job" while it fails), and
+    the chain goes on with one next slice."""
+    hook = OutageHook(failures=2)
+    store(hook, record_of(FIRST))
+    hook.checkpoints = CommandResult(0, f"START\n1.5 {LAYOUT.results_dir}/e1.pth\n", "")
+    clock = FakeClock()
+
+    new = settling(hook, clock).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    retry = jobs_module.NEXT_JOB_LOOKUP_RETRY_S
+    assert clock.slept[:2] == [retry, retry]
+    assert [job_name for _, job_name, _, _ in hook.submits] == [SLICE_2]
+    assert new.job_id == SLICE_2
+
+
+def test_a_next_slice_lookup_that_fails_past_the_window_decides_nothing() -> None:
+    """The outage outlasts NEXT_JOB_LOOKUP_S: the last failure is raised, nothing is submitted or settled."""
+    hook = OutageHook(failures=1000)
+    store(hook, record_of(FIRST))
+    hook.checkpoints = CommandResult(0, f"START\n1.5 {LAYOUT.results_dir}/e1.pth\n", "")
+    clock = FakeClock()
+
+    with pytest.raises(JobLookupError, match="sacct exited 1"):
+        settling(hook, clock).continue_slice(SENSOR_TI, chain(), read_record(hook, FIRST), timed_out(), None)
+
+    window, every = jobs_module.NEXT_JOB_LOOKUP_S, jobs_module.NEXT_JOB_LOOKUP_RETRY_S
+    assert len(hook.lookups) == int(window / every) + 1
+    assert sum(clock.slept) == window
+    assert hook.submits == []
+    assert read_record(hook, FIRST).terminal_state is None
+
+
 def test_a_found_next_slice_is_adopted_without_waiting_out_the_settle_window() -> None:
     """An earlier try decided and started the next slice: the retry lists once and adopts it."""
     hook = LifecycleHook()
