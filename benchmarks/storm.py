@@ -171,8 +171,7 @@ def fewest(sampler: RpcSampler, action: Callable[[int], Any], rounds: int) -> tu
 
 def cluster_env() -> ClusterEnv:
     """The running cluster as the cluster tests' :class:`ClusterEnv` (what ``standalone`` takes)."""
-    data = {field.name: _common.CLUSTER[field.name] for field in dataclasses.fields(ClusterEnv)}
-    return ClusterEnv(**{**data, "nodes": tuple(data["nodes"]), "cpu_nodes": tuple(data["cpu_nodes"])})
+    return ClusterEnv.from_json(_common.CLUSTER)
 
 
 def one_submission(image: str, index: int) -> dict[str, Any]:

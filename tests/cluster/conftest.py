@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,7 +33,11 @@ NOT_UP = "the local SLURM test cluster is not up: run `python3 tests/cluster/har
 
 @dataclass(frozen=True)
 class ClusterEnv:
-    """The environment JSON written by ``harness.py up`` / ``harness.py env``."""
+    """The environment JSON written by ``harness.py up`` / ``harness.py env``.
+
+    The fields with a default came later: a ``cluster.json`` from an older harness lacks them, and a test
+    that needs one fails, naming the fix (``harness.py up``).
+    """
 
     host: str
     port: int
@@ -79,6 +83,22 @@ class ClusterEnv:
     enroot_imports_log: str
     pyxis_registry_log: str
     fault_sbatch_log: str
+    #: The partition of the 16-GPU node alone, its node(s) and their GPUs ("" / () / 0: an older harness).
+    wide_partition: str = ""
+    wide_nodes: tuple[str, ...] = ()
+    wide_gpus_per_node: int = 0
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClusterEnv:
+        """The environment from ``cluster.json``'s object: node lists as tuples, a later field it lacks at its default.
+
+        :raises TypeError: when ``data`` lacks a field without a default.
+        """
+        given = {field.name: data[field.name] for field in fields(cls) if field.name in data}
+        for name in ("nodes", "cpu_nodes", "wide_nodes"):
+            if name in given:
+                given[name] = tuple(given[name])
+        return cls(**given)
 
 
 class SshRun(Protocol):
@@ -102,17 +122,26 @@ def cluster() -> ClusterEnv:
         problem = ""
     if problem:
         pytest.fail(f"{NOT_UP} ({problem})", pytrace=False)
-    missing = [field.name for field in fields(ClusterEnv) if field.name not in data]
+    missing = [field.name for field in fields(ClusterEnv) if field.name not in data and field.default is MISSING]
     if missing:
         pytest.fail(f"{NOT_UP} ({CLUSTER_JSON} lacks {', '.join(missing)})", pytrace=False)
-    data["nodes"] = tuple(data["nodes"])
-    data["cpu_nodes"] = tuple(data["cpu_nodes"])
-    env = ClusterEnv(**{field.name: data[field.name] for field in fields(ClusterEnv)})
+    env = ClusterEnv.from_json(data)
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(2)
         if sock.connect_ex((env.host, env.port)) != 0:
             pytest.fail(f"{NOT_UP} (nothing listens on {env.host}:{env.port})", pytrace=False)
     return env
+
+
+@pytest.fixture(scope="session")
+def wide_partition(cluster: ClusterEnv) -> str:
+    """The partition of the 16-GPU node alone; fails (never skips) when ``cluster.json`` comes from a harness
+    that did not make that node yet."""
+    if not cluster.wide_partition:
+        pytest.fail(
+            f"{NOT_UP} ({CLUSTER_JSON} names no wide_partition: a cluster without the 16-GPU node)", pytrace=False
+        )
+    return cluster.wide_partition
 
 
 @pytest.fixture(scope="session")

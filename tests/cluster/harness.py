@@ -4,7 +4,7 @@
 Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 
 - ``up``: install the Debian packages if missing, write the configuration, start every daemon that
-  is not running or whose configuration changed, wait until both nodes are usable and the cluster
+  is not running or whose configuration changed, wait until every node is usable and the cluster
   user can log in, then print the environment JSON (also written to ``<state>/cluster.json``).
   Idempotent; a second ``up`` restarts nothing and takes about a second.
 - ``down``: cancel all jobs, then stop the daemons ``up`` started (by pid file, after checking the
@@ -12,7 +12,7 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
 - ``status``: one line per daemon, then the node states. Exit 1 if a daemon is not running.
 - ``env``: print (and write) the environment JSON.
 - fault injection: ``restart-sshd``, ``stop-slurmdbd``, ``start-slurmdbd``, ``restart-slurmctld``,
-  ``stop-slurmctld``, ``start-slurmctld`` (waits until both nodes have registered again),
+  ``stop-slurmctld``, ``start-slurmctld`` (waits until every node has registered again),
   ``node-down NODE``, ``node-resume NODE``, ``drain NODE``, ``rotate-host-key`` (gives the "rotating"
   sshd a new host key and restarts it; its open sessions stay up, as with a real sshd restart).
 - ``min-job-age SECONDS`` (or ``default``): slurmctld's ``MinJobAge`` (SLURM's default 300 s), the time a
@@ -22,25 +22,27 @@ Usage: ``python3 tests/cluster/harness.py COMMAND`` where COMMAND is one of
   23.02), e.g. ``rl_enable,rl_bucket_size=10,rl_refill_rate=1`` as ``SlurmctldParameters``; slurm.conf is
   rewritten and slurmctld reconfigured. ``up`` turns it off again.
 - ``preempt-signal on|off|default``: how a preempted job is warned. ``on`` and ``off`` give the partitions
-  below ``polar_urgent`` a preemption ``GraceTime`` (:data:`PREEMPT_GRACE_S`), ``on`` also has the batch
-  shell sent its ``--signal`` warning at preemption (``PreemptParameters=send_user_signal`` from SLURM 23.02,
-  ``SlurmctldParameters=preempt_send_user_signal`` before it);
+  ``polar_urgent`` preempts (those of n1/n2) a preemption ``GraceTime`` (:data:`PREEMPT_GRACE_S`), ``on`` also
+  has the batch shell sent its ``--signal`` warning at preemption (``PreemptParameters=send_user_signal`` from
+  SLURM 23.02, ``SlurmctldParameters=preempt_send_user_signal`` before it);
   ``default``: neither, as ``up`` sets it again. slurm.conf is rewritten and slurmctld reconfigured.
 - ``pyxis-off NODE`` / ``pyxis-on NODE``: hide (show) the Pyxis stand-in from the job steps of one node
   while the login host's srun keeps offering its options, as on a site whose GPU nodes lack Pyxis
   (see :func:`node_pyxis`); ``up`` shows it on every node.
 
 The cluster (Debian 12, SLURM 22.05, no systemd): ``slurmctld`` + ``slurmdbd`` (private MariaDB on
-127.0.0.1:3307) + ``munged``; three ``slurmd`` nodes in their own UTS and mount namespaces: GPU nodes
-``n1``/``n2``, each with four fake GPUs (char devices, typed GRES: ``a100`` on n1, ``h100`` on n2) and
-node features (n1 ``a100,ib``, n2 ``h100,ib``), and the CPU node ``n3`` (no GPUs, feature ``cpu``).
+127.0.0.1:3307) + ``munged``; four ``slurmd`` nodes in their own UTS and mount namespaces: GPU nodes
+``n1``/``n2``, each with four fake GPUs (char devices, typed GRES: ``a100`` on n1, ``h100`` on n2), 8 CPUs
+and node features (n1 ``a100,ib``, n2 ``h100,ib``), the CPU node ``n3`` (no GPUs, 8 CPUs, feature ``cpu``),
+and the 16-GPU node ``n4`` (``h100``, 16 CPUs, features ``h100,ib,wide``) in a partition of its own.
 Shaped unlike a seed site: GPU partitions ``polar`` (the default, 4 h), ``polar_long`` (48 h),
 ``debug`` (30 minutes: sinfo prints ``30:00``), ``polar_1m`` (one minute: ``1:00``) and the hidden
 ``polar_hidden`` (24 h, ``Hidden=YES``: only ``sinfo -a`` lists it) and ``polar_urgent`` (1 h,
 ``PriorityTier=10``: with ``PreemptType=preempt/partition_prio`` and ``PreemptMode=REQUEUE`` its jobs
 requeue the jobs of the other partitions they need the nodes of; ``AuthInfo=cred_expire=60`` has a
 requeued job start again after a minute instead of two), all on n1/n2 with 4 GPUs a node;
-``cpu_long`` (7 days) on n3 alone; a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
+``cpu_long`` (7 days) on n3 alone; ``polar_16g`` (4 h) on n4 alone, where an 8-GPU job shares the node
+and a 16-GPU one takes it whole; a QOS ``long_qos`` besides ``normal``; account ``gpu_proj`` with two users (both
 may use ``long_qos``): ``slurmuser`` (the provider's) and ``slurmother`` (another person on
 the shared cluster: no SSH login, its own ``/srv/lustre/slurmother``; tests submit as it with ``runuser``).
 The login node is a key-only sshd on 127.0.0.1:22022 for ``slurmuser``; a second
@@ -187,18 +189,36 @@ SHORT_MAX_TIME = "1"
 HIDDEN_PARTITION = "polar_hidden"
 #: A GPU partition of a higher ``PriorityTier``: its jobs preempt (requeue) jobs of the other partitions.
 URGENT_PARTITION = "polar_urgent"
+#: The partition of the 16-GPU node (:data:`WIDE_GPU_NODES`) alone; nothing preempts its jobs.
+WIDE_PARTITION = "polar_16g"
 #: ``AuthInfo=cred_expire``: a step credential's life, and how long a requeued job waits before it starts
 #: again (SLURM's default 120 s); long enough for a step launch on a loaded machine.
 CRED_EXPIRE_S = 60
 QOS = "long_qos"
-NODES = {"n1": ("127.0.1.1", 6831), "n2": ("127.0.1.2", 6832), "n3": ("127.0.1.3", 6833)}
+NODES = {
+    "n1": ("127.0.1.1", 6831),
+    "n2": ("127.0.1.2", 6832),
+    "n3": ("127.0.1.3", 6833),
+    "n4": ("127.0.1.4", 6834),
+}
 #: Each GPU node's GPU type (typed GRES) and its features (``--constraint``), as on a mixed site.
-GPU_TYPES = {"n1": "a100", "n2": "h100"}
-GPU_NODES = tuple(GPU_TYPES)
+GPU_TYPES = {"n1": "a100", "n2": "h100", "n4": "h100"}
+#: The 4-GPU nodes: every GPU partition but :data:`WIDE_PARTITION`.
+GPU_NODES = ("n1", "n2")
+GPUS_PER_NODE = 4
+#: A 16-GPU node, only in :data:`WIDE_PARTITION`, as on a site with 16-GPU and 4-GPU nodes: an 8-GPU job shares
+#: it with other tenants, a 16-GPU job takes it whole.
+WIDE_GPU_NODES = ("n4",)
+WIDE_GPUS_PER_NODE = 16
 #: Nodes without GPUs (no GRES), for the CPU partition.
 CPU_NODES = ("n3",)
-NODE_FEATURES = {"n1": ("a100", "ib"), "n2": ("h100", "ib"), "n3": ("cpu",)}
-GPUS_PER_NODE = 4
+NODE_FEATURES = {"n1": ("a100", "ib"), "n2": ("h100", "ib"), "n3": ("cpu",), "n4": ("h100", "ib", "wide")}
+#: The GPUs of each GPU node (typed GRES, file-backed by the fake devices ``nvidia0`` on).
+NODE_GPUS = {**dict.fromkeys(GPU_NODES, GPUS_PER_NODE), **dict.fromkeys(WIDE_GPU_NODES, WIDE_GPUS_PER_NODE)}
+#: The CPUs each slurmd reports (``SlurmdParameters=config_overrides``: whatever this machine has).
+NODE_CPUS = {"n1": 8, "n2": 8, "n3": 8, "n4": 16}
+#: ``DefMemPerCPU``, and each node's ``RealMemory`` per CPU: a whole-node job's default memory fits its node.
+MEM_PER_CPU_MB = 1024
 GPU_MAJOR = 195
 HOST = "127.0.0.1"
 SSH_PORT = 22022
@@ -631,8 +651,9 @@ def ensure_torch_faults() -> None:
 
 
 def ensure_gpu_devices() -> None:
-    """Create the fake GPU char devices (major 195, like NVIDIA's) used as GRES files."""
-    for index in range(GPUS_PER_NODE):
+    """Create the fake GPU char devices (major 195, like NVIDIA's) used as GRES files, as many as a node has at most."""
+    count = max(NODE_GPUS.values())
+    for index in range(count):
         path = DEV / f"nvidia{index}"
         wanted = os.makedev(GPU_MAJOR, index)
         try:
@@ -644,7 +665,7 @@ def ensure_gpu_devices() -> None:
             pass
         os.mknod(path, 0o666 | stat.S_IFCHR, wanted)
         path.chmod(0o666)
-    step(f"gpus: {GPUS_PER_NODE} fake devices {DEV}/nvidia[0-{GPUS_PER_NODE - 1}]")
+    step(f"gpus: {count} fake devices {DEV}/nvidia[0-{count - 1}]")
 
 
 def ensure_munge_key() -> None:
@@ -706,7 +727,7 @@ def preempt_signal() -> str | None:
 
 
 def slurm_conf() -> str:
-    """Return slurm.conf for the two-node cluster."""
+    """Return slurm.conf for the cluster of :data:`NODES`."""
     host = short_hostname()
     try:
         loopback_name = socket.gethostbyname(host).startswith("127.")
@@ -744,7 +765,7 @@ def slurm_conf() -> str:
         "MpiDefault=none",
         "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core_Memory",
-        "DefMemPerCPU=1024",
+        f"DefMemPerCPU={MEM_PER_CPU_MB}",
         "SlurmdParameters=config_overrides",
         "ReturnToService=2",
         "SlurmdTimeout=60",
@@ -765,8 +786,9 @@ def slurm_conf() -> str:
         "JobAcctGatherFrequency=30",
         "GresTypes=gpu",
         *(
-            f"NodeName={node} NodeHostname={node} NodeAddr={addr} Port={port} CPUs=8 RealMemory=8192 "
-            + (f"Gres=gpu:{GPU_TYPES[node]}:{GPUS_PER_NODE} " if node in GPU_TYPES else "")
+            f"NodeName={node} NodeHostname={node} NodeAddr={addr} Port={port} CPUs={NODE_CPUS[node]} "
+            f"RealMemory={NODE_CPUS[node] * MEM_PER_CPU_MB} "
+            + (f"Gres=gpu:{GPU_TYPES[node]}:{NODE_GPUS[node]} " if node in NODE_GPUS else "")
             + f"Features={','.join(NODE_FEATURES[node])} State=UNKNOWN"
             for node, (addr, port) in NODES.items()
         ),
@@ -780,15 +802,16 @@ def slurm_conf() -> str:
         f"PartitionName={SHORT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime={SHORT_MAX_TIME}{grace} State=UP",
         f"PartitionName={HIDDEN_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=1-00:00:00 Hidden=YES{grace} State=UP",
         f"PartitionName={URGENT_PARTITION} Nodes={','.join(GPU_NODES)} MaxTime=01:00:00 PriorityTier=10 State=UP",
+        f"PartitionName={WIDE_PARTITION} Nodes={','.join(WIDE_GPU_NODES)} MaxTime=04:00:00 State=UP",
     ]
     return "# Written by tests/cluster/harness.py; edits are overwritten by `up`.\n" + "\n".join(lines) + "\n"
 
 
 def gres_conf() -> str:
-    """Return gres.conf: four file-backed GPUs of the node's type per node (22.05 drops file-less GPUs)."""
+    """Return gres.conf: each GPU node's file-backed GPUs of its type (22.05 drops file-less GPUs)."""
     return "AutoDetect=off\n" + "".join(
-        f"NodeName={node} Name=gpu Type={GPU_TYPES[node]} File={DEV}/nvidia[0-{GPUS_PER_NODE - 1}]\n"
-        for node in GPU_NODES
+        f"NodeName={node} Name=gpu Type={GPU_TYPES[node]} File={DEV}/nvidia[0-{gpus - 1}]\n"
+        for node, gpus in NODE_GPUS.items()
     )
 
 
@@ -1581,7 +1604,7 @@ def node_states() -> dict[str, str]:
 
 
 def ensure_nodes_ready() -> None:
-    """Wait until both nodes are usable; resume a node left down or drained."""
+    """Wait until every node is usable; resume a node left down or drained."""
     resumed: list[str] = []
 
     def ready() -> bool:
@@ -1846,12 +1869,15 @@ def cluster_env() -> dict[str, object]:
         "short_partition": SHORT_PARTITION,
         "hidden_partition": HIDDEN_PARTITION,
         "urgent_partition": URGENT_PARTITION,
+        "wide_partition": WIDE_PARTITION,
         "qos": QOS,
         "node_features": {node: list(features) for node, features in NODE_FEATURES.items()},
         "gpu_types": dict(GPU_TYPES),
         "nodes": list(GPU_NODES),
         "cpu_nodes": list(CPU_NODES),
         "gpus_per_node": GPUS_PER_NODE,
+        "wide_nodes": list(WIDE_GPU_NODES),
+        "wide_gpus_per_node": WIDE_GPUS_PER_NODE,
         "state_dir": str(STATE),
         "enroot_conf": str(ENROOT_KNOBS),
         "enroot_imports_log": str(ENROOT_LOG),

@@ -158,10 +158,7 @@ with dag({sweep!r}):
 
 def load_env() -> ClusterEnv:
     """The running cluster's description (``harness.py up`` writes it)."""
-    data = json.loads(CLUSTER_JSON.read_text())
-    data["nodes"] = tuple(data["nodes"])
-    data["cpu_nodes"] = tuple(data["cpu_nodes"])
-    return ClusterEnv(**{item.name: data[item.name] for item in fields(ClusterEnv)})
+    return ClusterEnv.from_json(json.loads(CLUSTER_JSON.read_text()))
 
 
 class Cluster:

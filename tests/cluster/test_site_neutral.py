@@ -2,9 +2,9 @@
 
 The test cluster is set up like a second site: a default 4-hour GPU partition ``polar``, a 48-hour
 partition ``polar_long`` over the same nodes, node features (n1 ``a100,ib``, n2 ``h100,ib``), a QOS
-``long_qos``, typed GPUs (n1 ``a100``, n2 ``h100``), and reservations the tests make as an admin
-would. Nothing in the provider knows any of these names: every limit and default is read from the
-cluster.
+``long_qos``, typed GPUs (n1 ``a100``, n2 ``h100``), a partition ``polar_16g`` of one 16-GPU node (n4)
+beside the 4-GPU ones, and reservations the tests make as an admin would. Nothing in the provider knows any
+of these names: every limit and default is read from the cluster.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from clusterkit import (
+    as_other,
     conn,
     connection_json,
     dag_id,
@@ -254,10 +255,13 @@ def test_total_gpus_derives_the_layout(conn: str, image: str, dag_id: str, ssh_r
     assert "gres/gpu=2" in tres.split(","), tres
 
 
-def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, cluster: ClusterEnv) -> None:
+def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(
+    conn: str, cluster: ClusterEnv, wide_partition: str
+) -> None:
     """The cluster has a 30-minute debug partition (sinfo prints ``30:00``), a one-minute one (``1:00``), a hidden
-    one and a CPU partition whose node has no GPUs; three have a one-hour ``DefaultTime``. Expected: every
-    partition is read with its limit, default limit and node shape; none of them makes the others unreadable."""
+    one, a CPU partition whose node has no GPUs and a partition of one 16-GPU node; three have a one-hour
+    ``DefaultTime``. Expected: every partition is read with its limit, default limit and node shape; none of them
+    makes the others unreadable."""
     hook = SlurmHook()
     try:
         partitions = {p.name: p for p in hook.partition_limits(fresh=True)}
@@ -266,6 +270,8 @@ def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, 
     both = ("a100", "h100")
     gpu = {"shapes": (NodeShape(4, 8, 8192),)}  # both GPU nodes: 8 CPUs, 8192 MB
     cpu = {"shapes": (NodeShape(0, 8, 8192),)}
+    (wide_node,) = cluster.wide_nodes
+    wide = {"shapes": (NodeShape(cluster.wide_gpus_per_node, 16, 16384),)}  # the 16-GPU node: 16 CPUs, 16384 MB
     assert partitions == {
         cluster.gpu_partition: Partition(cluster.gpu_partition, 4.0, True, 4, both, **gpu, default_time_hours=1.0),
         cluster.long_partition: Partition(cluster.long_partition, 48.0, False, 4, both, **gpu, default_time_hours=1.0),
@@ -275,6 +281,9 @@ def test_the_clusters_partitions_are_read_in_every_form_sinfo_prints(conn: str, 
         cluster.short_partition: Partition(cluster.short_partition, 1 / 60, False, 4, both, **gpu),
         cluster.hidden_partition: Partition(cluster.hidden_partition, 24.0, False, 4, both, **gpu),
         cluster.urgent_partition: Partition(cluster.urgent_partition, 1.0, False, 4, both, **gpu),
+        wide_partition: Partition(
+            wide_partition, 4.0, False, cluster.wide_gpus_per_node, (cluster.gpu_types[wide_node],), **wide
+        ),
     }
 
 
@@ -311,6 +320,68 @@ def test_total_gpus_is_laid_out_on_the_clusters_four_gpu_nodes(
     assert (nnodes, "gres/gpu=8" in tres.split(",")) == ("2", True), tres
     with pytest.raises(ResourceError, match=rf"gpus_per_node=8 cannot start on {cluster.gpu_partition} \(4 h, 4 GPUs"):
         submit(submit_op(image, "sleep 1", gpus_per_node=8, nccl_env={}), context(dag_id, "submit", "r2"))
+
+
+def test_whole_node_follows_the_sixteen_gpu_node_shape(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, wide_partition: str
+) -> None:
+    """On the partition of the one 16-GPU node (n4): another tenant's 8-GPU job runs there, then the provider's
+    8-GPU job (``gpus_per_node=8``) is submitted; the other tenant's job is cancelled and a 16-GPU job
+    (``gpus_per_node=16``) follows, and while it runs the other tenant submits a one-CPU job without GPUs there.
+    Expected: the 8-GPU job's script has no ``#SBATCH --exclusive``, it runs on n4 beside the other tenant's job
+    (squeue shows both RUNNING there at once) and holds one CPU; the 16-GPU job's script has ``#SBATCH
+    --exclusive``, it runs alone on n4 holding all 16 CPUs, and the other tenant's job stays PENDING while it runs.
+    Afterwards ``gpus_per_node=16`` on the 4-GPU default partition is refused naming the 16-GPU partition."""
+    (node,) = cluster.wide_nodes
+    theirs: list[str] = []
+
+    def their_job(*options: str) -> str:
+        argv = [
+            "sbatch", "--parsable", f"--partition={wide_partition}", "--time=2",
+            f"--output={cluster.other_dir}/wide-%j.out", *options,
+        ]  # fmt: skip
+        rc, out, err = as_other(cluster, join(argv))
+        assert rc == 0, err
+        theirs.append(out.strip().split(";")[0])
+        return theirs[-1]
+
+    def queue(*slurm_ids: str) -> dict[str, str]:
+        """``{job id: "STATE|nodes|reason"}`` of the jobs, from one squeue answer (all at the same instant)."""
+        _, out, _ = ssh_run(join(["squeue", "-h", "-j", ",".join(slurm_ids), "-o", "%i|%T|%N|%r"]))
+        return {job: rest for job, _, rest in (line.partition("|") for line in out.split())}
+
+    running = f"RUNNING|{node}|None"
+    try:
+        neighbour = their_job("--gres=gpu:8", "--wrap=sleep 120")
+        wait_until(lambda: queue(neighbour) == {neighbour: running}, "the other tenant's 8-GPU job on n4")
+        ctx = context(dag_id, "submit", "r1")
+        shared = submit(submit_op(image, "sleep 10", partition=wide_partition, gpus_per_node=8, nccl_env={}), ctx)
+        script = remote_text(ssh_run, shared["script_path"])
+        assert "#SBATCH --gres=gpu:8\n" in script
+        assert "#SBATCH --exclusive" not in script
+        both = {neighbour: running, shared["slurm_job_id"]: running}
+        wait_until(lambda: queue(*both) == both, "both 8-GPU jobs running on n4 at once")
+        assert run_to_end(shared, ctx)["terminal_state"] == "COMPLETE"
+        nodes, cpus, tres = sacct_fields(ssh_run, shared["slurm_job_id"], "NodeList,AllocCPUS,AllocTRES")
+        assert (nodes, cpus, "gres/gpu=8" in tres.split(",")) == (node, "1", True), tres
+        assert as_other(cluster, join(["scancel", neighbour]))[0] == 0
+
+        ctx = context(dag_id, "submit", "r2")
+        whole = submit(submit_op(image, "sleep 20", partition=wide_partition, gpus_per_node=16, nccl_env={}), ctx)
+        assert "#SBATCH --exclusive\n" in remote_text(ssh_run, whole["script_path"])
+        wait_until(lambda: queue(whole["slurm_job_id"]) == {whole["slurm_job_id"]: running}, "the 16-GPU job on n4")
+        # Beside a job that shares n4 it would start at once: 15 CPUs and 15 GB are free there.
+        waiting = their_job("--wrap=sleep 1")
+        alone = {whole["slurm_job_id"]: running, waiting: "PENDING||Resources"}
+        wait_until(lambda: queue(*alone) == alone, "the other tenant's job held back (Resources) by the 16-GPU job")
+        assert run_to_end(whole, ctx)["terminal_state"] == "COMPLETE"
+        nodes, cpus, tres = sacct_fields(ssh_run, whole["slurm_job_id"], "NodeList,AllocCPUS,AllocTRES")
+        assert (nodes, cpus, "gres/gpu=16" in tres.split(",")) == (node, "16", True), tres
+    finally:
+        if theirs:
+            as_other(cluster, join(["scancel", *theirs]))
+    with pytest.raises(ResourceError, match=rf"or pick a partition with larger nodes: {wide_partition} \(4 h, 16 GPUs"):
+        submit(submit_op(image, "sleep 1", gpus_per_node=16, nccl_env={}), context(dag_id, "submit", "r3"))
 
 
 def test_the_conversion_partition_passes_over_a_down_one(

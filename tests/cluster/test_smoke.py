@@ -114,7 +114,7 @@ def sqsh_image(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[str]:
     ssh_run(join(["rm", "-f", path]))
 
 
-def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: SshRun) -> None:
+def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: SshRun, wide_partition: str) -> None:
     def partitions() -> dict[str, dict[str, str]]:
         rc, out, err = ssh_run("sinfo -h -N -o '%P %N %T'")
         assert rc == 0, err
@@ -133,6 +133,7 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
         cluster.debug_partition: idle,
         cluster.short_partition: idle,
         cluster.urgent_partition: idle,
+        wide_partition: dict.fromkeys(cluster.wide_nodes, "idle"),
     }  # the hidden partition only with -a
     deadline = time.monotonic() + 20  # a job of an earlier run may still be finishing
     while (seen := partitions()) != wanted and time.monotonic() < deadline:
@@ -140,9 +141,12 @@ def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: Ss
     assert seen == wanted
 
 
-def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: ClusterEnv, ssh_run: SshRun) -> None:
+def test_a_second_site_shape_limits_features_typed_gpus_and_qos(
+    cluster: ClusterEnv, ssh_run: SshRun, wide_partition: str
+) -> None:
     """The cluster looks like another site: each partition's MaxTime in sinfo's every form (sub-hour ones as M:SS),
-    a hidden partition, a CPU partition without GPUs, node features, GPU types, the QOS."""
+    a hidden partition, a CPU partition without GPUs, a partition of 16-GPU nodes beside the 4-GPU ones, node
+    features, GPU types, the QOS."""
     rc, out, err = ssh_run("sinfo -a -h -o '%P %l %G'")
     assert rc == 0, err
     limits = {partition: (limit, gres) for partition, limit, gres in (line.split() for line in set(out.splitlines()))}
@@ -155,8 +159,11 @@ def test_a_second_site_shape_limits_features_typed_gpus_and_qos(cluster: Cluster
         cluster.short_partition: "1:00",
         cluster.hidden_partition: "1-00:00:00",
         cluster.urgent_partition: "1:00:00",
+        wide_partition: "4:00:00",
     }
     assert limits[cluster.cpu_partition][1] == "(null)"
+    (wide_node,) = cluster.wide_nodes
+    assert limits[wide_partition][1] == f"gpu:{cluster.gpu_types[wide_node]}:{cluster.wide_gpus_per_node}"
     rc, out, err = ssh_run("sinfo -h -o '%P'")
     assert cluster.hidden_partition not in out.split(), "hidden from a plain sinfo"
     rc, out, err = ssh_run("sinfo -h -N -p " + cluster.gpu_partition + " -o '%N %f %G'")
