@@ -34,7 +34,7 @@ from airflow_provider_tao_slurm.exceptions import (
     SubmissionError,
     ValidationError,
 )
-from airflow_provider_tao_slurm.hooks.slurm import CommandResult
+from airflow_provider_tao_slurm.hooks.slurm import DEFAULT_SACCT_WINDOW, CommandResult
 from airflow_provider_tao_slurm.lifecycle import jobs as jobs_module
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 from airflow_provider_tao_slurm.lifecycle.jobs import Attempt, JobLifecycle
@@ -1025,12 +1025,14 @@ class OutageHook(LifecycleHook):
         super().__init__()
         self.failures = failures
 
-    def find_jobs_by_name(self, job_name: str, **kwargs: Any) -> list[str]:
+    def find_jobs_by_name(
+        self, job_name: str, *, all_hosts: bool = False, since: str = DEFAULT_SACCT_WINDOW
+    ) -> list[str]:
         if self.failures:
             self.failures -= 1
             self.lookups.append(job_name)
             raise JobLookupError("looking up jobs by name failed (sacct exited 1)", evidence="sacct exited 1")
-        return super().find_jobs_by_name(job_name, **kwargs)
+        return super().find_jobs_by_name(job_name, all_hosts=all_hosts, since=since)
 
 
 def test_a_next_slice_lookup_that_fails_while_accounting_is_down_is_asked_again_until_it_answers() -> None:
