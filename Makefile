@@ -79,10 +79,12 @@ matrix:
 # the single requeue tests of test_submit_watch.py cover the same path. The continued training under
 # `airflow dags test` (about 100 s) tries Airflow's dag.test(), not SLURM: on MATRIX_RELEASE the slices' SLURM
 # side is test_trainings_over_several_slices. The 16-GPU node's whole-node rule (about a minute) reads the node
-# shape as the 4-GPU layout test does, which runs there.
+# shape as the 4-GPU layout test does, which runs there; the earliest start beside a busy partition (about
+# 40 s) takes the same path as the earliest start beside a DOWN one, which runs there.
 MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_moments_end_each_watch_once_on_its_true_end \
 	tests/cluster/test_long_trainings.py::test_a_continued_training_under_airflow_dags_test \
-	tests/cluster/test_site_neutral.py::test_whole_node_follows_the_sixteen_gpu_node_shape
+	tests/cluster/test_site_neutral.py::test_whole_node_follows_the_sixteen_gpu_node_shape \
+	tests/cluster/test_long_trainings.py::test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one
 
 matrix-here: venv cluster-up
 	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))

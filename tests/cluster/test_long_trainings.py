@@ -356,3 +356,47 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
     # each slice's warning fits the limit it got: a tenth of 1 min is below the 10 s floor, of 2 min 12 s
     assert "TAO_SLURM: slice 1 warned 10 s before its time limit" in logs[0], logs[0]
     assert "TAO_SLURM: slice 2 warned 12 s before its time limit" in logs[1], logs[1]
+
+
+def test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, wide_partition: str
+) -> None:
+    """The earliest start on a busy site: another tenant's whole-node jobs hold every node of ``debug`` (the 4-GPU
+    nodes, 30 min) for minutes; a continued training names ``debug`` first and the 16-GPU node's partition
+    (4 h), slices of two minutes (both allow them: the script asks ``--time`` and a 12 s warning). Expected: its
+    first slice starts at once on the free partition with its two minutes, and the training completes there
+    while the other tenant's jobs still hold ``debug``."""
+    theirs: list[str] = []
+    try:
+        for node in cluster.nodes:
+            argv = [
+                "sbatch", "--parsable", f"--partition={cluster.debug_partition}", f"--nodelist={node}", "--exclusive",
+                "--time=5", f"--output={cluster.other_dir}/busy-%j.out", "--wrap=sleep 280",
+            ]  # fmt: skip
+            rc, out, err = as_other(cluster, join(argv))
+            assert rc == 0, err
+            theirs.append(out.strip().split(";")[0])
+        wait_until(
+            lambda: (
+                ssh_run(join(["squeue", "-h", "-j", ",".join(theirs), "-o", "%T"]))[1].split()
+                == ["RUNNING"] * len(theirs)
+            ),
+            "debug's nodes taken by the other tenant",
+        )
+        ctx = context(dag_id, "train", "r1")
+        op = training(
+            image, f"{cluster.debug_partition},{wide_partition}", 2, epoch_seconds=2, max_continuations=1,
+            time_hours=2 / 60,
+        )  # fmt: skip
+        handle = submit(op, ctx)
+        done = run_deferrable(sensor_for(handle), ctx, timeout=150)
+        held = ssh_run(join(["squeue", "-h", "-j", ",".join(theirs), "-o", "%T"]))[1].split()
+    finally:
+        if theirs:
+            as_other(cluster, join(["scancel", *theirs]))
+    assert held == ["RUNNING"] * len(theirs), "the training ended while debug was still busy"
+    (only,) = done["slices"]
+    assert (only["state"], only["partition"], only["time_limit_seconds"]) == ("COMPLETED", wide_partition, 120)
+    assert only["queue_seconds"] <= 30, only
+    script = remote_text(ssh_run, handle["script_path"])  # both partitions allow two minutes: asked as such
+    assert ("#SBATCH --time=00:02:00\n" in script, "#SBATCH --signal=B:USR1@12\n" in script) == (True, True)
