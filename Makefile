@@ -80,11 +80,16 @@ matrix:
 # `airflow dags test` (about 100 s) tries Airflow's dag.test(), not SLURM: on MATRIX_RELEASE the slices' SLURM
 # side is test_trainings_over_several_slices. The 16-GPU node's whole-node rule (about a minute) reads the node
 # shape as the 4-GPU layout test does, which runs there; the earliest start beside a busy partition (about
-# 40 s) takes the same path as the earliest start beside a DOWN one, which runs there.
+# 40 s) takes the same path as the earliest start beside a DOWN one, which runs there. Three more read what the
+# program prints or writes, not what SLURM does (about 80 s there): hostile and flooding output, TAO's
+# status.json, two torchrun rendezvous on one node.
 MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_moments_end_each_watch_once_on_its_true_end \
 	tests/cluster/test_long_trainings.py::test_a_continued_training_under_airflow_dags_test \
 	tests/cluster/test_site_neutral.py::test_whole_node_follows_the_sixteen_gpu_node_shape \
-	tests/cluster/test_long_trainings.py::test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one
+	tests/cluster/test_long_trainings.py::test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one \
+	tests/cluster/test_watch_live.py::test_hostile_and_flooding_output_stays_bounded_readable_and_unforgeable \
+	tests/cluster/test_site_neutral.py::test_a_tao_job_is_complete_only_when_status_json_says_success \
+	tests/cluster/test_job_script_rules.py::test_two_single_node_torchrun_bundles_on_one_node_both_bind_their_rendezvous
 
 matrix-here: venv cluster-up
 	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
