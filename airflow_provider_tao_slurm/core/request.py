@@ -118,11 +118,12 @@ class Continuation:
             return None
         grace, limit, from_limit = self.grace_seconds, None, False
         if slice_hours:
-            limit = hours_to_slurm_time(max(slice_hours.values()))
+            longest = max(slice_hours.values())
+            limit = hours_to_slurm_time(longest)
             if self.grace_given:
                 grace = grace_seconds(min(slice_hours.values()), self.grace_seconds)
             else:
-                grace, from_limit = grace_seconds(max(slice_hours.values())), True
+                grace, from_limit = grace_seconds(longest), True
         return SliceScript(
             slices_dir=layout.slices_dir,
             grace_seconds=grace,
