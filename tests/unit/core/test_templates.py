@@ -374,8 +374,11 @@ if [ "$1 $2 $3" = "show job -o" ]; then
     # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
     # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason,
     # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists), FAKE_START_TIME
-    # and FAKE_END_TIME its start and end.
-    [ -z "${FAKE_SCONTROL_DOWN:-}" ] || { echo 'Unable to contact slurm controller' >&2; exit 1; }
+    # and FAKE_END_TIME its start and end; FAKE_SCONTROL_DOWN (or FAKE_DIR/scontrol-down): no answer.
+    if [ -n "${FAKE_SCONTROL_DOWN:-}" ] || [ -e "$FAKE_DIR/scontrol-down" ]; then
+        echo 'Unable to contact slurm controller' >&2
+        exit 1
+    fi
     preempt=None
     [ -e "$FAKE_DIR/preempting" ] && preempt="${FAKE_PREEMPT_TIME:-None}"
     : > "$FAKE_DIR/scontrol.asked"
@@ -639,6 +642,30 @@ def test_run_a_step_ended_by_a_preemption_waits_for_slurm_to_end_the_job(tmp_pat
     assert "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)" in stderr
     assert process.returncode == 143
     assert list(run.ends.iterdir()) == [], "a preempted run leaves no end marker"
+
+
+def test_run_a_preemption_wait_goes_on_while_slurmctld_does_not_answer(tmp_path: Path) -> None:
+    """A preemption was seen, then slurmctld stops answering: a failed query is no answer, so the script keeps
+    waiting (until SLURM's SIGTERM), never ends the job by itself."""
+    run = Run(tmp_path, command="exit 143")
+    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
+    (run.job_dir / "preempting").touch()
+    process = subprocess.Popen(
+        ["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    deadline = time.monotonic() + 20
+    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    (run.job_dir / "scontrol-down").touch()
+    (run.job_dir / "preempting").unlink()  # what slurmctld would say, if it answered
+    time.sleep(7.0)  # past the next query
+    assert process.poll() is None, "a failed query ended the wait"
+    os.killpg(process.pid, signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=30)
+    assert process.returncode == 143
+    assert "waiting for SLURM to end it" in stdout
+    assert list(run.ends.iterdir()) == []
 
 
 def test_run_a_preemption_that_no_longer_shows_ends_the_wait(tmp_path: Path) -> None:
