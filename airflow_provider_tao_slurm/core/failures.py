@@ -21,6 +21,10 @@ Order of the decision:
 3. Otherwise the earliest error line decides. NCCL transport errors, "remote process exited or
    there was a network error" and NCCL watchdog timeouts are usually secondary (one rank died and
    the others lost it), so they decide for infrastructure only when no program error comes first.
+   So does srun failing to reach slurmctld as it starts the step (``srun: error: Unable to confirm
+   allocation for job n: Connection reset by peer``, or ``Unable to create step``, with a connection
+   error): a controller restart or outage at that moment; the program never ran and no node is at
+   fault (:attr:`Classification.blames_node` is false, so a resubmission avoids none).
    A Python traceback counts at its exception line, so a traceback that ends in an NCCL error is
    judged by that error.
 4. No infrastructure evidence: not retryable. NODE_FAIL and BOOT_FAIL keep ``ERR_INFRA`` (the
@@ -63,12 +67,15 @@ class Classification:
     :param evidence: the field or log line that decided, e.g. ``State=NODE_FAIL`` or
         ``line 812: NCCL WARN NET/IB : Got completion ... error 12``.
     :param retryable: ``True`` when resubmitting the same job may succeed.
+    :param blames_node: ``False`` when the evidence shows no node at fault (the controller was out of
+        reach), so a resubmission has no node to avoid.
     """
 
     err_class: ErrClass
     reason: str
     evidence: str
     retryable: bool
+    blames_node: bool = True
 
 
 class _Kind(Enum):
@@ -83,6 +90,7 @@ class _Rule:
     kind: _Kind
     pattern: re.Pattern[str]
     reason: str
+    blames_node: bool = True
 
 
 _XID = r"\bXid\b(?:\s*\([^)]*\))?\s*:?\s*(?:error\s+)?"
@@ -166,6 +174,18 @@ _RULES = (
         re.compile(r"Watchdog caught collective operation timeout", re.IGNORECASE),
         "NCCL collective timed out (watchdog) with no earlier program error; retryable",
     ),
+    _Rule(
+        _Kind.TRANSPORT,
+        re.compile(
+            r"srun: error: Unable to (?:confirm allocation|create step) for job \d+: (?:Connection reset by peer"
+            r"|Connection refused|Unable to contact slurm controller|Socket timed out|Zero Bytes were transmitted"
+            r"|Communication connection failure|Broken pipe)",
+            re.IGNORECASE,
+        ),
+        "srun could not reach slurmctld to start the step (a controller restart or outage): the program did not "
+        "run; retryable, no node is at fault",
+        blames_node=False,
+    ),
 )
 _TRACEBACK_RULE = _Rule(
     _Kind.PROGRAM, re.compile(r"Traceback \(most recent call last\):"), "the program raised a Python exception"
@@ -209,8 +229,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= EVIDENCE_MAX_CHARS else text[: EVIDENCE_MAX_CHARS - 3] + "..."
 
 
-def _verdict(err_class: ErrClass, reason: str, evidence: str, *, retryable: bool) -> Classification:
-    return Classification(err_class, reason, _clip(evidence), retryable)
+def _verdict(
+    err_class: ErrClass, reason: str, evidence: str, *, retryable: bool, blames_node: bool = True
+) -> Classification:
+    return Classification(err_class, reason, _clip(evidence), retryable, blames_node)
 
 
 def _state_evidence(state: JobState) -> str:
@@ -279,7 +301,8 @@ def classify(state: JobState, log_tail: str = "", max_lines: int = DEFAULT_MAX_L
     index = (min(hardware) if hardware else min(hits)) if hits else None
     if index is not None and hits[index].kind is not _Kind.PROGRAM:
         evidence = f"line {first_number + index}: {lines[index].strip()}"
-        return _verdict(ErrClass.ERR_INFRA, hits[index].reason, evidence, retryable=True)
+        rule = hits[index]
+        return _verdict(ErrClass.ERR_INFRA, rule.reason, evidence, retryable=True, blames_node=rule.blames_node)
     if state.native in _WITHOUT_EVIDENCE:
         err_class, reason = _WITHOUT_EVIDENCE[state.native]
         nodes = state.node_list or "an unknown node"

@@ -52,6 +52,8 @@ def nodes_to_exclude(
     allocation = list(dict.fromkeys(allocation))
     if not allocation:
         return Exclusion((), "the job had no nodes yet: nothing to exclude")
+    if not verdict.blames_node:
+        return Exclusion((), f"the evidence shows no node at fault ({verdict.evidence})")
     if state.native in INFRA_NATIVE_STATES:
         broken = [node for node in allocation if any(r.name == node and not r.usable for r in rows)]
         if broken:

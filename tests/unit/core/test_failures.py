@@ -279,6 +279,27 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================
 """
 
+# The batch log of a job whose srun met slurmctld restarting (SLURM 26.05, the harness's restart-slurmctld).
+SRUN_CONTROLLER_RESET = """\
+TAO_SLURM: job 4528 start on n1, restart 0
+TAO_SLURM: rendezvous 127.0.0.1:53277, 1 GPUs
+TAO_SLURM: step start
+srun: error: Unable to confirm allocation for job 4528: Connection reset by peer
+srun: Check SLURM_JOB_ID environment variable. Expired or invalid job 4528
+TAO_SLURM: step exit code 1
+TAO_SLURM: end
+"""
+
+SRUN_STEP_NO_CONTROLLER = """\
+srun: error: Unable to create step for job 917: Unable to contact slurm controller (connect failure)
+"""
+
+# srun naming a job the controller no longer knows is no connection problem: not resubmitted on that alone.
+SRUN_INVALID_JOB = """\
+srun: error: Unable to confirm allocation for job 917: Invalid job id specified
+srun: Check SLURM_JOB_ID environment variable. Expired or invalid job 917
+"""
+
 CORPUS = [
     # id, state, log, expected class, text the evidence must contain
     ("cuda-oom-torch-2", "FAILED", CUDA_OOM_NEW, PROGRAM, "line 9: torch.OutOfMemoryError: CUDA out of memory"),
@@ -355,6 +376,9 @@ CORPUS = [
     ("special-exit-with-ib-error", "SPECIAL_EXIT", IBV_RETRY_EXC, INFRA, "line 2: n1:2211:2301"),
     ("completed-but-status-failed", "COMPLETED", PLAIN_TRACEBACK, PROGRAM, "line 6: KeyError"),
     ("unknown-state-no-log", "WEIRD_STATE", "", PROGRAM, "State=WEIRD_STATE ExitCode=1:0"),
+    ("srun-met-a-controller-restart", "FAILED", SRUN_CONTROLLER_RESET, INFRA, "line 4: srun: error: Unable to confirm"),
+    ("srun-step-without-controller", "FAILED", SRUN_STEP_NO_CONTROLLER, INFRA, "line 1: srun: error: Unable to create"),
+    ("srun-invalid-job-is-no-outage", "FAILED", SRUN_INVALID_JOB, PROGRAM, "State=FAILED ExitCode=1:0"),
 ]
 
 
@@ -550,3 +574,21 @@ def test_short_evidence_is_kept_whole() -> None:
     assert classify(_job(), "KeyError: 'x'\nTraceback (most recent call last):\nKeyError: 'y'\n").evidence == (
         "line 3: KeyError: 'y'"
     )
+
+
+@pytest.mark.parametrize(
+    ("log", "blames_node"),
+    [
+        pytest.param(SRUN_CONTROLLER_RESET, False, id="controller-restart-blames-no-node"),
+        pytest.param(SRUN_STEP_NO_CONTROLLER, False, id="controller-unreachable-blames-no-node"),
+        pytest.param(XID79_AFTER_CUDA_ERROR, True, id="gpu-fault-blames-the-node"),
+        pytest.param(IB_LINK_DOWN, True, id="link-down-blames-the-node"),
+    ],
+)
+def test_whether_the_evidence_blames_a_node(log: str, blames_node: bool) -> None:
+    verdict = classify(_job(), log)
+    assert verdict.retryable
+    assert verdict.blames_node is blames_node
+    if not blames_node:
+        assert "did not run" in verdict.reason
+        assert "no node is at fault" in verdict.reason

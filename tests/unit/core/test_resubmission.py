@@ -135,6 +135,15 @@ def test_nodes_to_exclude(
     assert exclusion.why
 
 
+def test_a_controller_outage_excludes_no_node() -> None:
+    outage = Classification(
+        ErrClass.ERR_INFRA, "srun could not reach slurmctld", "line 4: srun: error: Unable to confirm", True, False
+    )
+    exclusion = nodes_to_exclude(failed("FAILED"), outage, ["n1", "n2"], rows(ALL_UP))
+    assert exclusion.nodes == ()
+    assert exclusion.why == "the evidence shows no node at fault (line 4: srun: error: Unable to confirm)"
+
+
 def test_exclusion_says_why() -> None:
     down = nodes_to_exclude(failed(), verdict("State=NODE_FAIL"), ["n1", "n2"], rows("n2|p|down*\nn1|p|idle\n"))
     named = nodes_to_exclude(failed("FAILED"), verdict("line 1: Xid on n1"), ["n1", "n2"], rows(ALL_UP))
