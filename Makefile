@@ -65,10 +65,16 @@ docs: venv
 	$(BIN)/mkdocs build --strict
 
 unit: venv
-	$(BIN)/pytest tests/unit
+	$(BIN)/pytest -n 2 tests/unit
 
-test: venv lint docs cluster-up
-	$(BIN)/pytest
+# Lint, docs and the cluster's start side by side; the unit and packaging tests on two cores (pytest-xdist); then
+# the cluster tests one at a time (one cluster), with the unit tests RELIABILITY.md cites, so that this run
+# regenerates the report; then the matrix.
+test: venv
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint docs cluster-up
+	$(BIN)/pytest -n 2 tests/unit tests/packaging
+	cited=$$($(BIN)/python tests/cluster/reliability_report.py --cited-outside-cluster) && \
+		$(BIN)/pytest tests/cluster $$cited
 	$(MAKE) matrix
 
 # The release-sensitive cluster tests on MATRIX_RELEASE, alone on the machine (its own cluster is stopped).

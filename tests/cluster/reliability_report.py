@@ -743,7 +743,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the catalogue and regenerate RELIABILITY.md, or only render it again (``--render-only``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--render-only", action="store_true", help=f"render {REPORT.name} from {RESULTS}")
+    parser.add_argument(
+        "--cited-outside-cluster",
+        action="store_true",
+        help="print the tests the catalogue cites outside tests/cluster, one per line (make test adds them to "
+        "its cluster run, which regenerates the report, after the unit tests ran on every core)",
+    )
     args, pytest_args = parser.parse_known_args(argv)  # anything else goes to pytest
+    if args.cited_outside_cluster:
+        print("\n".join(dict.fromkeys(ref for ref in _refs() if not ref.startswith("tests/cluster/"))))
+        return 0
     if args.render_only:
         run = json.loads(RESULTS.read_text())
         if "tests" not in run:  # written before runs recorded their commit: the tests alone
