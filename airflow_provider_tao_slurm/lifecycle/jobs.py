@@ -19,6 +19,7 @@ Operators and the sensor are thin callers of this class; triggers use its async 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import posixpath
@@ -44,11 +45,15 @@ from airflow_provider_tao_slurm.core.secrets import KeyBlock, key_block_at, reda
 from airflow_provider_tao_slurm.core.states import ErrClass, JobState, TaoState, state_from_end_evidence
 from airflow_provider_tao_slurm.core.usage import JobUsage, parse_usage, usage_command
 from airflow_provider_tao_slurm.exceptions import (
+    HostKeyError,
     JobFailedError,
     JobLookupError,
     JobNotFoundError,
     RecordError,
+    RemoteCommandError,
     RemoteReadError,
+    SlurmAuthenticationError,
+    SlurmConnectionError,
     SubmissionError,
     TaoSlurmError,
     job_failed,
@@ -82,6 +87,14 @@ CHECKPOINT_RETRY_S = 5.0
 NEXT_JOB_LOOKUP_S = 300.0
 #: Seconds between those lookups.
 NEXT_JOB_LOOKUP_RETRY_S = 15.0
+#: How long a cancel from a worker is tried again while scancel fails (slurmctld restarting, or out of the login
+#: host's reach): the task's on_kill must end inside Airflow's ``killed_task_cleanup_time`` (60 s by default),
+#: and one scancel that cannot reach the controller takes about 10 s.
+CANCEL_RETRY_S = 40.0
+#: The same in the triggerer, which ends a trigger's on_kill after ``[triggerer] on_kill_timeout`` (30 s by default).
+A_CANCEL_RETRY_S = 15.0
+#: Seconds between those tries.
+CANCEL_RETRY_INTERVAL_S = 5.0
 
 _T = TypeVar("_T")
 
@@ -784,7 +797,7 @@ class JobLifecycle:
         """
         plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
         self.log.info("%s", plan.note)
-        self.hook.cancel([slurm_job_id], job_name=job_name)
+        self._scancel(plan)
         try:
             write = plan.record_write(self.hook.read_file(record_path)) if record_path else None
             if write is not None:
@@ -800,7 +813,7 @@ class JobLifecycle:
         """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same steps, :class:`_CancelPlan`'s."""
         plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
         self.log.info("%s", plan.note)
-        await self.hook.a_cancel([slurm_job_id], job_name=job_name)
+        await self._a_scancel(plan)
         try:
             write = plan.record_write(await self.hook.a_read_file(record_path)) if record_path else None
             if write is not None:
@@ -809,6 +822,38 @@ class JobLifecycle:
             if plan.sidecar_removal is not None:
                 command, options = plan.sidecar_removal
                 await self.hook.a_run(command, **options)
+
+    def _scancel(self, plan: _CancelPlan) -> None:
+        """Cancel the plan's job (scancel), tried again for :data:`CANCEL_RETRY_S` while it fails for want of an answer.
+
+        :raises RemoteCommandError: (or :class:`SlurmConnectionError`) the last failure, once the window is over,
+            or at once for a failure no retry fixes (a refused key or host key).
+        """
+        clock = self._clock or time.monotonic
+        start, tries = clock(), 0
+        while True:
+            tries += 1
+            try:
+                self.hook.cancel([plan.slurm_job_id], job_name=plan.job_name)
+                return
+            except (RemoteCommandError, SlurmConnectionError) as failed:
+                if not plan.retry(self.log, failed, tries, clock() - start, CANCEL_RETRY_S):
+                    raise
+            (self._sleep or time.sleep)(CANCEL_RETRY_INTERVAL_S)
+
+    async def _a_scancel(self, plan: _CancelPlan) -> None:
+        """Async twin of :meth:`_scancel`, for :data:`A_CANCEL_RETRY_S`."""
+        clock = self._clock or time.monotonic
+        start, tries = clock(), 0
+        while True:
+            tries += 1
+            try:
+                await self.hook.a_cancel([plan.slurm_job_id], job_name=plan.job_name)
+                return
+            except (RemoteCommandError, SlurmConnectionError) as failed:
+                if not plan.retry(self.log, failed, tries, clock() - start, A_CANCEL_RETRY_S):
+                    raise
+            await asyncio.sleep(CANCEL_RETRY_INTERVAL_S)
 
     def remove_sidecar(self, path: str | None) -> None:
         """Remove the job's secret sidecar (nothing to do without one)."""
@@ -1007,7 +1052,8 @@ class _CancelPlan:
     """A cancel of our job, decided without I/O: the one sequence of the sync and the async cancel.
 
     :meth:`JobLifecycle.cancel_job` and :meth:`JobLifecycle.a_cancel` run it, each with its own hook
-    calls. In order: log :attr:`note`; scancel the job by id AND exact name; write :meth:`record_write`
+    calls. In order: log :attr:`note`; scancel the job by id AND exact name (tried again while it fails for want of
+    an answer, as :meth:`retry` says); write :meth:`record_write`
     of the record read at ``record_path`` (when there is one); then, whatever became of the record, run
     :attr:`sidecar_removal` (the job will not run again).
 
@@ -1024,6 +1070,34 @@ class _CancelPlan:
     def note(self) -> str:
         """The log line that says which job is cancelled, and by whom."""
         return f"Cancelling SLURM job {self.slurm_job_id} ({self.job_name}): {self.source}"
+
+    def retry(self, log: Any, failed: TaoSlurmError, tries: int, waited: float, window: float) -> bool:
+        """Whether a failed scancel is tried again; says so, or why the cancel is given up, in ``log``.
+
+        A controller restarting or out of the login host's reach answers later; a refused key or host key never.
+        """
+        if isinstance(failed, (SlurmAuthenticationError, HostKeyError)):
+            return False
+        if waited < window:
+            log.warning(
+                "scancel of SLURM job %s failed (%s): trying again in %g s, for up to %g s (is slurmctld restarting "
+                "or out of the login host's reach?)",
+                self.slurm_job_id,
+                failed,
+                CANCEL_RETRY_INTERVAL_S,
+                window,
+            )
+            return True
+        log.error(
+            "SLURM job %s (%s) could not be cancelled: scancel failed %d time(s) over %.0f s; the job may still run: "
+            "cancel it by hand (scancel %s) once slurmctld answers",
+            self.slurm_job_id,
+            self.job_name,
+            tries,
+            waited,
+            self.slurm_job_id,
+        )
+        return False
 
     def record_write(self, text: str | None) -> tuple[str, bytes, str] | None:
         """Return the ``write_file`` arguments of the record marked CANCELED; None without a record.

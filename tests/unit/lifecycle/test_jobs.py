@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +32,7 @@ from airflow_provider_tao_slurm.exceptions import (
     JobNotFoundError,
     RemoteCommandError,
     RemoteReadError,
+    SlurmAuthenticationError,
     SubmissionError,
     ValidationError,
 )
@@ -1142,3 +1144,96 @@ def test_an_unreadable_record_of_an_earlier_try_stops_the_try_before_anything_is
 
     assert (hook.submits, hook.staged, hook.lookups) == ([], [], [])
     assert not issubclass(RemoteReadError, AirflowFailException)  # Airflow retries the task
+
+
+class CancelOutageHook(LifecycleHook):
+    """A hook whose scancel fails with each of ``failures`` in turn (slurmctld out of reach), then goes through."""
+
+    def __init__(self, failures: list[Exception]) -> None:
+        super().__init__()
+        self.failures = failures
+        self.tries = 0
+
+    def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        self.tries += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        super().cancel(job_ids, job_name=job_name)
+
+
+CTLD_DOWN = RemoteCommandError("scancel failed: Unable to contact slurm controller (connect failure)")
+
+
+def run_cancel(hook: LifecycleHook, side: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user kill of the task watching the job, from a worker (sync) or the triggerer (async), on ``clock``."""
+    lifecycle = JobLifecycle(hook, clock=clock.monotonic, sleep=clock.sleep)
+    if side == "sync":
+        lifecycle.cancel(handle(), source="sensor on_kill")
+        return
+
+    async def sleep(seconds: float) -> None:
+        clock.sleep(seconds)
+
+    monkeypatch.setattr(jobs_module.asyncio, "sleep", sleep)
+    asyncio.run(
+        lifecycle.a_cancel(
+            "500", FIRST, record_path=LAYOUT.record_path, sidecar_path=LAYOUT.sidecar_path, source="trigger on_kill"
+        )
+    )
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_cancel_while_slurmctld_is_out_of_reach_is_tried_again_until_it_goes_through(
+    side: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The soak's case: a user marked the task failed while the login host could not reach slurmctld. Expected:
+    scancel is tried again every CANCEL_RETRY_INTERVAL_S; once it goes through the record says CANCELED and the
+    sidecar goes (before, the first failure ended the cancel and the job ran on to COMPLETED, its record open)."""
+    hook = CancelOutageHook([CTLD_DOWN, CTLD_DOWN])
+    store(hook, record_of(FIRST))
+    clock = FakeClock()
+
+    run_cancel(hook, side, clock, monkeypatch)
+
+    assert hook.tries == 3
+    assert clock.slept == [jobs_module.CANCEL_RETRY_INTERVAL_S] * 2
+    assert hook.cancels == [(["500"], FIRST)]
+    assert read_record(hook, FIRST).terminal_state is TaoState.CANCELED
+    assert sidecar_removals(hook) == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert "is slurmctld restarting or out of the login host's reach?" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("side", "window"), [("sync", jobs_module.CANCEL_RETRY_S), ("async", jobs_module.A_CANCEL_RETRY_S)]
+)
+def test_a_cancel_that_never_goes_through_raises_and_keeps_the_record_open(
+    side: str, window: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """slurmctld stays out of reach past the window (Airflow ends on_kill soon after). Expected: the last failure
+    is raised and logged with what to do by hand; the record is not marked CANCELED and the sidecar stays (the
+    job may still run and need it)."""
+    hook = CancelOutageHook([CTLD_DOWN] * 1000)
+    store(hook, record_of(FIRST))
+    before = hook.files[LAYOUT.record_path]
+    clock = FakeClock()
+
+    with pytest.raises(RemoteCommandError, match="Unable to contact slurm controller"):
+        run_cancel(hook, side, clock, monkeypatch)
+
+    assert sum(clock.slept) >= window
+    assert sum(clock.slept) < window + jobs_module.CANCEL_RETRY_INTERVAL_S
+    assert hook.files[LAYOUT.record_path] == before
+    assert sidecar_removals(hook) == []
+    assert "could not be cancelled" in caplog.text
+    assert "scancel 500" in caplog.text
+
+
+def test_a_refused_key_is_not_tried_again() -> None:
+    hook = CancelOutageHook([SlurmAuthenticationError("the login host refused the key")])
+    store(hook, record_of(FIRST))
+    clock = FakeClock()
+
+    with pytest.raises(SlurmAuthenticationError):
+        JobLifecycle(hook, clock=clock.monotonic, sleep=clock.sleep).cancel(handle(), source="sensor on_kill")
+
+    assert (hook.tries, clock.slept) == (1, [])
