@@ -89,12 +89,13 @@ NEXT_JOB_LOOKUP_S = 300.0
 NEXT_JOB_LOOKUP_RETRY_S = 15.0
 #: How long a cancel from a worker is tried again while scancel fails (slurmctld restarting, or out of the login
 #: host's reach): the task's on_kill must end inside Airflow's ``killed_task_cleanup_time`` (60 s by default),
-#: and one scancel that cannot reach the controller takes about 10 s.
-CANCEL_RETRY_S = 40.0
-#: The same in the triggerer, which ends a trigger's on_kill after ``[triggerer] on_kill_timeout`` (30 s by default).
-A_CANCEL_RETRY_S = 15.0
+#: and one scancel that cannot reach the controller takes up to about 20 s to fail.
+CANCEL_RETRY_S = 35.0
+#: The same in the triggerer, which ends a trigger's on_kill after ``[triggerer] on_kill_timeout`` (30 s by default):
+#: a first failure inside it leaves time for one more try.
+A_CANCEL_RETRY_S = 20.0
 #: Seconds between those tries.
-CANCEL_RETRY_INTERVAL_S = 5.0
+CANCEL_RETRY_INTERVAL_S = 3.0
 
 _T = TypeVar("_T")
 

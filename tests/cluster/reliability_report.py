@@ -247,6 +247,10 @@ CATALOGUE: dict[str, list[Case]] = {
             f"{OUTAGES}::test_slurmctld_unreachable_from_the_login_host",
         ),
         case(
+            "a user kill of a deferred sensor while the login host cannot reach slurmctld (found by the soak)",
+            f"{OUTAGES}::test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can",
+        ),
+        case(
             "default sshd limits (MaxStartups 10:30:100, MaxSessions 10) with 200 deferred sensors",
             f"{SKEW}::test_two_hundred_deferred_sensors_behind_an_sshd_with_default_limits",
         ),
@@ -493,6 +497,15 @@ FINDINGS: list[tuple[str, str, str]] = [
         "line at 80 columns when not on a terminal: a secret late in a long argv would be missed.",
         "fixed: the hook suite samples with `ps -eww -o args=` (full command lines), as the security suite does",
         f"{HOOK}::test_enroot_credentials_are_private_and_never_leak",
+    ),
+    (
+        "The second one-hour soak (seed 41207): two runs marked failed while the login host could not reach "
+        "slurmctld ran on to COMPLETED with their records open; the trigger's on_kill tried scancel once, it "
+        "failed at once, and the cancel was over.",
+        "fixed: `JobLifecycle` tries scancel again every 3 s while it fails for want of an answer, for 35 s in a "
+        "worker and 20 s in the triggerer (inside Airflow's on_kill budgets); a cut longer than that still "
+        "leaves the job running, said in the task log with the scancel to run by hand",
+        f"{OUTAGES}::test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can",
     ),
 ]
 

@@ -29,6 +29,7 @@ import pytest
 from clusterkit import (
     LogCapture,
     connection_json,
+    final_state,
     harness,
     job_names,
     jobs_named,
@@ -40,7 +41,7 @@ from clusterkit import (
     submit,
     submit_op,
 )
-from deferral import context, defer, full_event, resume, run_async, wait_until
+from deferral import context, defer, first_event, full_event, resume, run_async, wait_until
 
 from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import mint_job_id
@@ -428,6 +429,52 @@ def cut_port(cluster: ClusterEnv) -> int:
     if "cut_port" not in data:
         pytest.fail("cluster.json has no cut_port: run `python3 tests/cluster/harness.py up`", pytrace=False)
     return int(data["cut_port"])
+
+
+#: Seconds the login host stays cut off from slurmctld after the user kill (inside the triggerer's on_kill budget).
+KILL_CUT_S = 8.0
+
+
+def test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The soak's case (issue 41): everything went through the harness's cut login sshd; a job ran while its sensor
+    was deferred; the login host lost slurmctld (its scancel fails at once), the user marked the task failed (run()
+    cancelled, then on_kill), and 8 s later the login host reached slurmctld again. Expected: on_kill keeps trying
+    scancel through the cut and cancels the job once it can, inside the triggerer's on_kill budget (30 s); the
+    record says CANCELED (trigger on_kill), sacct CANCELLED, the sidecar is gone; one SLURM job. Before, the
+    first failed scancel ended the cancel: the job ran on to COMPLETED and its record stayed open."""
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, port=cut_port(cluster)))
+    ctx = context(dag_id, "train", "r1")
+    handle = submit(submit_op(image, "sleep 120", task_id="train"), ctx)
+    slurm_id = handle["slurm_job_id"]
+    trigger = defer(sensor_for(handle), ctx).trigger
+
+    async def mark_failed_during_the_cut() -> float:
+        watch = asyncio.ensure_future(first_event(trigger))
+        await asyncio.to_thread(wait_until, lambda: squeue_field(ssh_run, slurm_id, "%T") == "RUNNING", "RUNNING", 120)
+        await asyncio.to_thread(harness, "cut-login-ctld")
+        watch.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await watch
+        restore = asyncio.ensure_future(asyncio.to_thread(lambda: (time.sleep(KILL_CUT_S), harness("restore-login"))))
+        started = time.monotonic()
+        await asyncio.wait_for(trigger.on_kill(), 30)  # Airflow's default [triggerer] on_kill_timeout
+        took = time.monotonic() - started
+        await restore
+        await trigger.cleanup()
+        return took
+
+    try:
+        took = run_async(mark_failed_during_the_cut())
+    finally:
+        harness("restore-login")
+    assert took >= KILL_CUT_S, f"on_kill ended {took:.1f} s after it began, before the login host reached slurmctld"
+    assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=30)
+    record = record_of(ssh_run, handle["record_path"])
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
+    assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
 
 
 def test_slurmctld_unreachable_from_the_login_host(
