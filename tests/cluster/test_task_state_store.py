@@ -65,6 +65,10 @@ def _stored(stack: Stack, run_id: str) -> dict[tuple[str, str], Any]:
     return {(task_id, key): json.loads(value) for task_id, key, value in rows}
 
 
+#: What ResumableJobMixin logs when it reuses the stored job instead of submitting: still active, or ended well.
+MIXIN_REUSES = ("Reconnecting to existing job", "Job already completed successfully, skipping resubmission")
+
+
 def _log(stack: Stack, run_id: str, task_id: str, attempt: int) -> str:
     path = f"/api/v2/dags/{DAG_ID}/dagRuns/{url_quote(run_id, safe='')}/taskInstances/{task_id}/logs/{attempt}"
     return "\n".join(str(item.get("event", "")) for item in stack.get(path)["content"])
@@ -89,7 +93,10 @@ def test_a_worker_lost_after_submission_is_reattached_through_the_task_state_sto
     retry_log = _log(stack, run_id, "submit", 2)
     record_property("detail", f"try 2 reattached to SLURM job {handle['slurm_job_id']}; stored keys {sorted(stored)}")
     assert f"Reattached to SLURM job {handle['slurm_job_id']}" in retry_log
-    assert "Reconnecting to existing job" in retry_log  # ResumableJobMixin's own decision
+    # ResumableJobMixin's own decision: the stored job still runs, or it has already ended well by the time try 2
+    # starts (the job takes seconds; Airflow's retry delay and scheduling decide which): both reuse it.
+    decisions = [line for line in MIXIN_REUSES if line in retry_log]
+    assert decisions, retry_log[-2000:]
     assert "submitted on" not in retry_log  # no second submission
     assert "Adopting SLURM job" not in retry_log  # and no lookup by name
     watched = stored[("watch", "watched_job")]
