@@ -88,14 +88,23 @@ matrix:
 # shape as the 4-GPU layout test does, which runs there; the earliest start beside a busy partition (about
 # 40 s) takes the same path as the earliest start beside a DOWN one, which runs there. Three more read what the
 # program prints or writes, not what SLURM does (about 80 s there): hostile and flooding output, TAO's
-# status.json, two torchrun rendezvous on one node.
+# status.json, two torchrun rendezvous on one node. Six more try the SSH side alone (about 45 s there): an sshd
+# restart under deferred triggers, a poll's connection dropped, the first login host down, and a login host ten
+# minutes ahead (the harness's self-check of the skewed and limited login hosts stays, with the 200 sensors
+# behind an sshd with default limits).
 MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_moments_end_each_watch_once_on_its_true_end \
 	tests/cluster/test_long_trainings.py::test_a_continued_training_under_airflow_dags_test \
 	tests/cluster/test_site_neutral.py::test_whole_node_follows_the_sixteen_gpu_node_shape \
 	tests/cluster/test_long_trainings.py::test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one \
 	tests/cluster/test_watch_live.py::test_hostile_and_flooding_output_stays_bounded_readable_and_unforgeable \
 	tests/cluster/test_site_neutral.py::test_a_tao_job_is_complete_only_when_status_json_says_success \
-	tests/cluster/test_job_script_rules.py::test_two_single_node_torchrun_bundles_on_one_node_both_bind_their_rendezvous
+	tests/cluster/test_job_script_rules.py::test_two_single_node_torchrun_bundles_on_one_node_both_bind_their_rendezvous \
+	tests/cluster/faults/test_faults_connection.py::test_sshd_restart_while_three_triggers_are_deferred \
+	tests/cluster/faults/test_faults_connection.py::test_poller_connection_dropped_mid_query \
+	tests/cluster/faults/test_faults_connection.py::test_first_login_host_down_the_task_runs_through_the_next \
+	tests/cluster/faults/test_faults_clock_and_limits.py::test_a_fresh_conversion_lock_reads_fresh_on_a_login_host_ten_minutes_ahead \
+	tests/cluster/faults/test_faults_clock_and_limits.py::test_the_partition_cache_written_a_moment_ago_is_used_on_a_login_host_ten_minutes_ahead \
+	tests/cluster/faults/test_faults_clock_and_limits.py::test_a_job_watched_through_a_login_host_ten_minutes_ahead_has_right_windows_and_timestamps
 
 matrix-here: venv cluster-up
 	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
