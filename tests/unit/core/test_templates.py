@@ -368,6 +368,12 @@ for ((node = 0; node < nodes; node++)); do
 done
 exit "$rc"
 """
+# The slice's echo of its partition and limit (``squeue -o "%P %l"``): without it the machine's own squeue ran,
+# and with its cluster down took seconds to fail, long enough to delay a warning's trap past its moment.
+FAKE_SQUEUE = """#!/bin/bash
+[ "$1 $2 $3" = "-h -j 4242" ] && echo "polar 4:00:00"
+exit 0
+"""
 FAKE_SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
 if [ "$1 $2 $3" = "show job -o" ]; then
@@ -400,7 +406,7 @@ class Run:
         self.job_dir.mkdir()
         self.bin = tmp_path / "bin"
         self.bin.mkdir()
-        for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL)):
+        for name, text in (("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL), ("squeue", FAKE_SQUEUE)):
             (self.bin / name).write_text(text)
             (self.bin / name).chmod(0o755)
         self.exit_code_file = self.job_dir / "exit_codes"
