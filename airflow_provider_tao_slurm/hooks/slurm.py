@@ -559,6 +559,21 @@ class SlurmHook(BaseHook):
         if job_ids:
             _check_scancel(self.run(commands.scancel(job_ids, name=job_name, user=self.settings.user), what="scancel"))
 
+    def hand_off_cancel(
+        self, job_ids: Sequence[str], *, job_name: str, within_s: float, every_s: float, log_path: str | None
+    ) -> None:
+        """Leave a cancel to the login host, which tries scancel again until slurmctld takes it.
+
+        See :func:`~airflow_provider_tao_slurm.core.commands.scancel_handed_off`; the command returns at once.
+
+        :raises RemoteCommandError: (or :class:`SlurmConnectionError`) when the loop could not be started.
+        """
+        if job_ids:
+            command = commands.scancel_handed_off(
+                job_ids, name=job_name, user=self.settings.user, within_s=within_s, every_s=every_s, log_path=log_path
+            )
+            self.run(command, check=True, what="handing scancel to the login host")
+
     def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
         """Return the cluster's partitions (hidden ones too): ``MaxTime``, default flag, node shape, state and access.
 
@@ -831,6 +846,17 @@ class SlurmHook(BaseHook):
         if job_ids:
             user = (await self.a_settings()).user
             _check_scancel(await self.a_run(commands.scancel(job_ids, name=job_name, user=user)))
+
+    async def a_hand_off_cancel(
+        self, job_ids: Sequence[str], *, job_name: str, within_s: float, every_s: float, log_path: str | None
+    ) -> None:
+        """Async twin of :meth:`hand_off_cancel`."""
+        if job_ids:
+            user = (await self.a_settings()).user
+            command = commands.scancel_handed_off(
+                job_ids, name=job_name, user=user, within_s=within_s, every_s=every_s, log_path=log_path
+            )
+            await self.a_run(command, check=True, what="handing scancel to the login host")
 
     async def a_read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         """Async twin of :meth:`read_file`: None only when the file does not exist.

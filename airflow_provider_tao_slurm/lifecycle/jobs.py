@@ -87,15 +87,20 @@ CHECKPOINT_RETRY_S = 5.0
 NEXT_JOB_LOOKUP_S = 300.0
 #: Seconds between those lookups.
 NEXT_JOB_LOOKUP_RETRY_S = 15.0
-#: How long a cancel from a worker is tried again while scancel fails (slurmctld restarting, or out of the login
-#: host's reach): the task's on_kill must end inside Airflow's ``killed_task_cleanup_time`` (60 s by default),
-#: and one scancel that cannot reach the controller takes up to about 20 s to fail.
+#: How long a cancel from a worker is tried again while the login host cannot be reached (or cannot take the cancel
+#: over): the task's on_kill must end inside Airflow's ``killed_task_cleanup_time`` (60 s by default), and one
+#: command that cannot reach its host takes up to about 20 s to fail.
 CANCEL_RETRY_S = 35.0
 #: The same in the triggerer, which ends a trigger's on_kill after ``[triggerer] on_kill_timeout`` (30 s by default):
 #: a first failure inside it leaves time for one more try.
 A_CANCEL_RETRY_S = 20.0
 #: Seconds between those tries.
 CANCEL_RETRY_INTERVAL_S = 3.0
+#: How long the login host tries a cancel again once it is handed over (its scancel failed: slurmctld restarting,
+#: or out of its reach). An outage lasts minutes, while Airflow gives on_kill seconds; the job's GPUs are the cost.
+CANCEL_HANDOFF_S = 3600.0
+#: Seconds between the login host's tries.
+CANCEL_HANDOFF_INTERVAL_S = 5.0
 
 _T = TypeVar("_T")
 
@@ -798,9 +803,9 @@ class JobLifecycle:
         """
         plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
         self.log.info("%s", plan.note)
-        self._scancel(plan)
+        handed_off = self._scancel(plan)
         try:
-            write = plan.record_write(self.hook.read_file(record_path)) if record_path else None
+            write = plan.record_write(self.hook.read_file(record_path), handed_off) if record_path else None
             if write is not None:
                 self.hook.write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
@@ -814,9 +819,9 @@ class JobLifecycle:
         """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same steps, :class:`_CancelPlan`'s."""
         plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
         self.log.info("%s", plan.note)
-        await self._a_scancel(plan)
+        handed_off = await self._a_scancel(plan)
         try:
-            write = plan.record_write(await self.hook.a_read_file(record_path)) if record_path else None
+            write = plan.record_write(await self.hook.a_read_file(record_path), handed_off) if record_path else None
             if write is not None:
                 await self.hook.a_write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
@@ -824,9 +829,14 @@ class JobLifecycle:
                 command, options = plan.sidecar_removal
                 await self.hook.a_run(command, **options)
 
-    def _scancel(self, plan: _CancelPlan) -> None:
-        """Cancel the plan's job (scancel), tried again for :data:`CANCEL_RETRY_S` while it fails for want of an answer.
+    def _scancel(self, plan: _CancelPlan) -> bool:
+        """Cancel the plan's job (scancel); a scancel that fails on the login host is handed to it at once.
 
+        slurmctld restarting or out of the login host's reach answers in minutes, and Airflow gives on_kill seconds:
+        the login host tries again (:meth:`SlurmHook.hand_off_cancel`). An SSH failure (the login host itself out of
+        reach, or the hand-over refused) is tried again here for :data:`CANCEL_RETRY_S`.
+
+        :returns: True when the cancel was handed to the login host.
         :raises RemoteCommandError: (or :class:`SlurmConnectionError`) the last failure, once the window is over,
             or at once for a failure no retry fixes (a refused key or host key).
         """
@@ -836,13 +846,21 @@ class JobLifecycle:
             tries += 1
             try:
                 self.hook.cancel([plan.slurm_job_id], job_name=plan.job_name)
-                return
+                return False
             except (RemoteCommandError, SlurmConnectionError) as failed:
-                if not plan.retry(self.log, failed, tries, clock() - start, CANCEL_RETRY_S):
-                    raise
+                last: TaoSlurmError = failed
+                if isinstance(failed, RemoteCommandError):
+                    try:
+                        self.hook.hand_off_cancel([plan.slurm_job_id], **plan.hand_off)
+                        plan.say_handed_off(self.log, failed)
+                        return True
+                    except (RemoteCommandError, SlurmConnectionError) as hand_off_failed:
+                        last = hand_off_failed
+                if not plan.retry(self.log, last, tries, clock() - start, CANCEL_RETRY_S):
+                    raise last from None
             (self._sleep or time.sleep)(CANCEL_RETRY_INTERVAL_S)
 
-    async def _a_scancel(self, plan: _CancelPlan) -> None:
+    async def _a_scancel(self, plan: _CancelPlan) -> bool:
         """Async twin of :meth:`_scancel`, for :data:`A_CANCEL_RETRY_S`."""
         clock = self._clock or time.monotonic
         start, tries = clock(), 0
@@ -850,10 +868,18 @@ class JobLifecycle:
             tries += 1
             try:
                 await self.hook.a_cancel([plan.slurm_job_id], job_name=plan.job_name)
-                return
+                return False
             except (RemoteCommandError, SlurmConnectionError) as failed:
-                if not plan.retry(self.log, failed, tries, clock() - start, A_CANCEL_RETRY_S):
-                    raise
+                last: TaoSlurmError = failed
+                if isinstance(failed, RemoteCommandError):
+                    try:
+                        await self.hook.a_hand_off_cancel([plan.slurm_job_id], **plan.hand_off)
+                        plan.say_handed_off(self.log, failed)
+                        return True
+                    except (RemoteCommandError, SlurmConnectionError) as hand_off_failed:
+                        last = hand_off_failed
+                if not plan.retry(self.log, last, tries, clock() - start, A_CANCEL_RETRY_S):
+                    raise last from None
             await asyncio.sleep(CANCEL_RETRY_INTERVAL_S)
 
     def remove_sidecar(self, path: str | None) -> None:
@@ -1053,8 +1079,9 @@ class _CancelPlan:
     """A cancel of our job, decided without I/O: the one sequence of the sync and the async cancel.
 
     :meth:`JobLifecycle.cancel_job` and :meth:`JobLifecycle.a_cancel` run it, each with its own hook
-    calls. In order: log :attr:`note`; scancel the job by id AND exact name (tried again while it fails for want of
-    an answer, as :meth:`retry` says); write :meth:`record_write`
+    calls. In order: log :attr:`note`; scancel the job by id AND exact name (a scancel that slurmctld did not answer
+    is handed to the login host, :attr:`hand_off`; the login host out of reach is tried again, as :meth:`retry`
+    says); write :meth:`record_write`
     of the record read at ``record_path`` (when there is one); then, whatever became of the record, run
     :attr:`sidecar_removal` (the job will not run again).
 
@@ -1072,17 +1099,55 @@ class _CancelPlan:
         """The log line that says which job is cancelled, and by whom."""
         return f"Cancelling SLURM job {self.slurm_job_id} ({self.job_name}): {self.source}"
 
-    def retry(self, log: Any, failed: TaoSlurmError, tries: int, waited: float, window: float) -> bool:
-        """Whether a failed scancel is tried again; says so, or why the cancel is given up, in ``log``.
+    @property
+    def hand_off_log(self) -> str | None:
+        """Where the login host says what became of a cancel handed to it: beside the record (None without one)."""
+        if self.record_path is None:
+            return None
+        return f"{self.record_path.removesuffix('.json')}.cancel.log"
 
-        A controller restarting or out of the login host's reach answers later; a refused key or host key never.
+    @property
+    def hand_off(self) -> dict[str, Any]:
+        """The keyword arguments of :meth:`SlurmHook.hand_off_cancel` (the job's name, the window, the log)."""
+        return {
+            "job_name": self.job_name,
+            "within_s": CANCEL_HANDOFF_S,
+            "every_s": CANCEL_HANDOFF_INTERVAL_S,
+            "log_path": self.hand_off_log,
+        }
+
+    @property
+    def hand_off_note(self) -> str:
+        """What the record says of a cancel handed to the login host."""
+        where = f"; its log: {self.hand_off_log}" if self.hand_off_log else ""
+        return (
+            f"slurmctld did not answer the login host's scancel: the login host tries again every "
+            f"{CANCEL_HANDOFF_INTERVAL_S:g} s for up to {CANCEL_HANDOFF_S / 60:g} min{where}"
+        )
+
+    def say_handed_off(self, log: Any, failed: TaoSlurmError) -> None:
+        """Log that the cancel is the login host's now, and what to do should it never go through."""
+        log.warning(
+            "scancel of SLURM job %s failed (%s): %s; if slurmctld stays out of reach longer, cancel it by hand "
+            "(scancel %s)",
+            self.slurm_job_id,
+            failed,
+            self.hand_off_note,
+            self.slurm_job_id,
+        )
+
+    def retry(self, log: Any, failed: TaoSlurmError, tries: int, waited: float, window: float) -> bool:
+        """Whether a cancel that could not reach the login host (or hand itself over) is tried again; logs why.
+
+        The log says when the next try comes, or why the cancel is given up. A login host restarting or out of
+        reach answers later; a refused key or host key never.
         """
         if isinstance(failed, (SlurmAuthenticationError, HostKeyError)):
             return False
         if waited < window:
             log.warning(
-                "scancel of SLURM job %s failed (%s): trying again in %g s, for up to %g s (is slurmctld restarting "
-                "or out of the login host's reach?)",
+                "scancel of SLURM job %s failed (%s): trying again in %g s, for up to %g s (is the login host "
+                "restarting or out of reach?)",
                 self.slurm_job_id,
                 failed,
                 CANCEL_RETRY_INTERVAL_S,
@@ -1091,7 +1156,7 @@ class _CancelPlan:
             return True
         log.error(
             "SLURM job %s (%s) could not be cancelled: scancel failed %d time(s) over %.0f s; the job may still run: "
-            "cancel it by hand (scancel %s) once slurmctld answers",
+            "cancel it by hand (scancel %s) once the login host and slurmctld answer",
             self.slurm_job_id,
             self.job_name,
             tries,
@@ -1100,15 +1165,16 @@ class _CancelPlan:
         )
         return False
 
-    def record_write(self, text: str | None) -> tuple[str, bytes, str] | None:
+    def record_write(self, text: str | None, handed_off: bool = False) -> tuple[str, bytes, str] | None:
         """Return the ``write_file`` arguments of the record marked CANCELED; None without a record.
 
         :param text: the record read at ``record_path`` (None when there is none).
+        :param handed_off: the cancel is the login host's now (the record says so, and where its log is).
         :raises RecordError: when the record read is not a valid record.
         """
         if self.record_path is None or text is None:
             return None
-        record = _canceled(from_json(text), self.slurm_job_id, self.source)
+        record = _canceled(from_json(text), self.slurm_job_id, self.source, self.hand_off_note if handed_off else "")
         return self.record_path, to_json(record).encode(), "644"
 
     @property
@@ -1117,11 +1183,15 @@ class _CancelPlan:
         return _sidecar_removal(self.sidecar_path) if self.sidecar_path else None
 
 
-def _canceled(record: JobRecord, slurm_job_id: str, source: str) -> JobRecord:
-    """``record`` marked CANCELED by a user kill seen by ``source`` (a terminal record stays as it is)."""
+def _canceled(record: JobRecord, slurm_job_id: str, source: str, note: str = "") -> JobRecord:
+    """``record`` marked CANCELED by a user kill seen by ``source`` (a terminal record stays as it is).
+
+    :param note: said after the message (a cancel handed to the login host).
+    """
     return _settled(
         record,
         TaoState.CANCELED,
-        message=f"SLURM job {slurm_job_id} cancelled on user request (task killed: {source})",
+        message=f"SLURM job {slurm_job_id} cancelled on user request (task killed: {source})"
+        + (f"; {note}" if note else ""),
         source=source,
     )

@@ -502,9 +502,10 @@ FINDINGS: list[tuple[str, str, str]] = [
         "The second one-hour soak (seed 41207): two runs marked failed while the login host could not reach "
         "slurmctld ran on to COMPLETED with their records open; the trigger's on_kill tried scancel once, it "
         "failed at once, and the cancel was over.",
-        "fixed: `JobLifecycle` tries scancel again every 3 s while it fails for want of an answer, for 35 s in a "
-        "worker and 20 s in the triggerer (inside Airflow's on_kill budgets); a cut longer than that still "
-        "leaves the job running, said in the task log with the scancel to run by hand",
+        "fixed: a scancel that slurmctld does not answer is handed to the login host, which tries it again "
+        "every 5 s for up to an hour (a log beside the record says what became of it), and on_kill ends at "
+        "once; a login host out of reach is tried again for 35 s in a worker and 20 s in the triggerer "
+        "(inside Airflow's on_kill budgets). Proven with a 40 s cut, past the triggerer's 30 s budget",
         f"{OUTAGES}::test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can",
     ),
 ]

@@ -80,7 +80,8 @@ class FakeSlurmHook:
     What was asked: ``reads`` (paths read), ``modes`` (of written files), ``commands``, ``path_checks``
     (the paths each :meth:`partition_limits_and_missing` tested), ``staged``
     (each staging's base and files) and ``staged_files`` (by absolute path), ``submits``,
-    ``released`` (adopted jobs whose logs were prepared), ``lookups``, ``polls``, ``cancels``.
+    ``released`` (adopted jobs whose logs were prepared), ``lookups``, ``polls``, ``cancels``, ``handed_off``
+    (cancels left to the login host).
     """
 
     def __init__(self, files: Mapping[str, str] | None = None, *, settings: ClusterSettings = SETTINGS) -> None:
@@ -105,6 +106,7 @@ class FakeSlurmHook:
         self.polls: list[list[str]] = []
         self.poll_error: Exception | None = None
         self.cancels: list[tuple[list[str], str | None]] = []
+        self.handed_off: list[tuple[list[str], str, float, float, str | None]] = []
         self.job_info: dict[str, dict[str, str]] = {}
         self.partitions: list[Partition] = list(PARTITIONS)
         self.absent: set[str] = set()
@@ -227,6 +229,12 @@ class FakeSlurmHook:
         """Record the scancel (``cancels``)."""
         self.cancels.append((list(job_ids), job_name))
 
+    def hand_off_cancel(
+        self, job_ids: Sequence[str], *, job_name: str, within_s: float, every_s: float, log_path: str | None
+    ) -> None:
+        """Record the cancel left to the login host (``handed_off``)."""
+        self.handed_off.append((list(job_ids), job_name, within_s, every_s, log_path))
+
     def partition_limits(self, *, fresh: bool = False) -> list[Partition]:
         """The cluster's ``partitions``."""
         return list(self.partitions)
@@ -275,6 +283,12 @@ class FakeSlurmHook:
     async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
         """As :meth:`cancel`."""
         self.cancel(job_ids, job_name=job_name)
+
+    async def a_hand_off_cancel(
+        self, job_ids: Sequence[str], *, job_name: str, within_s: float, every_s: float, log_path: str | None
+    ) -> None:
+        """As :meth:`hand_off_cancel`."""
+        self.hand_off_cancel(job_ids, job_name=job_name, within_s=within_s, every_s=every_s, log_path=log_path)
 
     async def a_read_file(self, path: str, max_bytes: int = 1 << 20) -> str | None:
         """As :meth:`read_file`."""

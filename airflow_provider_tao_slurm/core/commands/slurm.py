@@ -267,6 +267,40 @@ def scancel(job_ids: Sequence[str], *, name: str | None = None, user: str | None
     return join(["scancel", "-Q", *guard, *_slurm_job_ids(job_ids, allow_empty=name is not None)])
 
 
+def scancel_handed_off(
+    job_ids: Sequence[str], *, name: str, user: str | None, within_s: float, every_s: float, log_path: str | None
+) -> str:
+    """Leave a cancel to the login host: a detached loop runs :func:`scancel` until slurmctld takes it.
+
+    For a cancel whose ``scancel`` failed because the login host could not reach slurmctld (restarting, or
+    cut off) while Airflow gives ``on_kill`` only seconds: the loop outlives the SSH session (``nohup``, every
+    stream redirected, so the command returns at once) and tries every ``every_s`` seconds for ``within_s``
+    seconds. It ends when scancel goes through or says nothing (``-Q``'s silent exit 1: the job is no longer
+    live). Each try's error and the outcome go to ``log_path`` (stamped in UTC), never a secret: only
+    scancel's own words.
+
+    :param job_ids: SLURM job ids.
+    :param name: our job name: only a job of exactly that name is cancelled (a reused id is never hit).
+    :param user: the connection's SLURM user, as :func:`scancel`.
+    :param log_path: where the loop writes what became of it; None: nowhere.
+    :returns: the command line.
+    :raises ValidationError: for a bad id, name or user, or a window or interval that is not positive.
+    """
+    if not (within_s > 0 and every_s > 0):
+        raise ValidationError(f"a handed-off cancel needs a positive window and interval, not {within_s}/{every_s}")
+    cancel = scancel(job_ids, name=name, user=user)
+    loop = (
+        f"end=$(( $(date +%s) + {int(within_s)} )); "
+        f"while :; do err=$({cancel} 2>&1 >/dev/null); rc=$?; "
+        'if [ "$rc" -eq 0 ] || [ -z "$err" ]; then echo "$(date -u +%FT%TZ) scancel went through"; exit 0; fi; '
+        'echo "$(date -u +%FT%TZ) scancel failed ($rc): $err"; '
+        'if [ "$(date +%s)" -ge "$end" ]; then echo "$(date -u +%FT%TZ) gave up: cancel the job by hand"; exit 1; fi; '
+        f"sleep {every_s:g}; done"
+    )
+    target = quote(_absolute(log_path, "cancel log path")) if log_path else "/dev/null"
+    return f"nohup sh -c {quote(loop)} </dev/null >>{target} 2>&1 &"
+
+
 def sinfo_partitions() -> str:
     """``sinfo -a -h -o SINFO_FORMAT``: every partition (hidden ones too), its limit, state, access and node shapes.
 

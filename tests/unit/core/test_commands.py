@@ -264,6 +264,20 @@ REJECTED: list[tuple[str, Callable[[], Any]]] = [
     ("scancel-bad-id", lambda: commands.scancel(["12 13"])),
     ("scancel-bad-name", lambda: commands.scancel(["12"], name="x y")),
     ("scancel-string-ids", lambda: commands.scancel("", name="tao-x")),
+    (
+        "handoff-no-window",
+        lambda: commands.scancel_handed_off(["12"], name="tao-x", user="u", within_s=0, every_s=5, log_path=None),
+    ),
+    (
+        "handoff-relative-log",
+        lambda: commands.scancel_handed_off(
+            ["12"], name="tao-x", user="u", within_s=60, every_s=5, log_path="x.cancel.log"
+        ),
+    ),
+    (
+        "handoff-bad-name",
+        lambda: commands.scancel_handed_off(["12"], name="x;y", user="u", within_s=60, every_s=5, log_path=None),
+    ),
     ("sacctmgr-bad-user", lambda: commands.sacctmgr_assoc("a b")),
     ("sacctmgr-list-user", lambda: commands.sacctmgr_assoc("a,b")),
     ("sacctmgr-bad-account", lambda: commands.sacctmgr_assoc("alice", "x where user=root")),
@@ -861,6 +875,70 @@ def test_install_enroot_credentials_writes_the_key_to_no_other_file(shell: str, 
     )
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert key not in stdout + stderr
+
+
+# ------------------------------------------------------------------ a cancel handed to the login host
+
+
+def _hand_off(tmp_path: Path, scancel_body: str, within_s: float) -> tuple[Path, Path, float]:
+    """Run the handed-off cancel of job 12 with a stand-in scancel; return its log, the calls and the seconds the
+    command took to return."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    _tool(bin_dir, "scancel", f"printf '%s\\n' \"$*\" >> {calls}; {scancel_body}")
+    log = tmp_path / "records with space" / "tao-x.cancel.log"
+    log.parent.mkdir()
+    command = commands.scancel_handed_off(
+        ["12"], name="tao-x", user="u", within_s=within_s, every_s=0.1, log_path=str(log)
+    )
+    started = time.monotonic()
+    result = run_shell("sh", command, tmp_path, env={"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    assert (result.returncode, result.stdout, result.stderr) == (0, b"", b"")
+    return log, calls, time.monotonic() - started
+
+
+def _log_says(log: Path, words: str) -> str:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        if words in text:
+            return text
+        time.sleep(0.05)
+    raise AssertionError(f"{log} never said {words!r}: {text!r}")
+
+
+def test_a_handed_off_cancel_tries_until_slurmctld_takes_it_and_returns_at_once(tmp_path: Path) -> None:
+    """slurmctld answers the third scancel. Expected: the command returns before the first retry (the loop holds
+    no stream of the SSH session); the log has both errors and the success; every try is the guarded scancel."""
+    tries = tmp_path / "tries"
+    body = (
+        f'echo x >> {tries}; [ "$(wc -l < {tries})" -ge 3 ] && exit 0; '
+        "echo 'scancel: error: Unable to contact slurm controller (connect failure)' >&2; exit 1"
+    )
+    log, calls, took = _hand_off(tmp_path, body, within_s=60)
+
+    text = _log_says(log, "scancel went through")
+    assert took < 2
+    assert text.count("scancel failed (1): scancel: error: Unable to contact slurm controller") == 2
+    assert calls.read_text().splitlines() == ["-Q --name=tao-x --user=u 12"] * 3
+
+
+def test_a_handed_off_cancel_of_a_job_no_longer_live_ends_at_once(tmp_path: Path) -> None:
+    """scancel -Q's silent exit 1: the name matched no live job. Expected: one try, the loop ends."""
+    log, calls, _ = _hand_off(tmp_path, "exit 1", within_s=60)
+
+    _log_says(log, "scancel went through")
+    time.sleep(0.3)
+    assert calls.read_text().splitlines() == ["-Q --name=tao-x --user=u 12"]
+
+
+def test_a_handed_off_cancel_gives_up_after_its_window_and_says_so(tmp_path: Path) -> None:
+    log, calls, _ = _hand_off(tmp_path, "echo 'scancel: error: Socket timed out' >&2; exit 1", within_s=1)
+
+    text = _log_says(log, "gave up: cancel the job by hand")
+    assert "went through" not in text
+    assert len(calls.read_text().splitlines()) >= 2
 
 
 # ------------------------------------------------------------------ held submission and staging

@@ -33,6 +33,7 @@ from airflow_provider_tao_slurm.exceptions import (
     RemoteCommandError,
     RemoteReadError,
     SlurmAuthenticationError,
+    SlurmConnectionError,
     SubmissionError,
     ValidationError,
 )
@@ -1147,11 +1148,13 @@ def test_an_unreadable_record_of_an_earlier_try_stops_the_try_before_anything_is
 
 
 class CancelOutageHook(LifecycleHook):
-    """A hook whose scancel fails with each of ``failures`` in turn (slurmctld out of reach), then goes through."""
+    """A hook whose scancel fails with each of ``failures`` in turn, then goes through; the hand-over of a cancel to
+    the login host fails with each of ``hand_off_failures`` in turn, then is recorded."""
 
-    def __init__(self, failures: list[Exception]) -> None:
+    def __init__(self, failures: list[Exception], hand_off_failures: Sequence[Exception] = ()) -> None:
         super().__init__()
         self.failures = failures
+        self.hand_off_failures = list(hand_off_failures)
         self.tries = 0
 
     def cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
@@ -1160,8 +1163,18 @@ class CancelOutageHook(LifecycleHook):
             raise self.failures.pop(0)
         super().cancel(job_ids, job_name=job_name)
 
+    def hand_off_cancel(
+        self, job_ids: Sequence[str], *, job_name: str, within_s: float, every_s: float, log_path: str | None
+    ) -> None:
+        if self.hand_off_failures:
+            raise self.hand_off_failures.pop(0)
+        super().hand_off_cancel(job_ids, job_name=job_name, within_s=within_s, every_s=every_s, log_path=log_path)
 
+
+#: scancel on the login host, which cannot reach slurmctld.
 CTLD_DOWN = RemoteCommandError("scancel failed: Unable to contact slurm controller (connect failure)")
+#: The login host itself out of reach.
+LOGIN_DOWN = SlurmConnectionError("cannot connect to the login host: Connection refused")
 
 
 def run_cancel(hook: LifecycleHook, side: str, clock: FakeClock, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1177,30 +1190,74 @@ def run_cancel(hook: LifecycleHook, side: str, clock: FakeClock, monkeypatch: py
     monkeypatch.setattr(jobs_module.asyncio, "sleep", sleep)
     asyncio.run(
         lifecycle.a_cancel(
-            "500", FIRST, record_path=LAYOUT.record_path, sidecar_path=LAYOUT.sidecar_path, source="trigger on_kill"
+            "500", FIRST, record_path=LAYOUT.record_path, sidecar_path=LAYOUT.sidecar_path, source="sensor on_kill"
         )
     )
 
 
 @pytest.mark.parametrize("side", ["sync", "async"])
-def test_a_cancel_while_slurmctld_is_out_of_reach_is_tried_again_until_it_goes_through(
+def test_a_cancel_slurmctld_does_not_answer_is_handed_to_the_login_host(
     side: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The soak's case: a user marked the task failed while the login host could not reach slurmctld. Expected:
-    scancel is tried again every CANCEL_RETRY_INTERVAL_S; once it goes through the record says CANCELED and the
-    sidecar goes (before, the first failure ended the cancel and the job ran on to COMPLETED, its record open)."""
-    hook = CancelOutageHook([CTLD_DOWN, CTLD_DOWN])
+    """The soak's case: a user marked the task failed while the login host could not reach slurmctld for longer than
+    Airflow's on_kill budget. Expected: at the first failed scancel, the cancel is handed to the login host (its job
+    name, an hour's window, a log beside the record) and on_kill ends at once; the record says CANCELED and where
+    the login host's log is, the sidecar goes. Before, on_kill tried for 20 s and gave up: the job ran on to
+    COMPLETED and its record stayed open."""
+    hook = CancelOutageHook([CTLD_DOWN])
     store(hook, record_of(FIRST))
     clock = FakeClock()
 
     run_cancel(hook, side, clock, monkeypatch)
 
-    assert hook.tries == 3
+    log = f"{BASE}/records/{FIRST}.cancel.log"
+    assert (hook.tries, clock.slept, hook.cancels) == (1, [], [])
+    assert hook.handed_off == [
+        (["500"], FIRST, jobs_module.CANCEL_HANDOFF_S, jobs_module.CANCEL_HANDOFF_INTERVAL_S, log)
+    ]
+    record = read_record(hook, FIRST)
+    assert record.terminal_state is TaoState.CANCELED
+    assert "the login host tries again every 5 s for up to 60 min" in record.transitions[-1].message
+    assert log in record.transitions[-1].message
+    assert sidecar_removals(hook) == [f"rm -f -- {LAYOUT.sidecar_path}"]
+    assert "cancel it by hand (scancel 500)" in caplog.text
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_cancel_while_the_login_host_is_out_of_reach_is_tried_again_until_it_goes_through(
+    side: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The login host's sshd restarting: the cancel cannot be handed over either. Expected: tried again every
+    CANCEL_RETRY_INTERVAL_S; once it goes through the record says CANCELED and the sidecar goes."""
+    hook = CancelOutageHook([LOGIN_DOWN, LOGIN_DOWN])
+    store(hook, record_of(FIRST))
+    clock = FakeClock()
+
+    run_cancel(hook, side, clock, monkeypatch)
+
+    assert (hook.tries, hook.handed_off) == (3, [])
     assert clock.slept == [jobs_module.CANCEL_RETRY_INTERVAL_S] * 2
     assert hook.cancels == [(["500"], FIRST)]
     assert read_record(hook, FIRST).terminal_state is TaoState.CANCELED
     assert sidecar_removals(hook) == [f"rm -f -- {LAYOUT.sidecar_path}"]
-    assert "is slurmctld restarting or out of the login host's reach?" in caplog.text
+    assert "is the login host restarting or out of reach?" in caplog.text
+
+
+@pytest.mark.parametrize("side", ["sync", "async"])
+def test_a_hand_over_that_fails_is_tried_again_like_the_cancel(side: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scancel failed on the login host, then the connection dropped before the cancel was handed over. Expected:
+    tried again; the second scancel goes through (nothing handed over), the record says CANCELED."""
+    hook = CancelOutageHook([CTLD_DOWN], hand_off_failures=[LOGIN_DOWN])
+    store(hook, record_of(FIRST))
+    clock = FakeClock()
+
+    run_cancel(hook, side, clock, monkeypatch)
+
+    assert (hook.tries, hook.handed_off, hook.cancels) == (2, [], [(["500"], FIRST)])
+    assert clock.slept == [jobs_module.CANCEL_RETRY_INTERVAL_S]
+    record = read_record(hook, FIRST)
+    assert record.terminal_state is TaoState.CANCELED
+    assert "login host tries again" not in record.transitions[-1].message
 
 
 @pytest.mark.parametrize(
@@ -1209,21 +1266,21 @@ def test_a_cancel_while_slurmctld_is_out_of_reach_is_tried_again_until_it_goes_t
 def test_a_cancel_that_never_goes_through_raises_and_keeps_the_record_open(
     side: str, window: float, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """slurmctld stays out of reach past the window (Airflow ends on_kill soon after). Expected: the last failure
-    is raised and logged with what to do by hand; the record is not marked CANCELED and the sidecar stays (the
-    job may still run and need it)."""
-    hook = CancelOutageHook([CTLD_DOWN] * 1000)
+    """The login host stays out of reach past the window (Airflow ends on_kill soon after). Expected: the last
+    failure is raised and logged with what to do by hand; the record is not marked CANCELED and the sidecar stays
+    (the job may still run and need it)."""
+    hook = CancelOutageHook([LOGIN_DOWN] * 1000)
     store(hook, record_of(FIRST))
     before = hook.files[LAYOUT.record_path]
     clock = FakeClock()
 
-    with pytest.raises(RemoteCommandError, match="Unable to contact slurm controller"):
+    with pytest.raises(SlurmConnectionError, match="Connection refused"):
         run_cancel(hook, side, clock, monkeypatch)
 
     assert sum(clock.slept) >= window
     assert sum(clock.slept) < window + jobs_module.CANCEL_RETRY_INTERVAL_S
     assert hook.files[LAYOUT.record_path] == before
-    assert sidecar_removals(hook) == []
+    assert (sidecar_removals(hook), hook.handed_off) == ([], [])
     assert "could not be cancelled" in caplog.text
     assert "scancel 500" in caplog.text
 
