@@ -849,7 +849,7 @@ class JobLifecycle:
                 return False
             except (RemoteCommandError, SlurmConnectionError) as failed:
                 last: TaoSlurmError = failed
-                if isinstance(failed, RemoteCommandError):
+                if plan.hands_over(failed):
                     try:
                         self.hook.hand_off_cancel([plan.slurm_job_id], **plan.hand_off)
                         plan.say_handed_off(self.log, failed)
@@ -871,7 +871,7 @@ class JobLifecycle:
                 return False
             except (RemoteCommandError, SlurmConnectionError) as failed:
                 last: TaoSlurmError = failed
-                if isinstance(failed, RemoteCommandError):
+                if plan.hands_over(failed):
                     try:
                         await self.hook.a_hand_off_cancel([plan.slurm_job_id], **plan.hand_off)
                         plan.say_handed_off(self.log, failed)
@@ -1124,6 +1124,14 @@ class _CancelPlan:
             f"slurmctld did not answer the login host's scancel: the login host tries again every "
             f"{CANCEL_HANDOFF_INTERVAL_S:g} s for up to {CANCEL_HANDOFF_S / 60:g} min{where}"
         )
+
+    @staticmethod
+    def hands_over(failed: TaoSlurmError) -> bool:
+        """Whether a failed scancel is handed to the login host.
+
+        Only one that ran there and failed (slurmctld did not answer it): a login host out of reach cannot take it over.
+        """
+        return isinstance(failed, RemoteCommandError)
 
     def say_handed_off(self, log: Any, failed: TaoSlurmError) -> None:
         """Log that the cancel is the login host's now, and what to do should it never go through."""
