@@ -833,10 +833,54 @@ def test_non_deferrable_on_kill_scancels_our_job_by_name_and_user() -> None:
     assert record["transitions"][-1]["source"] == "sensor on_kill"
 
 
-def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
-    sensor = sensor_with(NoHook())
+def deferred_then_killed(hook: SensorHook, killed: str) -> tuple[TaskDeferred, dict[str, Any]]:
+    """Run ``execute()`` of a deferrable sensor on ``hook`` (it defers on the job), then kill the sensor ``killed``.
 
-    sensor.on_kill()  # the trigger's on_kill cancels a deferred job
+    ``resumed``: the worker that deferred has exited (Airflow's task runner ends the process after the deferral) and
+    the sensor killed is the one Airflow builds anew from the DAG for the task; ``the one that deferred``: the same
+    object, as under ``airflow dags test``, whose trigger runs in the process that deferred. Returns the deferral and
+    the record as the deferral left it.
+    """
+    sensor = sensor_with(hook)
+    with pytest.raises(TaskDeferred) as deferred:
+        sensor.execute(CTX)
+    assert deferred.value.trigger.slurm_job_id == SLURM_ID
+    assert (hook.commands, hook.cancels, hook.handed_off) == ([], [], [])  # deferring itself touches nothing
+    record = read_record(hook)
+    (sensor_with(hook) if killed == "resumed" else sensor).on_kill()
+    return deferred.value, record
+
+
+def test_a_deferred_sensor_on_kill_touches_nothing() -> None:
+    """A user kill of a deferred task is its trigger's: Airflow calls the trigger's ``on_kill`` (which cancels, records
+    CANCELED and drops the sidecar); the worker that ran ``execute()`` exited after the deferral. Expected: the
+    sensor Airflow builds for the deferred task, killed while its job still waits, issues no scancel (not even one
+    left to the login host), runs no command, so removes no sidecar, and leaves the record as the deferral left it."""
+    hook = SensorHook()
+    hook.cancel = MethodType(SlurmHook.cancel, hook)  # type: ignore[method-assign]  # the hook's real scancel line
+
+    deferred, record = deferred_then_killed(hook, "resumed")
+
+    assert deferred.trigger.cancel_on_kill  # the trigger is the one that cancels
+    assert (hook.commands, hook.cancels, hook.handed_off) == ([], [], [])
+    assert read_record(hook) == record
+    assert record["terminal_state"] is None
+
+
+def test_the_sensor_that_deferred_under_dags_test_cancels_when_killed() -> None:
+    """``airflow dags test`` runs the trigger in the process that deferred, and its SIGTERM reaches the sensor's
+    ``on_kill`` (tests/cluster/test_stopped_runs.py, sigterm-deferred). Expected: that sensor cancels the job it
+    deferred on by name and user, drops the sidecar and records CANCELED: the contrast that makes the test above
+    mean something."""
+    hook = SensorHook()
+    hook.settings = replace(hook.settings, user="alice")
+    hook.cancel = MethodType(SlurmHook.cancel, hook)  # type: ignore[method-assign]  # the hook's real scancel line
+
+    deferred_then_killed(hook, "the one that deferred")
+
+    assert hook.commands == [f"scancel -Q --name={JOB_ID} --user=alice {SLURM_ID}", f"rm -f -- {LAYOUT.sidecar_path}"]
+    record = read_record(hook)
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "sensor on_kill")
 
 
 def test_a_finished_training_announces_its_results_on_the_sensors_assets() -> None:
