@@ -30,8 +30,9 @@ between MIN_GRACE_SECONDS and MAX_GRACE_SECONDS; GRACE_SECONDS is then the longe
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -102,6 +103,23 @@ def _template_source(name: str) -> str:
         ) from exc
 
 
+def _included_source(name: str) -> tuple[str, None, Callable[[], bool]]:
+    """Return the text of an ``@@% include %@@``d template, read at each render like the rest.
+
+    Jinja keeps the include compiled while its file reads the same (the third item, asked at each
+    render), so a submission parses and compiles no template it compiled before.
+    """
+    source = _template_source(name)
+
+    def reads_the_same() -> bool:
+        try:
+            return _template_source(name) == source
+        except TemplateRenderError:  # gone: the reload says so
+            return False
+
+    return source, None, reads_the_same
+
+
 _JINJA = jinja2.Environment(
     variable_start_string="@@",
     variable_end_string="@@",
@@ -114,9 +132,20 @@ _JINJA = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     autoescape=False,  # noqa: S701 - renders shell scripts, not HTML; shell values are quoted explicitly
-    loader=jinja2.FunctionLoader(_template_source),  # for @@% include %@@, read at each render like the rest
-    cache_size=0,
+    loader=jinja2.FunctionLoader(_included_source),
 )
+
+
+@functools.lru_cache(maxsize=16)
+def _placeholders(source: str) -> frozenset[str]:
+    """Return the placeholders a template's text uses (its includes' not counted), once per text."""
+    return frozenset(jinja2.meta.find_undeclared_variables(_JINJA.parse(source)))
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(source: str) -> jinja2.Template:
+    """Return a template's text compiled, once per text."""
+    return _JINJA.from_string(source)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -206,13 +235,12 @@ def render_template(name: str, values: Mapping[str, object]) -> str:
     """
     source = _template_source(name)
     try:
-        parsed = _JINJA.parse(source)
-        missing = sorted(jinja2.meta.find_undeclared_variables(parsed) - set(values))
+        missing = sorted(_placeholders(source) - set(values))
         if missing:
             raise TemplateRenderError(
                 f"template {name} needs a value for placeholder(s) {', '.join(missing)}; pass them to the renderer"
             )
-        text = _JINJA.from_string(parsed).render(values)
+        text = _compiled(source).render(values)
     except jinja2.TemplateError as exc:
         raise TemplateRenderError(f"template {name} is invalid: {exc}; fix templates/slurm/{name}") from exc
     leftover = _LEFTOVER.search(text)
