@@ -409,9 +409,8 @@ def _text_spans(text: str) -> Iterator[tuple[str, str, int, int]]:
     """
     where: Sequence[int] = range(len(text))
     logical = text
-    if _SPLICE in text:  # most text has no splice: no walk over its characters
-        where = [index for index, char in enumerate(text) if not _spliced(text, index)]
-        logical = "".join(text[index] for index in where)
+    if _SPLICE in text:  # most text has no splice: no map of its characters
+        where, logical = _unspliced(text)
     offset = 0
     lines = logical.splitlines(keepends=True)
     for number, line in enumerate(lines):
@@ -420,9 +419,14 @@ def _text_spans(text: str) -> Iterator[tuple[str, str, int, int]]:
         offset += len(line)
 
 
-def _spliced(text: str, index: int) -> bool:
-    """Tell whether ``index`` is on one of the two characters of a backslash-newline splice."""
-    return text.startswith(_SPLICE, index) or (index > 0 and text.startswith(_SPLICE, index - 1))
+def _unspliced(text: str) -> tuple[list[int], str]:
+    """Return where each character of ``text`` without its backslash-newline splices came from, and that text."""
+    where: list[int] = []
+    start = 0
+    for piece in text.split(_SPLICE):  # splices never overlap: the second character is no backslash
+        where += range(start, start + len(piece))
+        start += len(piece) + len(_SPLICE)
+    return where, text.replace(_SPLICE, "")
 
 
 def _env_block_spans(lines: list[str], number: int) -> Iterator[tuple[str, str, int, int]]:
