@@ -193,7 +193,8 @@ COMMON_DIRECTIVES = [
         pytest.param(
             BASE,
             [*COMMON_DIRECTIVES, "#SBATCH --nodes=1\n", "#SBATCH --gres=gpu:4\n", "#SBATCH --requeue\n",
-             "timeout 13680 bash -c 'classification_pyt train -e ", "export MASTER_ADDR=127.0.0.1\n",
+             "    timeout 13680 bash -c \"${TAO_SLURM_STEP_NOTER}\" tao-step 'classification_pyt train -e ",
+             "export MASTER_ADDR=127.0.0.1\n",
              "if ! MASTER_PORT=$(tao_slurm_free_port); then\n", "export TAO_GPUS_PER_NODE=4\n"],
             ["--account", "--exclusive", "--exclude", "--wait-all-nodes", "TAO_SLURM_ENV_FILE", "--mem",
              "export MASTER_PORT="],
@@ -220,7 +221,8 @@ COMMON_DIRECTIVES = [
              "export WORLD_SIZE=2\n", "export NUM_GPU_PER_NODE=1\n",
              "if ! MASTER_PORT=$(tao_slurm_free_port); then\n",
              "export TAO_NODE_COUNT=2\n", "export TAO_GPUS_PER_NODE=1\n", "export NCCL_SOCKET_IFNAME=eth0\n",
-             "'export NODE_RANK=\"${SLURM_NODEID}\" TAO_NODE_RANK=\"${SLURM_NODEID}\";"],
+             "\nexport NODE_RANK=\"${SLURM_NODEID}\" TAO_NODE_RANK=\"${SLURM_NODEID}\"\n",
+             "    bash -c \"${TAO_SLURM_STEP_START}\" \\\n    tao-step 13680 'classification_pyt train -e "],
             ["timeout 13680 bash -c 'classification"],
             id="multi-node",
         ),
@@ -348,6 +350,9 @@ def test_templates_found_and_packaged_at_the_looked_up_path() -> None:
 FAKE_SRUN = r"""#!/bin/bash
 # Record the arguments (NUL separated), drop the leading srun options, run the command once per node
 # (with --label, each line of its stdout and stderr prefixed with its task number, as srun does).
+# With FAKE_DIR/signal-step, slurmstepd as a preemption's grace time starts: each time the program says it
+# is ready (it creates FAKE_DIR/ready, removed here), SIGTERM to that node's task: to its first process only
+# when the file says "first" (proctrack/cgroup), else to every process of it (proctrack/linuxproc).
 printf '%s\0' "$@" > "$FAKE_DIR/srun.args"
 if [ -n "${FAKE_SRUN_HANG:-}" ]; then : > "$FAKE_DIR/srun.started"; exec sleep 30; fi
 set -o pipefail
@@ -356,16 +361,37 @@ label=
 while [ $# -gt 0 ]; do
     case "$1" in --nodes=*) nodes="${1#--nodes=}"; shift ;; --label) label=1; shift ;; --*) shift ;; *) break ;; esac
 done
+task=()
+signaller=
+if [ -e "$FAKE_DIR/signal-step" ]; then
+    task=(bash -c 'echo "$$" > "$FAKE_DIR/task.pid"; exec "$@"' fake-task)
+    tree() {
+        local pid
+        for pid in "$@"; do echo "$pid"; tree $(cat /proc/"$pid"/task/*/children 2> /dev/null); done
+    }
+    (
+        while :; do
+            while [ ! -e "$FAKE_DIR/ready" ]; do sleep 0.02; done
+            rm -f "$FAKE_DIR/ready"
+            pids=$(cat "$FAKE_DIR/task.pid")
+            [ "$(cat "$FAKE_DIR/signal-step")" = first ] || pids=$(tree $pids)
+            kill -s TERM $pids
+        done
+    ) > /dev/null 2>&1 &
+    signaller=$!
+fi
 rc=0
 for ((node = 0; node < nodes; node++)); do
     if [ -n "$label" ]; then
-        ( { SLURM_NODEID=$node "$@" < /dev/null | sed "s/^/$node: /"; } 2>&1 1>&3 | sed "s/^/$node: /" >&2 ) 3>&1
+        ( { SLURM_NODEID=$node "${task[@]}" "$@" < /dev/null | sed "s/^/$node: /"; } 2>&1 1>&3 \
+            | sed "s/^/$node: /" >&2 ) 3>&1
     else
-        SLURM_NODEID=$node "$@" < /dev/null
+        SLURM_NODEID=$node "${task[@]}" "$@" < /dev/null
     fi
     status=$?
     if [ "$status" -gt "$rc" ]; then rc=$status; fi
 done
+[ -z "$signaller" ] || kill "$signaller"
 exit "$rc"
 """
 # The slice's echo of its partition and limit (``squeue -o "%P %l"``): without it the machine's own squeue ran,
@@ -380,14 +406,15 @@ if [ "$1 $2 $3" = "show job -o" ]; then
     # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
     # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason,
     # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists), FAKE_START_TIME
-    # and FAKE_END_TIME its start and end; FAKE_SCONTROL_DOWN (or FAKE_DIR/scontrol-down): no answer.
+    # and FAKE_END_TIME its start and end; FAKE_SCONTROL_DOWN (or FAKE_DIR/scontrol-down): no answer. Each
+    # answer adds a line to FAKE_DIR/scontrol.asked.
     if [ -n "${FAKE_SCONTROL_DOWN:-}" ] || [ -e "$FAKE_DIR/scontrol-down" ]; then
         echo 'Unable to contact slurm controller' >&2
         exit 1
     fi
     preempt=None
     [ -e "$FAKE_DIR/preempting" ] && preempt="${FAKE_PREEMPT_TIME:-None}"
-    : > "$FAKE_DIR/scontrol.asked"
+    echo "$4" >> "$FAKE_DIR/scontrol.asked"
     echo "JobId=$4 JobName=tao-x UserId=u(1001) GroupId=u(1001) MCS_label=N/A Priority=1 Nice=0 Account=a QOS=normal" \\
         "JobState=COMPLETING Reason=${FAKE_JOB_REASON:-None} Dependency=(null) Requeue=1" \\
         "Restarts=${FAKE_JOB_RESTARTS:-0} BatchFlag=1 Reboot=0 ExitCode=0:0 Comment=x_Restarts=9 Reason=NodeDown" \\
@@ -443,6 +470,54 @@ class Run:
         return (self.job_dir / "srun.args").read_text().split("\0")[:-1]
 
 
+#: The shapes the step takes in the script: the plain one (timeout the task's first process; on several nodes
+#: through a shell that becomes timeout), a slice's (srun in the background) and a slice's with
+#: checkpoint_signal (the relay is the task's first process).
+SHAPES = [f"{nodes}-{kind}" for kind in ("plain", "slice", "relay") for nodes in ("single-node", "multi-node")]
+
+
+def shaped(tmp_path: Path, shape: str, **changes: Any) -> Run:
+    """A run of the script whose step has ``shape``; a slice's program runs under ``timeout_seconds`` too."""
+    if shape.startswith("multi-node"):
+        changes.update(num_nodes=2, gpus_per_node=1)
+    if not shape.endswith("plain"):
+        changes["slice"] = SliceScript(
+            str(tmp_path / "slices"),
+            30,
+            str(tmp_path / "results"),
+            checkpoint_signal="USR1" if shape.endswith("relay") else None,
+            stop_at_timeout=True,
+        )
+    return Run(tmp_path, **changes)
+
+
+def in_preemption(run: Run) -> None:
+    """slurmctld shows the job's preemption under way (PreemptTime) while FAKE_DIR/preempting exists."""
+    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
+    (run.job_dir / "preempting").touch()
+
+
+def signal_the_step(run: Run, how: str = "first") -> None:
+    """The fake srun sends the step SIGTERM as a preemption's grace time starts (see FAKE_SRUN)."""
+    (run.job_dir / "signal-step").write_text(how)
+
+
+def on_sigterm(code: int) -> str:
+    """A program that runs until SIGTERM reaches it, then exits ``code`` (0: as a program that saves and exits)."""
+    return f'trap "exit {code}" TERM; sleep 30 & : > "$FAKE_DIR/ready"; wait'
+
+
+def asked(run: Run) -> int:
+    """How many times the script asked slurmctld about its job (``scontrol show job``)."""
+    path = run.job_dir / "scontrol.asked"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def notes(run: Run) -> list[str]:
+    """The notes of a signalled step left in the job directory."""
+    return sorted(path.name for path in run.job_dir.glob("step-signalled-*"))
+
+
 def test_run_single_node_exit_code_sidecar_and_quoting(tmp_path: Path) -> None:
     env_value = "say \"hi\" and 'bye' $HOME `id` $(id); done\nnext line"
     command = (
@@ -473,7 +548,9 @@ def test_run_single_node_exit_code_sidecar_and_quoting(tmp_path: Path) -> None:
     assert args[:5] == ["--input=none", "--export=ALL", "--nodes=1", "--ntasks-per-node=1", "--cpus-per-task=16"]
     assert "--container-image=/images/my img/it's.sqsh" in args
     assert "--no-container-mount-home" in args
-    assert args[args.index("timeout") :] == ["timeout", "13680", "bash", "-c", command]
+    start = args.index("timeout")
+    assert args[start : start + 4] == ["timeout", "13680", "bash", "-c"]
+    assert args[start + 5 :] == ["tao-step", command, str(run.job_dir / "step-signalled-4242-0")]
 
 
 @pytest.mark.parametrize(
@@ -565,28 +642,37 @@ def test_run_sigterm_keeps_the_sidecar_for_a_requeued_run(tmp_path: Path, with_s
 
 
 @pytest.mark.parametrize(
-    ("changes", "env", "removed"),
+    ("changes", "env", "signalled", "removed"),
     [
-        pytest.param({"command": "true"}, {}, True, id="success"),
-        pytest.param({"command": "exit 3"}, {}, True, id="program-failure"),
-        pytest.param({"command": "sleep 5", "timeout_seconds": 1}, {}, True, id="program-timeout"),
-        pytest.param({"command": "exit 3", "requeue": False}, {}, True, id="no-requeue"),
-        pytest.param({"command": "true"}, {"SLURM_RESTART_COUNT": "2", "FAKE_JOB_RESTARTS": "2"}, True,
+        pytest.param({"command": "true"}, {}, False, True, id="success"),
+        pytest.param({"command": "exit 3"}, {}, False, True, id="program-failure"),
+        pytest.param({"command": "sleep 5", "timeout_seconds": 1}, {}, False, True, id="program-timeout"),
+        pytest.param({"command": "exit 3", "requeue": False}, {}, False, True, id="no-requeue"),
+        pytest.param({"command": "true"}, {"SLURM_RESTART_COUNT": "2", "FAKE_JOB_RESTARTS": "2"}, False, True,
                      id="last-run-of-a-requeued-job"),
-        pytest.param({"command": "true", "num_nodes": 2, "gpus_per_node": 1}, {}, True, id="multi-node"),
-        pytest.param({"command": "true"}, {"FAKE_JOB_RESTARTS": "1"}, False, id="ended-while-slurm-requeues-it"),
-        pytest.param({"command": "exit 1", "requeue": False}, {"FAKE_JOB_REASON": "NodeDown"}, False,
+        pytest.param({"command": "true", "num_nodes": 2, "gpus_per_node": 1}, {}, False, True, id="multi-node"),
+        pytest.param({"command": "true"}, {"FAKE_SCONTROL_DOWN": "1"}, False, True,
+                     id="ended-by-itself-while-slurmctld-is-down"),
+        pytest.param({"command": on_sigterm(0)}, {}, True, True, id="signalled-step-slurm-will-not-rerun"),
+        pytest.param({"command": on_sigterm(0)}, {"FAKE_JOB_RESTARTS": "1"}, True, False,
+                     id="ended-while-slurm-requeues-it"),
+        pytest.param({"command": on_sigterm(1), "requeue": False}, {"FAKE_JOB_REASON": "NodeDown"}, True, False,
                      id="node-failure-resubmitted-by-the-provider"),
-        pytest.param({"command": "true"}, {"FAKE_SCONTROL_DOWN": "1"}, False, id="scheduler-unreachable"),
+        pytest.param({"command": on_sigterm(0)}, {"FAKE_SCONTROL_DOWN": "1"}, True, False,
+                     id="scheduler-unreachable"),
     ],
 )  # fmt: skip
 def test_run_end_removes_the_sidecar_only_when_slurm_will_not_rerun_the_job(
-    tmp_path: Path, changes: dict[str, Any], env: dict[str, str], removed: bool
+    tmp_path: Path, changes: dict[str, Any], env: dict[str, str], signalled: bool, removed: bool
 ) -> None:
-    """Nobody watches the job: its own EXIT trap removes the secret once SLURM will not run it again."""
+    """Nobody watches the job: its own EXIT trap removes the secret once SLURM will not run it again. The
+    scheduler is asked only when a signal reached the step (SLURM signals a job it requeues, preempts or ends
+    for a node failure); a run none reached ended by itself."""
     run = Run(tmp_path, **changes)
     run.write_sidecar("export A=1\n")
     run.env.update(env)
+    if signalled:
+        signal_the_step(run)
     result = run.run()
     assert run.sidecar.exists() is not removed, result.stdout
     expected = (
@@ -596,6 +682,8 @@ def test_run_end_removes_the_sidecar_only_when_slurm_will_not_rerun_the_job(
     )
     assert result.stdout.splitlines()[-1] == expected
     assert len(list(run.ends.iterdir())) == 1, "the end marker is still left after the sidecar decision"
+    if not signalled:
+        assert asked(run) == 0, "a run no signal reached asks slurmctld nothing"
 
 
 @pytest.mark.parametrize(("restarts", "removed"), [("0", True), ("1", False)], ids=["cancel-or-timeout", "requeue"])
@@ -625,43 +713,90 @@ def test_run_sigterm_before_the_step_ends_the_script_without_a_marker(tmp_path: 
     assert list(run.ends.iterdir()) == []
 
 
-@pytest.mark.parametrize("num_nodes", [1, 2], ids=["single-node", "multi-node"])
-def test_run_a_step_ended_by_a_preemption_waits_for_slurm_to_end_the_job(tmp_path: Path, num_nodes: int) -> None:
-    """A preemption's grace time: the steps got SIGTERM and the program exited, the shell got nothing. While
-    slurmctld shows a PreemptTime the script waits (so SLURM ends the job PREEMPTED and may requeue it); its
-    SIGTERM at the end of the grace time ends the wait, and no end marker is left."""
-    run = Run(tmp_path, command="exit 143", num_nodes=num_nodes, gpus_per_node=1)
-    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
-    (run.job_dir / "preempting").touch()
+# --- what the job's end asks slurmctld: nothing, unless a signal reached the step or the batch shell ---------
+
+
+@pytest.mark.parametrize(
+    ("command", "timeout_seconds", "rc"),
+    [
+        pytest.param("true", 13680, 0, id="success"),
+        pytest.param("exit 7", 13680, 7, id="failure"),
+        pytest.param("sleep 5", 1, 124, id="program-timeout"),
+    ],
+)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_run_a_step_no_signal_reached_asks_slurmctld_nothing(
+    tmp_path: Path, shape: str, command: str, timeout_seconds: int, rc: int
+) -> None:
+    """A job that ends by itself asks slurmctld nothing, even while it would show a preemption: no wait after
+    the step, and the sidecar goes without asking (SLURM reruns such a run only for a RequeueExit code, which
+    it reads after the script ended). timeout's own SIGTERM (124) is no signal of SLURM's."""
+    run = shaped(tmp_path, shape, command=command, timeout_seconds=timeout_seconds)
+    run.write_sidecar("export A=1\n")
+    in_preemption(run)
+    result = run.run()
+    assert result.returncode == rc, result.stderr
+    assert asked(run) == 0
+    assert "preempted" not in result.stdout
+    assert not run.sidecar.exists()
+    assert sorted(path.name for path in run.ends.iterdir()) == [f"4242-0-{rc}.end"]
+    assert notes(run) == []
+
+
+@pytest.mark.parametrize(
+    ("restart", "stale"),
+    [("0", "step-signalled-4242-0"), ("2", "step-signalled-4242-1")],
+    ids=["left-in-this-runs-place", "an-earlier-runs"],
+)
+def test_run_a_note_left_before_the_step_asks_slurmctld_nothing(tmp_path: Path, restart: str, stale: str) -> None:
+    """Only this run's note, written by its own step, counts: the script removes any in its place before the
+    step, and an earlier run's (another restart count) is not its own."""
+    run = Run(tmp_path, command="true", sidecar=None)
+    run.env["SLURM_RESTART_COUNT"] = restart
+    (run.job_dir / stale).touch()
+    in_preemption(run)
+    result = run.run()
+    assert result.returncode == 0, result.stderr
+    assert asked(run) == 0
+    assert notes(run) == ([] if restart == "0" else [stale])
+
+
+@pytest.mark.parametrize("how", ["first", "all"], ids=["cgroup", "linuxproc"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_run_a_step_ended_by_a_preemption_waits_for_slurm_to_end_the_job(tmp_path: Path, shape: str, how: str) -> None:
+    """A preemption's grace time: the steps got SIGTERM (where SLURM signals only the task's first process,
+    timeout or the relay passes it on) and the program exited 0, the shell got nothing. The step's note makes
+    the script ask; while slurmctld shows a PreemptTime it waits (so SLURM ends the job PREEMPTED and may
+    requeue it); its SIGTERM at the end of the grace time ends the wait, and no end marker is left."""
+    run = shaped(tmp_path, shape, command=on_sigterm(0))
+    signal_the_step(run, how)
+    in_preemption(run)
     process = subprocess.Popen(
         ["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
     )  # fmt: skip
-    deadline = time.monotonic() + 20
-    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(run.job_dir / "scontrol.asked")
     time.sleep(1.0)
     assert process.poll() is None, "the script ended before SLURM preempted the job"
     os.killpg(process.pid, signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=20)
     assert "TAO_SLURM: the job is being preempted (since 2026-12-06T10:05:00): waiting for SLURM to end it" in stdout
     assert "TAO_SLURM: SIGTERM received (cancel, requeue or preemption)" in stderr
-    assert process.returncode == 143
+    assert process.returncode == 0, "the step's status (SLURM records the job PREEMPTED)"
     assert list(run.ends.iterdir()) == [], "a preempted run leaves no end marker"
+    assert notes(run) == [], "the note is read once, after the step"
 
 
 def test_run_a_preemption_wait_goes_on_while_slurmctld_does_not_answer(tmp_path: Path) -> None:
     """A preemption was seen, then slurmctld stops answering: a failed query is no answer, so the script keeps
     waiting (until SLURM's SIGTERM), never ends the job by itself."""
-    run = Run(tmp_path, command="exit 143")
-    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
-    (run.job_dir / "preempting").touch()
+    run = Run(tmp_path, command=on_sigterm(143))
+    signal_the_step(run)
+    in_preemption(run)
     process = subprocess.Popen(
         ["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True, start_new_session=True
     )
-    deadline = time.monotonic() + 20
-    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(run.job_dir / "scontrol.asked")
     time.sleep(1.0)
     (run.job_dir / "scontrol-down").touch()
     (run.job_dir / "preempting").unlink()  # what slurmctld would say, if it answered
@@ -676,13 +811,11 @@ def test_run_a_preemption_wait_goes_on_while_slurmctld_does_not_answer(tmp_path:
 
 def test_run_a_preemption_that_no_longer_shows_ends_the_wait(tmp_path: Path) -> None:
     """The wait lasts only while slurmctld shows the preemption: once it does not, the script ends by itself."""
-    run = Run(tmp_path, command="exit 143")
-    run.env["FAKE_PREEMPT_TIME"] = "2026-12-06T10:05:00"
-    (run.job_dir / "preempting").touch()
+    run = Run(tmp_path, command=on_sigterm(143))
+    signal_the_step(run)
+    in_preemption(run)
     process = subprocess.Popen(["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 20
-    while not (run.job_dir / "srun.args").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_for(run.job_dir / "scontrol.asked")
     time.sleep(1.0)
     (run.job_dir / "preempting").unlink()
     stdout, _ = process.communicate(timeout=30)
@@ -700,15 +833,21 @@ def test_run_a_preemption_that_no_longer_shows_ends_the_wait(tmp_path: Path) -> 
         ),
     ],
 )
-def test_run_a_step_that_ends_without_a_preemption_ends_the_script(tmp_path: Path, env: dict[str, str]) -> None:
-    """No PreemptTime (or no answer): the step's end is the job's end, at once."""
-    run = Run(tmp_path, command="exit 143")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_run_a_step_that_ends_without_a_preemption_ends_the_script(
+    tmp_path: Path, shape: str, env: dict[str, str]
+) -> None:
+    """SIGTERM reached the step, but slurmctld shows no PreemptTime (or does not answer): one query, and the
+    step's end is the job's end, at once."""
+    run = shaped(tmp_path, shape, command=on_sigterm(143), sidecar=None)
+    signal_the_step(run)
     (run.job_dir / "preempting").touch()
     run.env.update(env)
     result = run.run()
-    assert result.returncode == 143
+    assert result.returncode == 143, result.stderr
     assert "preempted" not in result.stdout
-    assert (run.job_dir / "scontrol.asked").exists() is not bool(env)
+    assert asked(run) == (0 if env else 1)
+    assert [path.name for path in run.ends.iterdir()] == ["4242-0-143.end"]
 
 
 def test_run_multi_node_rendezvous_per_task(tmp_path: Path) -> None:
@@ -913,7 +1052,11 @@ def test_slice_script_directives_and_shared_names() -> None:
     assert f'export {SLICE_ENV}="${{{SLICE_ENV}:-1}}"\n' in script
     assert f"export {LATEST_CHECKPOINT_ENV}\n" in script
     # a slice ends at SLURM's limit: its program's timeout is twice the 30-minute wall, never timeout_seconds
-    assert f"    timeout 3600 bash -c {quote(BASE.command)}\ntao_slurm_step_rc\nTAO_SLURM_STEP_RC=$?\n" in script
+    assert (
+        f'    timeout 3600 bash -c "${{TAO_SLURM_STEP_NOTER}}" tao-step {quote(BASE.command)} '
+        '"${TAO_SLURM_STEP_NOTE}"\n'
+        "tao_slurm_step_rc\nTAO_SLURM_STEP_RC=$?\n"
+    ) in script
     assert "\ntao_slurm_step srun --input=none " in script
     assert "TAO_SLURM_STEP_RELAY" not in script, "without checkpoint_signal the step is started as ever"
     assert "--signal" not in render_sbatch(BASE)
@@ -941,6 +1084,29 @@ def test_slice_warning_leaves_the_ending_marker_while_the_step_runs_on(tmp_path:
     assert sorted(path.name for path in run.ends.iterdir()) == ["4242-0-3.end"]
 
 
+@pytest.mark.parametrize("preempting", [False, True], ids=["time-limit", "preemption"])
+def test_slice_warning_then_the_programs_own_end_asks_slurmctld(tmp_path: Path, preempting: bool) -> None:
+    """SLURM's warning reached the batch shell and the program then ended by itself (exit 0, say after saving):
+    the warning may be a preemption's (send_user_signal), so the script asks once, and waits for SLURM while
+    slurmctld shows the preemption under way; the time limit's warning shows none, and the step's end stands."""
+    command = 'touch "$FAKE_DIR/step.started"; sleep 3; touch "$FAKE_DIR/step.done"; exit 0'
+    run = slice_run(tmp_path, command)
+    if preempting:
+        in_preemption(run)
+    process = subprocess.Popen(["bash", str(run.script)], env=run.env, stdout=subprocess.PIPE, text=True)
+    wait_for(run.job_dir / "step.started")
+    process.send_signal(signal.SIGUSR1)
+    wait_for(run.job_dir / "scontrol.asked")
+    if preempting:
+        time.sleep(1.0)
+        assert process.poll() is None, "the script ended before SLURM preempted the job"
+        process.send_signal(signal.SIGTERM)
+    stdout, _ = process.communicate(timeout=30)
+    assert (process.returncode, asked(run)) == (0, 1)
+    assert ("waiting for SLURM to end it" in stdout) is preempting
+    assert sorted(path.name for path in run.ends.iterdir()) == ([] if preempting else ["4242-0-0.end"])
+
+
 @pytest.mark.parametrize("name", ["USR1", "USR2"])
 def test_slice_warning_forwards_checkpoint_signal_to_an_unhandling_program(
     tmp_path: Path, slices: Path, name: str
@@ -956,7 +1122,8 @@ def test_slice_warning_forwards_checkpoint_signal_to_an_unhandling_program(
         stdout.splitlines()
     )
     args = run.srun_args()
-    assert (args[-7:-5], args[-4:]) == (["bash", "-c"], ["tao-step", "28800", name, LONG_STEP])
+    note = str(run.job_dir / "step-signalled-4242-0")
+    assert (args[-8:-6], args[-5:]) == (["bash", "-c"], ["tao-step", "28800", name, LONG_STEP, note])
 
 
 @pytest.mark.parametrize("name", ["USR1", "USR2"])
