@@ -44,9 +44,10 @@ from airflow_provider_tao_slurm.core.preemption import CONFIG_KEYS
 #: The job's end asks slurmctld nothing unless a signal reached its step or its batch shell (a cancel, a
 #: requeue, a preemption, a slice's warning; the batch shell reads the step's note of a ``SIGTERM`` in the job
 #: directory, no RPC). Then it asks ``scontrol show job`` (``REQUEST_JOB_INFO_SINGLE``): once whether a
-#: preemption is under way (where the batch shell itself got no ``SIGTERM``) and again every 5 s while one is,
-#: and once whether SLURM will run a ``secret_env`` job again (its sidecar). The job sends those from its node,
-#: unpaced: a submission pays for none of them.
+#: preemption is under way (where the batch shell itself got no ``SIGTERM``) and again every 5 s while one is.
+#: A ``secret_env`` job asks once more at its end, signalled or not, whether SLURM will run it again (its
+#: sidecar: a node failure can end the step before SLURM's signal reaches the shell). The job sends those
+#: from its node, unpaced: a submission pays for none of them.
 SUBMISSION_RPCS = 7
 
 #: The longest one submission waits for its tokens; past it, it goes (and a site's own limiter paces it).
