@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from airflow_provider_tao_slurm.core.states import (
@@ -20,7 +22,7 @@ from airflow_provider_tao_slurm.core.states import (
     state_from_end_evidence,
     state_from_native,
 )
-from airflow_provider_tao_slurm.exceptions import JobLookupError
+from airflow_provider_tao_slurm.exceptions import JobLookupError, RemoteCommandError
 
 P, R, C, E, X, U = (
     TaoState.PENDING,
@@ -305,6 +307,7 @@ SACCT_TEXT = (
     "214|tao_sig|FAILED|0:9|None|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
     "215|tao_no_exit|FAILED||None|n1|2024-05-01T10:00:00|2024-05-01T10:01:00\n"
     "216|tao_pending|PENDING|0:0|Priority||Unknown|Unknown\n"
+    "217|tao_held|FAILED|3:0|JobHeldUser|n1|2026-12-06T10:49:43|2026-12-06T10:50:13\n"
 )
 
 
@@ -343,6 +346,11 @@ SACCT_TEXT = (
         pytest.param(
             "216", {"tao_state": P, "placeholder": False, "name": "tao_pending"}, id="real-pending-not-placeholder"
         ),
+        pytest.param(
+            "217",
+            {"tao_state": E, "reason": None, "message": "FAILED"},
+            id="submission-hold-reason-dropped-once-it-ran",
+        ),
     ],
 )
 def test_parse_sacct(job_id: str, expected: dict[str, object]) -> None:
@@ -369,6 +377,7 @@ def test_parse_sacct_drops_step_rows() -> None:
         "214",
         "215",
         "216",
+        "217",
     ]
 
 
@@ -474,6 +483,12 @@ def _sa(job_id: str, native: str, name: str = "job", exit_code: int = 0, start: 
             {"1": ("sacct", "CANCELLED")},
             id="cancelled-before-it-started-no-start-times",
         ),
+        pytest.param(  # squeue -t all within MinJobAge and sacct's full row, as printed: equal starts, one run
+            list(parse_squeue("1|tao-x|COMPLETED|None|n1|2026-12-06T04:13:16|2026-12-06T04:20:02").values()),
+            list(parse_sacct("1|tao-x|COMPLETED|0:0|None|n1|2026-12-06T04:13:16|2026-12-06T04:20:02").values()),
+            {"1": ("sacct", "COMPLETED")},
+            id="same-run-ended-as-printed-sacct-has-the-exit-code",
+        ),
         pytest.param([], [], {}, id="nothing-known"),
     ],
 )
@@ -502,8 +517,43 @@ def test_accounted_needs_a_terminal_sacct_row_with_its_end(row: str, accounted: 
     assert parse_sacct(row)["1"].accounted is accounted
 
 
-def test_a_terminal_squeue_row_is_not_accounted() -> None:
-    assert not _sq("1", "FAILED").accounted
+@pytest.mark.parametrize(
+    "state",
+    [
+        pytest.param(_sq("1", "FAILED"), id="no-end"),
+        pytest.param(  # squeue -t all shows an ended job within MinJobAge, with its end time
+            parse_squeue("1|tao-x|FAILED|NonZeroExitCode|n1|2026-12-04T05:01:00|2026-12-04T05:02:00")["1"],
+            id="squeue-t-all-with-its-end",
+        ),
+    ],
+)
+def test_a_terminal_squeue_row_is_not_accounted(state: JobState) -> None:
+    assert not state.accounted
+
+
+@pytest.mark.parametrize(
+    ("parse", "line", "expected"),
+    [
+        pytest.param(
+            parse_squeue,
+            "101|tao-a|RUNNING|None|n1|2024-05-01T10:00:00",
+            "7 '|'-separated columns",
+            id="squeue-cut-before-its-last-column",
+        ),
+        pytest.param(
+            parse_sacct,
+            "201|tao-a|COMPLETED|0:0|None|n1|2024-05-01T10:00:00",
+            "8 '|'-separated columns",
+            id="sacct-cut-before-its-last-column",
+        ),
+    ],
+)
+def test_a_job_row_one_column_short_is_an_error_not_a_shifted_row(
+    parse: Callable[[str], dict[str, JobState]], line: str, expected: str
+) -> None:
+    """Output cut before its last column (a dropped connection): an error, never columns read one place off."""
+    with pytest.raises(RemoteCommandError, match=expected):
+        parse(line + "\n")
 
 
 # --- a job squeue and sacct both no longer know (issue 32, item 11) ----------------------------------
@@ -520,6 +570,7 @@ def test_a_terminal_squeue_row_is_not_accounted() -> None:
         pytest.param([(0, 0)], None, None, id="no-exit-code-file"),
         pytest.param([(0, 0)], "", None, id="empty-exit-code-file"),
         pytest.param([(0, 0)], "3\n", None, id="files-disagree"),
+        pytest.param([(0, 3)], "0\n", None, id="files-disagree-the-marker-failed"),
         pytest.param([(0, 0)], "zero", None, id="garbled-exit-code-file"),
         pytest.param([(0, 0), (1, 0)], None, None, id="latest-run-removed-the-file-and-left-none"),
     ],
@@ -532,7 +583,7 @@ def test_the_jobs_own_end_marker_and_exit_code_file_settle_a_job_nobody_knows(
         assert state is None
         return
     assert state is not None
-    assert (state.native, state.tao_state, state.exit_code, state.source) == (*expected, "end marker")
+    assert (state.native, state.tao_state, state.exit_code, state.signal, state.source) == (*expected, 0, "end marker")
     assert state.is_terminal
     assert not state.accounted
     assert "end marker" in state.message
