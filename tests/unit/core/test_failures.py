@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_provider_tao_slurm.core.failures import EVIDENCE_MAX_CHARS, classify
-from airflow_provider_tao_slurm.core.states import ErrClass, JobState, state_from_native
+from airflow_provider_tao_slurm.core.states import ErrClass, JobState, parse_sacct, state_from_native
 from airflow_provider_tao_slurm.exceptions import ValidationError
 
 INFRA, PROGRAM = ErrClass.ERR_INFRA, ErrClass.ERR_PROGRAM
@@ -510,6 +510,31 @@ def test_classify_follows_the_seeds_table(
     assert words in verdict.reason, verdict.reason
 
 
+@pytest.mark.parametrize(
+    ("row", "log", "err_class", "retryable", "evidence"),
+    [
+        pytest.param(
+            "4242|tao_job_1|TIMEOUT|0:15|TimeLimit|n1|2026-12-03T06:00:00|2026-12-03T07:00:05", WATCHDOG_ONLY, PROGRAM,
+            False, "State=TIMEOUT ExitCode=0:15", id="timeout-as-printed-with-watchdog-lines-decides-alone",
+        ),
+        pytest.param(
+            "4242|tao_job_1|TIMEOUT|0:15|TimeLimit|n1|2026-12-03T06:00:00|2026-12-03T07:00:05", REMOTE_EXITED_ONLY,
+            PROGRAM, False, "State=TIMEOUT ExitCode=0:15", id="timeout-as-printed-with-nccl-remote-exited",
+        ),
+    ],
+)  # fmt: skip
+def test_classify_a_state_as_sacct_prints_it(
+    row: str, log: str, err_class: ErrClass, retryable: bool, evidence: str
+) -> None:
+    """The state parsed from sacct's own row (the sensor's path), not one built in the test: the time limit's SIGTERM
+    leaves NCCL errors in the other ranks' logs, and the TIMEOUT still decides alone."""
+    (state,) = parse_sacct(row + "\n").values()
+    verdict = classify(state, log)
+    assert (verdict.err_class, verdict.retryable) == (err_class, retryable)
+    assert verdict.evidence == evidence
+    assert TIMEOUT_REASON in verdict.reason
+
+
 def test_node_fail_without_node_list() -> None:
     verdict = classify(_job("NODE_FAIL", node_list=None))
     assert "(NODE_FAIL on an unknown node)" in verdict.reason
@@ -554,6 +579,7 @@ def _long_log() -> str:
         pytest.param(600, PROGRAM, "line 10: torch.OutOfMemoryError", id="wide-window-sees-oom"),
         pytest.param(11, INFRA, "line 590: [Rank 0] Watchdog", id="narrow-window"),
         pytest.param(5, PROGRAM, "State=FAILED", id="window-misses-everything"),
+        pytest.param(1, PROGRAM, "State=FAILED", id="one-line-the-least-window"),
     ],
 )
 def test_only_the_last_max_lines_count(max_lines: int, err_class: ErrClass, evidence: str) -> None:
