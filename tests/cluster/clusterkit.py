@@ -8,6 +8,8 @@ independent evidence: which jobs carry a name, a file's mode, a record's content
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import hashlib
 import importlib
 import importlib.util
@@ -20,7 +22,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Coroutine, MutableMapping
+from collections.abc import Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,8 +48,55 @@ POLL_S = 1.0
 # ---------------------------------------------------------------------- the cluster, asked over OpenSSH
 
 
+#: Set by the cluster conftest while a test runs: ``alone`` for a test marked so, ``beside`` for one that runs
+#: beside other cluster tests (make test runs those side by side).
+TEST_KIND_ENV = "TAO_CLUSTER_TEST"
+ALONE = "alone"
+
+
+def require_alone(what: str) -> None:
+    """Fail at once, naming the marker, when a test that runs beside others does ``what``: something that changes
+    the cluster for every job on it (a fault, a node or partition changed, every GPU of a partition held)."""
+    if os.environ.get(TEST_KIND_ENV) not in (None, ALONE):
+        pytest.fail(
+            f"{what}: a test that changes the cluster for everyone must be marked @pytest.mark.{ALONE} "
+            "(make test runs the others side by side)",
+            pytrace=False,
+        )
+
+
+#: The harness commands that cut its cut login sshd off the scheduler, or lift the cut: only the tests that log in
+#: there see it, so a test holding :func:`login_cut_held` may run them beside others.
+CUT_COMMANDS = frozenset({"cut-login-ctld", "cut-login-head", "restore-login"})
+CUT_LOCK = Path("/var/lib/slurmtest/login-cut.lock")
+#: Whether this process holds :data:`CUT_LOCK` (a test's threads, an event loop's too, run its harness calls).
+_cut = {"held": False}
+
+
+@contextlib.contextmanager
+def login_cut_held() -> Iterator[None]:
+    """Hold the harness's cut login sshd for this test: the tests that cut it take turns (a lock across the
+    workers of make test); the other tests never log in there."""
+    with CUT_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _cut["held"] = True
+        try:
+            yield
+        finally:
+            _cut["held"] = False
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def harness(*args: str, timeout: float = 120) -> str:
-    """Run a harness fault command (we run as root, as the harness requires); return its output."""
+    """Run a harness fault command (we run as root, as the harness requires); return its output.
+
+    A fault disturbs every job on the cluster: only a test marked ``alone`` may inject one (:func:`require_alone`),
+    but for a cut of the cut login sshd by a test that holds it (:func:`login_cut_held`) and a new host key of the
+    rotating sshd (only its own test logs in there).
+    """
+    private = args[:1] == ("rotate-host-key",)  # the rotating sshd: one test logs in there
+    if not (private or (args[:1] and args[0] in CUT_COMMANDS and _cut["held"])):
+        require_alone(f"harness {' '.join(args)}")
     proc = subprocess.run(
         [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=timeout, check=False
     )
@@ -394,11 +443,13 @@ def demo_program() -> None:
 def image(cluster: ClusterEnv, ssh_run: SshRun) -> str:
     """A real squashfs made once by the Enroot stand-in (reused while its magic is right)."""
     path = f"{cluster.containers_dir}/reliability.sqsh"
-    _, magic, _ = ssh_run(f"head -c 4 -- {quote(path)} 2>/dev/null")
-    if magic != "hsqs":
-        ssh_run(f"rm -f -- {quote(path)}")
-        rc, _, err = ssh_run(join(["enroot", "import", "-o", path, "docker://nvcr.io#nvidia/x:1"]), timeout=120)
-        assert rc == 0, err
+    # Under a lock: the cluster tests run side by side (make test), and each worker's session asks once.
+    make = (
+        f'[ "$(head -c 4 -- {quote(path)} 2>/dev/null)" = hsqs ] || '
+        f"{{ rm -f -- {quote(path)} && {join(['enroot', 'import', '-o', path, 'docker://nvcr.io#nvidia/x:1'])}; }}"
+    )
+    rc, _, err = ssh_run(join(["flock", f"{path}.lock", "sh", "-c", make]), timeout=120)
+    assert rc == 0, err
     return path
 
 

@@ -12,14 +12,16 @@ same cluster: settings with the pinned host key, a :class:`SlurmHook` on them, a
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import pytest
+from clusterkit import ALONE, TEST_KIND_ENV
 from demo import SUITE_RPC_BUDGET
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings, settings_from_connection
@@ -29,6 +31,73 @@ if TYPE_CHECKING:
 
 CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
 NOT_UP = "the local SLURM test cluster is not up: run `python3 tests/cluster/harness.py up` (or make test)"
+
+
+#: Modules whose tests share an expensive module fixture (a DAG run, an Airflow stack, a cluster-wide setting):
+#: side by side (make test) all of such a module's tests go to one worker, so the fixture runs once.
+ONE_WORKER_MODULES = frozenset(
+    f"tests/cluster/{name}.py"
+    for name in (
+        "test_airflow_ui",
+        "test_cluster_before_gpu",
+        "test_example_approval",
+        "test_example_dags",
+        "test_example_pipeline",
+        "test_multinode",
+        "test_smoke",
+        "security/test_security_secrets",
+        "security/test_security_hostile_input",
+    )
+)
+SLOW = "slow"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the ``alone`` and ``slow`` markers."""
+    config.addinivalue_line(
+        "markers",
+        f"{ALONE}: changes the shared test cluster for every job on it (a daemon restarted or stopped, a node or "
+        "partition changed, every GPU held, a setting of the cluster user's shared by every job): make test runs "
+        "these one at a time, after the others ran side by side",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{SLOW}: takes a minute or more (a DAG run, a training over several slices): side by side such tests "
+        "start first, so no worker is left with one at the end; one at a time they come last",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order the tests for the verdicts to come soonest: side by side (xdist) the slow ones first, so the
+    workers end together; one at a time the slow ones last. The order is the same in every worker."""
+    side_by_side = hasattr(config, "workerinput")
+    items.sort(key=lambda item: (item.get_closest_marker(SLOW) is None) == side_by_side)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Each test a unit of work of its own, but a module of :data:`ONE_WORKER_MODULES` one unit, in collection
+    order (:func:`pytest_collection_modifyitems`'s)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    config.option.loadscopereorder = False
+
+    class ClusterScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if module in ONE_WORKER_MODULES else nodeid
+
+    return ClusterScheduling(config, log)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """Say in the environment, for the whole of the test's setup, call and teardown, whether it runs alone
+    (:func:`clusterkit.harness` refuses a fault to a test that runs beside others)."""
+    os.environ[TEST_KIND_ENV] = ALONE if item.get_closest_marker(ALONE) else "beside"
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(TEST_KIND_ENV, None)
 
 
 @dataclass(frozen=True)

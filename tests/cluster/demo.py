@@ -18,6 +18,7 @@ process never binds to the demo's Airflow database.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -96,10 +97,13 @@ def ssh(
     return proc.returncode, (proc.stdout + proc.stderr).decode(errors="replace")
 
 
-def _demo_tarball() -> bytes:
+def _demo_members() -> dict[str, bytes]:
+    return {PROGRAM.name: PROGRAM.read_bytes(), **{k: v.encode() for k, v in DATASET_FILES.items()}}
+
+
+def _demo_tarball(members: Mapping[str, bytes]) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-        members = {PROGRAM.name: PROGRAM.read_bytes(), **{k: v.encode() for k, v in DATASET_FILES.items()}}
         for name, data in members.items():
             info = tarfile.TarInfo(name)
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
@@ -107,13 +111,35 @@ def _demo_tarball() -> bytes:
     return buffer.getvalue()
 
 
+#: Stages the tarball on stdin under the directory ``$1`` unless its stamp ``$1/.assets`` already says ``$2``
+#: (the members' digest). Each file is unpacked beside its place and renamed into it, so a job or a test that
+#: reads one (cluster tests stage the same assets side by side) never sees it half written.
+_STAGE = r"""set -e
+demo=$1 digest=$2
+mkdir -p -- "$demo"
+if [ "$(cat -- "$demo/.assets" 2>/dev/null)" = "$digest" ]; then cat > /dev/null; exit 0; fi
+staging=$(mktemp -d -- "$demo/.staging.XXXXXX")
+trap 'rm -rf -- "$staging"' EXIT
+tar -xzf - -C "$staging"
+(cd -- "$staging" && find . -type f) | while IFS= read -r path; do
+    mkdir -p -- "$demo/${path%/*}"
+    mv -f -- "$staging/$path" "$demo/$path"
+done
+printf '%s\n' "$digest" > "$staging/.assets"
+mv -f -- "$staging/.assets" "$demo/.assets"
+"""
+
+
 def stage_assets(cluster: Mapping[str, Any]) -> None:
-    """Put the training program and the demo datasets under ``/srv/lustre/demo``, as the cluster user.
+    """Put the training program and the demo datasets under ``/srv/lustre/demo``, as the cluster user (nothing
+    to do when they are there already, as staged by this checkout).
 
     :raises DemoError: when the upload fails.
     """
-    command = f"{join(['mkdir', '-p', DEMO_DIR])} && {join(['tar', '-xzf', '-', '-C', DEMO_DIR])}"
-    rc, output = ssh(cluster, command, stdin=_demo_tarball())
+    members = _demo_members()
+    digest = hashlib.sha256(json.dumps({k: v.hex() for k, v in sorted(members.items())}).encode()).hexdigest()
+    command = join(["bash", "-c", _STAGE, "stage", DEMO_DIR, digest])
+    rc, output = ssh(cluster, command, stdin=_demo_tarball(members))
     if rc != 0:
         raise DemoError(f"staging the demo assets in {DEMO_DIR} as {cluster['user']} failed (rc {rc}): {output}")
 

@@ -1902,10 +1902,9 @@ def write_env() -> None:
 # commands
 
 
-def cmd_up() -> int:
-    """Bring the cluster up (idempotent) and print the environment JSON."""
-    started = time.monotonic()
-    releases.stop_all()
+def install() -> pwd.struct_passwd:
+    """What the cluster needs on the machine before anything starts (idempotent): packages, users, layout, the
+    jobs' Python, fake GPUs, the munge key. Returns the cluster user."""
     ensure_packages()
     user = ensure_user()
     ensure_user(OTHER_USER, OTHER_PREFERRED_UID)
@@ -1915,6 +1914,23 @@ def cmd_up() -> int:
     ensure_torch_faults()
     ensure_gpu_devices()
     ensure_munge_key()
+    return user
+
+
+def cmd_install() -> int:
+    """Install what the cluster needs, starting nothing: a release's tree is prepared so while another cluster
+    runs (``releases.py prepare``)."""
+    started = time.monotonic()
+    install()
+    step(f"install: done in {time.monotonic() - started:.1f} s")
+    return 0
+
+
+def cmd_up() -> int:
+    """Bring the cluster up (idempotent) and print the environment JSON."""
+    started = time.monotonic()
+    releases.stop_all()
+    user = install()
     MIN_JOB_AGE.unlink(missing_ok=True)
     RATE_LIMIT.unlink(missing_ok=True)
     PREEMPT_SIGNAL.unlink(missing_ok=True)
@@ -2078,6 +2094,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     for name in (
         "up",
+        "install",
         "down",
         "status",
         "env",
@@ -2111,6 +2128,8 @@ def run_command(args: argparse.Namespace) -> int:
     table = daemons()
     if args.command == "up":
         return cmd_up()
+    if args.command == "install":
+        return cmd_install()
     if args.command == "down":
         return cmd_down()
     if args.command == "status":

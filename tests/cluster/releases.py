@@ -11,6 +11,9 @@ Usage: ``python3 tests/cluster/releases.py COMMAND RELEASE [-- ARGV...]``, where
   and config (everything ``harness.py`` makes lives inside the tree), sharing only the kernel, the
   loopback network and this checkout (bound at the same path, with the folder around it, so ``../shared``
   is there too).
+- ``prepare RELEASE``: build that release's tree and install in it what its cluster and tests need, starting and
+  stopping nothing (``make test`` runs it beside the machine's own cluster tests, so the matrix later starts at
+  once).
 - ``up RELEASE``: bring that release's cluster up (``harness.py up`` in its tree) and leave it running.
 - ``down RELEASE``: stop that release's cluster and unmount its tree.
 - ``shell RELEASE``: an interactive shell in the tree, in the checkout.
@@ -285,10 +288,32 @@ def prepare(rel: Release) -> None:
     sync_machine_files(rel)
 
 
+def prepare_beside(rel: Release) -> int:
+    """Build the release's tree and install in it what its cluster and tests need (the provider's venv, the
+    harness's packages), starting nothing and stopping nothing: this runs while the machine's own cluster runs
+    its tests (``make test``), so that ``run`` later only starts the tree's cluster. The tree is unmounted after."""
+    if os.geteuid() != 0:
+        fail("run as root (debootstrap, mount, chroot)")
+    started = time.monotonic()
+    ensure_tree(rel)
+    ensure_mounts(rel)
+    try:
+        sync_machine_files(rel)
+        for argv in (["make", "venv"], ["python3", "tests/cluster/harness.py", "install"]):
+            code = in_tree(rel, argv).returncode
+            if code != 0:
+                step(f"prepare: `{' '.join(argv)}` exited {code} in {rel.tree}")
+                return code
+    finally:
+        unmount(rel.tree)
+    step(f"prepare: {rel.slurm} ready in {rel.tree} in {time.monotonic() - started:.0f} s")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the command line and run one command."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("run", "up", "down", "shell"))
+    parser.add_argument("command", choices=("run", "prepare", "up", "down", "shell"))
     parser.add_argument(
         "--not-on-host", action="store_true", help="run: do nothing when RELEASE is the machine's own release"
     )
@@ -298,6 +323,9 @@ def main(argv: list[str] | None = None) -> int:
     rel = release(args.release)
     command = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if rel == own_release():
+        if args.command == "prepare":
+            step(f"{rel.slurm} is this machine's own release: there is no tree to prepare")
+            return 0
         if args.command == "run" and args.not_on_host:
             step(f"{rel.slurm} is this machine's own release: its tests ran on it already")
             return 0
@@ -311,6 +339,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "down":
         stop_tree(rel)
         return 0
+    if args.command == "prepare":
+        return prepare_beside(rel)
     if args.command == "run" and not command:
         fail("run: give the command after --, e.g. `releases.py run 26.05 -- make test`")
     prepare(rel)

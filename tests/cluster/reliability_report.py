@@ -25,6 +25,7 @@ import inspect
 import json
 import os
 import sys
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -37,6 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORT = ROOT / "RELIABILITY.md"
 RESULTS = ROOT / "RELIABILITY.json"
 PLUGIN_NAME = "tao-reliability-recorder"
+#: A directory: each session of the run (each xdist worker, each phase) writes its share there, and
+#: ``--merge DIR`` writes the report from them (``make test``).
+PARTS_ENV = "TAO_RELIABILITY_PARTS"
 #: The lines around the soak's own section (``tests/cluster/soak.py`` writes it): a regenerated report keeps it.
 SOAK_BEGIN = "<!-- soak: written by tests/cluster/soak.py (make soak); kept when the rest is regenerated -->"
 SOAK_END = "<!-- soak end -->"
@@ -577,14 +581,64 @@ class Recorder:
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        missing = [ref for ref in _refs() if not any(_matches(nodeid, ref) for nodeid in self.tests)]
-        if session.config.option.collectonly or self.deselected or missing:
+        if session.config.option.collectonly:
             return
-        carry_long_results(self.tests)
-        run = {"commit": self.commit, "date": self.date, "tests": self.tests}
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(run, indent=1) + "\n")  # tests in collection order, as rendered
-        write_report(render(run))
+        parts = os.environ.get(PARTS_ENV)
+        if parts:
+            self._write_part(Path(parts))
+        elif not hasattr(session.config, "workerinput"):  # an xdist worker ran a share of the run only
+            write_run(self.tests, self.deselected, self.commit, self.date)
+
+    def _write_part(self, parts: Path) -> None:
+        """This session's share of a run made of several sessions (``make test``: the cluster tests that run
+        side by side under xdist, each worker a session, then those that run alone): what it ran and what it
+        left out. ``--merge`` writes the report from every share."""
+        ran = {nodeid: test for nodeid, test in self.tests.items() if test["outcome"] != "not run"}
+        if not ran and not self.deselected:  # xdist's controller: its workers ran the tests
+            return
+        part = {"commit": self.commit, "date": self.date, "tests": ran, "deselected": self.deselected}
+        parts.mkdir(parents=True, exist_ok=True)
+        (parts / f"{os.getpid()}-{uuid.uuid4().hex}.json").write_text(json.dumps(part, indent=1) + "\n")
+
+
+def write_run(tests: dict[str, dict[str, Any]], deselected: Sequence[str], commit: str, date: str) -> bool:
+    """Write ``RELIABILITY.json`` and ``RELIABILITY.md`` from a run that ran every catalogued case; return
+    whether it did (a partial run, ``-k`` or one file, writes nothing)."""
+    missing = [ref for ref in _refs() if not any(_matches(nodeid, ref) for nodeid in tests)]
+    if deselected or missing:
+        return False
+    carry_long_results(tests)
+    run = {"commit": commit, "date": date, "tests": tests}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(run, indent=1) + "\n")  # tests in collection order, as rendered
+    write_report(render(run))
+    return True
+
+
+def merge_parts(parts: Path) -> str:
+    """Write the report from the shares in ``parts`` (see :meth:`Recorder._write_part`); return what was done.
+
+    A case one share left out and no share ran keeps the report from being written, as in a partial run.
+    The run's commit must be the same in every share; its date is the earliest share's.
+    """
+    shares = [json.loads(path.read_text()) for path in sorted(parts.glob("*.json"))]
+    if not shares:
+        return f"no share of a run in {parts}: nothing written"
+    commits = sorted({share["commit"] for share in shares})
+    if len(commits) > 1:
+        return f"the shares in {parts} tested different commits ({', '.join(commits)}): nothing written"
+    tests: dict[str, dict[str, Any]] = {}
+    for share in sorted(shares, key=lambda share: str(share["date"])):
+        for nodeid, test in share["tests"].items():
+            if nodeid not in tests or tests[nodeid]["outcome"] == LONG_NOT_RUN:
+                tests[nodeid] = test
+    deselected = sorted({nodeid for share in shares for nodeid in share["deselected"]} - set(tests))
+    ordered = dict(sorted(tests.items(), key=lambda entry: entry[0].split("::")[0]))
+    date = min(str(share["date"]) for share in shares)
+    if not write_run(ordered, deselected, commits[0], date):
+        ran = f"{len(shares)} shares in {parts} ran {len(tests)} catalogued tests"
+        return f"{ran}, not the whole catalogue ({len(deselected)} left out): nothing written"
+    return f"{REPORT.name} written from {len(shares)} shares in {parts}: {len(tests)} catalogued tests"
 
 
 def soak_section(report: str) -> str:
@@ -763,7 +817,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="print the tests the catalogue cites outside tests/cluster, one per line (make test adds them to "
         "its cluster run, which regenerates the report, after the unit tests ran on every core)",
     )
+    parser.add_argument(
+        "--merge",
+        metavar="DIR",
+        type=Path,
+        help=f"write the report from the shares the sessions of one run wrote into DIR (${PARTS_ENV})",
+    )
     args, pytest_args = parser.parse_known_args(argv)  # anything else goes to pytest
+    if args.merge:
+        print(merge_parts(args.merge))
+        return 0
     if args.cited_outside_cluster:
         print("\n".join(dict.fromkeys(ref for ref in _refs() if not ref.startswith("tests/cluster/"))))
         return 0

@@ -2,7 +2,8 @@
 
 One module fixture starts ``airflow standalone`` (api-server, scheduler with LocalExecutor,
 dag-processor, triggerer) in its own Airflow home, with the repo's ``dags/`` folder, the
-``slurm_default`` connection of ``tests/cluster/demo.py`` plus a ``log_url_template`` (an Open
+``slurm_default`` connection of ``tests/cluster/demo.py`` on the 16-GPU node's partition (the other
+cluster tests, side by side with these under make test, run elsewhere) plus a ``log_url_template`` (an Open
 OnDemand-style file browser URL: Airflow 3.3's UI shows only http(s), mailto and same-origin extra
 links, so the default ``file://`` links would not appear), parallelism 4, no login
 (``SIMPLE_AUTH_MANAGER_ALL_ADMINS``), wrapped log lines (``[api] default_wrap``) and its own free
@@ -12,7 +13,7 @@ they end:
 - ``run``: the DAG's defaults with 4 s epochs. The sensor deferred, its log shows the SLURM job id,
   the state transitions and the job's live ``main.out |`` lines; the submit task's extra links
   point at the job's logs and results; the ``tao_slurm`` connection form has its fields.
-- ``scenes``: first one blocker job per node of the GPU partition, asking for all of its GPUs, is
+- ``scenes``: first one blocker job per node of that partition, asking for all of its GPUs, is
   submitted over SSH as the cluster user, so that a run of 15 epochs of 2 s pends with reason
   ``Resources`` (the sensor's log shows the PENDING line and its hint); the blockers are cancelled
   (always, in a ``finally``), the job starts and its log shows live ``main.out |`` and
@@ -65,7 +66,7 @@ from airflow_provider_tao_slurm.core.states import pending_hint
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 #: Seconds allowed for: a run to end, a line to
 #: reach a task log, a page to show what it should.
@@ -120,9 +121,8 @@ CONNECTION_FIELDS = {
 @pytest.fixture(scope="module")
 def stack(cluster: ClusterEnv) -> Iterator[Stack]:
     """``airflow standalone`` with the example DAGs and the extra links' URL template."""
-    with standalone(
-        cluster, connection_extra={"log_url_template": LOG_URL_TEMPLATE}, prefix="tao-airflow-ui-"
-    ) as running:
+    extra = {"log_url_template": LOG_URL_TEMPLATE, "partition": cluster.wide_partition}
+    with standalone(cluster, connection_extra=extra, prefix="tao-airflow-ui-") as running:
         yield running
 
 
@@ -288,16 +288,18 @@ def _wait_log(stack: Stack, run_id: str, task_id: str, texts: Sequence[str], *, 
 
 
 def _occupy_gpus(ssh_run: SshRun, cluster: ClusterEnv) -> list[str]:
-    """Submit one blocker job per node of the GPU partition asking for all its GPUs; return their SLURM ids.
+    """Submit one blocker job per node of the stack's partition (the 16-GPU node's) asking for all its GPUs;
+    return their SLURM ids. The cluster tests that run beside this module use the other partitions' nodes.
 
     They sleep for 10 minutes at most (their time limit), should the test die before it cancels them.
     """
     ids: list[str] = []
-    for node in cluster.nodes:
+    for node in cluster.wide_nodes:
         command = (
-            f"sbatch --parsable --job-name=tao-ui-blocker --partition={shlex.quote(cluster.gpu_partition)}"
+            f"sbatch --parsable --job-name=tao-ui-blocker --partition={shlex.quote(cluster.wide_partition)}"
             f" --account={shlex.quote(cluster.account)} --nodelist={shlex.quote(node)} --nodes=1 --ntasks=1"
-            f" --cpus-per-task=1 --gres=gpu:{cluster.gpus_per_node} --time=10 --output=/dev/null --wrap='sleep 600'"
+            f" --cpus-per-task=1 --gres=gpu:{cluster.wide_gpus_per_node} --time=10 --output=/dev/null"
+            " --wrap='sleep 600'"
         )
         rc, out, err = ssh_run(command)
         if rc != 0:

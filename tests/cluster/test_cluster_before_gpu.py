@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
-from clusterkit import Triggerer, connection_json, harness
+from clusterkit import Triggerer, connection_json, harness, require_alone
 from deferral import wait_until
 
 from airflow_provider_tao_slurm.core.images import parse_image, sqsh_cache_name
@@ -197,6 +197,7 @@ def gpu_nodes_without_pyxis(cluster: ClusterEnv) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("gpu_nodes_without_pyxis")
+@pytest.mark.alone
 def test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it(cluster: ClusterEnv) -> None:
     """The login host's srun offers Pyxis' options (as before), but the GPU nodes do not load it, and one dataset
     root does not exist. Expected: the login-host check passes and the GPU-node check fails naming the node, the
@@ -219,6 +220,7 @@ def test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it(clu
 @pytest.fixture
 def busy_gpu_partition(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[list[str]]:
     """Every node of the GPU partition taken by another job (whole nodes), as on a busy site; cancelled afterwards."""
+    require_alone("every node of the GPU partition held")
     name = f"busy-{TOKEN}"
     ids = []
     try:
@@ -238,6 +240,7 @@ def busy_gpu_partition(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[list[st
         ssh_run(f"scancel {' '.join(ids)}" if ids else "true")
 
 
+@pytest.mark.alone
 def test_preflight_on_a_busy_gpu_partition_says_not_verified_and_passes(
     cluster: ClusterEnv, busy_gpu_partition: list[str]
 ) -> None:
@@ -289,6 +292,7 @@ def test_preflight_reports_every_problem_with_its_fix(kwargs: dict[str, Any], pr
         assert "install the Pyxis SPANK plugin" in text
 
 
+@pytest.mark.alone
 @pytest.mark.usefixtures("credentials_restored")
 def test_preflight_asks_for_ngc_credentials_only_while_the_image_must_be_converted(
     cluster: ClusterEnv, ssh_run: SshRun
@@ -326,6 +330,7 @@ def test_preflight_asks_for_ngc_credentials_only_while_the_image_must_be_convert
         ssh_run(f"rm -f {quote(target)}")
 
 
+@pytest.mark.alone
 @pytest.mark.usefixtures("credentials_restored")
 def test_preflight_installs_registry_credentials_from_a_connection(ssh_run: SshRun, registry_conn: str) -> None:
     operator = SlurmPreflightOperator(

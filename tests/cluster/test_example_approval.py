@@ -30,7 +30,7 @@ from airflow_stack import Stack, standalone
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 DAG_ID = "example_tao_approval"
 #: Seconds allowed for the DAG to be parsed, and for each step of the run (to an approval, to the end).

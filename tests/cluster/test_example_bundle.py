@@ -16,7 +16,7 @@ from airflow_provider_tao_slurm.core.shell import join
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 DAG_ID = "example_tao_bundle"
 

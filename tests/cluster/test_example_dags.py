@@ -31,7 +31,7 @@ from airflow_provider_tao_slurm.core.shell import quote
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TOKEN = uuid.uuid4().hex[:8]
 IMAGE = f"nvcr.io/nvidia/tao/tao-toolkit:5.5.0-pyt-{TOKEN}"

@@ -26,7 +26,7 @@ from demo import airflow_facts, prepare_airflow, run_dag, stage_assets
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 DAG_ID = "example_tao_pipeline"
 ACTIONS = ("train", "evaluate", "export")

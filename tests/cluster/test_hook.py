@@ -15,7 +15,6 @@ import secrets
 import shlex
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import paramiko
 import pytest
+from clusterkit import harness
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from deferral import wait_until
@@ -52,17 +52,8 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.cluster
 
 TOKEN = uuid.uuid4().hex[:8]
-HARNESS = Path(__file__).with_name("harness.py")
 REFUSING_HOST = "127.0.0.2"  # loopback answers for all of 127/8, but sshd listens on 127.0.0.1 only
 UNKNOWN_JOB_ID = "99999999"
-
-
-def harness(*args: str) -> None:
-    """Run a harness command (we run as root, as the harness requires)."""
-    proc = subprocess.run(
-        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=90, check=False
-    )
-    assert proc.returncode == 0, f"harness {' '.join(args)}: {proc.stdout}{proc.stderr}"
 
 
 def jobs_named(ssh_run: SshRun, name: str) -> tuple[list[str], list[str]]:
@@ -376,6 +367,7 @@ def test_fifty_jobs_are_polled_with_one_squeue(
     assert set(out.split()) == {"CANCELLED"}
 
 
+@pytest.mark.alone
 def test_submissions_past_the_rpc_budget_wait_for_it(
     slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -426,6 +418,7 @@ def site_parameters(ssh_run: SshRun) -> str:
 PACING_FILES = '"$HOME/.tao-slurm/rpc-bucket" "$HOME/.tao-slurm/slurmctld-parameters"'
 
 
+@pytest.mark.alone
 def test_without_a_site_limiter_submissions_go_at_once(
     slurm_settings: ClusterSettings, sleep_script: str, run_dir: str, ssh_run: SshRun, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -472,6 +465,7 @@ def site_rate_limit(ssh_run: SshRun) -> Iterator[str]:
         ssh_run(f"rm -f {PACING_FILES}")
 
 
+@pytest.mark.alone
 def test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered(
     slurm_settings: ClusterSettings,
     sleep_script: str,
@@ -679,6 +673,7 @@ class ArgvSampler(threading.Thread):
             self.samples.append(subprocess.run(["ps", "-eww", "-o", "args="], capture_output=True, text=True).stdout)
 
 
+@pytest.mark.alone
 def test_enroot_credentials_are_private_and_never_leak(
     slurm_hook: SlurmHook,
     ssh_run: SshRun,
@@ -747,6 +742,7 @@ def controller_stopped() -> Iterator[None]:
         harness("start-slurmctld")
 
 
+@pytest.mark.alone
 def test_controller_down_still_answers_from_accounting_then_fails_clearly(
     slurm_settings: ClusterSettings,
     slurm_hook: SlurmHook,
@@ -825,6 +821,7 @@ def _parent_pid(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
 
 
+@pytest.mark.alone
 def test_async_pool_reconnects_after_sshd_restart(
     slurm_settings: ClusterSettings, cluster: ClusterEnv, finished_job: str
 ) -> None:

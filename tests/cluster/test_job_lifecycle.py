@@ -203,6 +203,7 @@ def test_another_users_job_of_the_same_name_is_never_touched(
 # ---------------------------------------------------------------------- 3. a failed lookup is not an answer
 
 
+@pytest.mark.alone
 def test_failed_lookups_raise_and_nothing_is_submitted(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, slurm_hook: SlurmHook, record_property: Any
 ) -> None:
@@ -315,6 +316,7 @@ def test_unrecognised_state_fails_after_the_grace_naming_it(
 # ---------------------------------------------------------------------- 7. resubmission fits the partition
 
 
+@pytest.mark.alone
 def test_node_failure_of_a_job_the_partition_could_not_fit_again_is_not_resubmitted(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:

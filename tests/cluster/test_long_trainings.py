@@ -110,6 +110,7 @@ def in_thread(work: Callable[[], Any]) -> Callable[[], Any]:
     return join_
 
 
+@pytest.mark.slow
 def test_trainings_over_several_slices(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:
@@ -205,6 +206,7 @@ def test_trainings_over_several_slices(
     assert [row[2].split()[0] for row in sacct_rows(ssh_run, [second["job_id"]])] == ["CANCELLED"]
 
 
+@pytest.mark.alone
 def test_a_preempted_training_is_requeued_by_slurm_and_resumes(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -277,6 +279,7 @@ with DAG(dag_id={dag_id!r}, schedule=None):
 """
 
 
+@pytest.mark.slow
 def test_a_continued_training_under_airflow_dags_test(
     image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:
@@ -317,6 +320,7 @@ def partition_state(name: str, state: str) -> None:
     subprocess.run(["scontrol", "update", f"PartitionName={name}", f"State={state}"], check=True, timeout=30)
 
 
+@pytest.mark.alone
 def test_each_slice_starts_on_the_partition_that_takes_it(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:
@@ -358,6 +362,7 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
     assert "TAO_SLURM: slice 2 warned 12 s before its time limit" in logs[1], logs[1]
 
 
+@pytest.mark.alone
 def test_a_training_naming_a_busy_and_a_free_partition_starts_on_the_free_one(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, wide_partition: str
 ) -> None:

@@ -27,7 +27,7 @@ from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 __all__ = ["dag_id", "image"]
 

@@ -46,7 +46,7 @@ from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 TOKEN = uuid.uuid4().hex[:6]
 CONN_ID = "nccl_probe_test"

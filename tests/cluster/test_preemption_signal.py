@@ -35,7 +35,7 @@ from airflow_provider_tao_slurm.core.shell import join
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("demo_program")]
+pytestmark = [pytest.mark.cluster, pytest.mark.alone, pytest.mark.usefixtures("demo_program")]
 
 __all__ = ["conn", "dag_id", "demo_program", "image", "secret_value"]
 

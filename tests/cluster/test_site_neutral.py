@@ -212,6 +212,7 @@ def test_a_tao_job_is_complete_only_when_status_json_says_success(
     assert (record["network_arch"], record["terminal_state"], record["err_class"]) == ("tao", "ERROR", "ERR_PROGRAM")
 
 
+@pytest.mark.alone
 def test_a_reservation_reaches_the_job(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:
@@ -322,6 +323,7 @@ def test_total_gpus_is_laid_out_on_the_clusters_four_gpu_nodes(
         submit(submit_op(image, "sleep 1", gpus_per_node=8, nccl_env={}), context(dag_id, "submit", "r2"))
 
 
+@pytest.mark.alone
 def test_whole_node_follows_the_sixteen_gpu_node_shape(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, wide_partition: str
 ) -> None:

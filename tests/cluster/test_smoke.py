@@ -114,6 +114,7 @@ def sqsh_image(cluster: ClusterEnv, ssh_run: SshRun) -> Iterator[str]:
     ssh_run(join(["rm", "-f", path]))
 
 
+@pytest.mark.alone
 def test_sinfo_shows_partitions_with_idle_nodes(cluster: ClusterEnv, ssh_run: SshRun, wide_partition: str) -> None:
     def partitions() -> dict[str, dict[str, str]]:
         rc, out, err = ssh_run("sinfo -h -N -o '%P %N %T'")

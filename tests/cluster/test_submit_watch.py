@@ -37,6 +37,7 @@ from clusterkit import (
     job_names,
     record_of,
     remote_text,
+    require_alone,
     secret_value,
     sensor_for,
     sidecar_mode,
@@ -96,6 +97,7 @@ def steps_running(slurm_id: str) -> bool:
 @contextlib.contextmanager
 def blocker_on(ssh_run: SshRun, node: str, name: str) -> Iterator[str]:
     """Hold ``node`` with an exclusive job so the job under test lands on the other node."""
+    require_alone(f"{node} held by an exclusive job")
     rc, out, err = ssh_run(
         join(["sbatch", "--parsable", "-p", "polar", "-w", node, "--exclusive", "-J", name, "--wrap", "sleep 300"])
     )
@@ -314,6 +316,7 @@ def resubmission(ssh_run: SshRun, failure: NodeFailure, ctx: dict[str, Any]) -> 
 
 
 @pytest.mark.parametrize("hidden", [False, True], ids=["default-partition", "hidden-partition"])
+@pytest.mark.alone
 def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
     hidden: bool, conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str, cluster: ClusterEnv
 ) -> None:
@@ -348,6 +351,7 @@ def test_node_failure_without_requeue_is_resubmitted_once_avoiding_the_node(
     assert_no_secret(ssh_run, retry, secret_value)
 
 
+@pytest.mark.alone
 def test_secret_env_survives_a_node_failure_resubmission(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, secret_value: str
 ) -> None:
@@ -363,6 +367,7 @@ def test_secret_env_survives_a_node_failure_resubmission(
     assert (sidecar_after_failure, f"secret-digest={digest(secret_value)}" in out) == ("600", True)
 
 
+@pytest.mark.alone
 def test_node_failure_with_requeue_continues_the_same_job(conn: str, image: str, dag_id: str, ssh_run: SshRun) -> None:
     ctx = context(dag_id, "submit", "r1")
     rerun_fast = 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then echo rerun; exit 0; fi; sleep 60'
@@ -487,6 +492,7 @@ def test_a_marker_accounting_does_not_confirm_does_not_end_the_watch(
 STRESS_JOBS, STRESS_REQUEUES, STRESS_SEED = 10, 2, 4111
 
 
+@pytest.mark.slow
 def test_requeues_at_random_moments_end_each_watch_once_on_its_true_end(
     conn: str, image: str, dag_id: str, ssh_run: SshRun
 ) -> None:

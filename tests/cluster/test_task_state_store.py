@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 __all__ = ["image"]
 

@@ -113,6 +113,7 @@ def test_the_task_log_shows_new_lines_and_progress_while_the_job_runs(
     print(f"tick delays (s): {[round(d, 2) for d in delays]}")
 
 
+@pytest.mark.slow
 def test_hostile_and_flooding_output_stays_bounded_readable_and_unforgeable(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, capfd: pytest.CaptureFixture[str]
 ) -> None:

@@ -28,14 +28,14 @@ def pytest_configure(config: pytest.Config) -> None:
     register(config)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture
 def wall_limit_job(slurm_settings: ClusterSettings, image: str, secret_value: str) -> tuple[dict[str, Any], str]:
-    """A job submitted when the fault suite starts, whose program ignores SIGTERM: ``timeout`` cannot stop it,
-    so SLURM ends it at its one-minute wall limit (TIMEOUT). ``test_timeout_at_the_wall_limit`` settles it;
-    starting it first lets its 60-90 s overlap the other cases. Returns the job handle and its DAG id."""
+    """A job whose program ignores SIGTERM: ``timeout`` cannot stop it, so SLURM ends it at its one-minute wall
+    limit (TIMEOUT); ``test_timeout_at_the_wall_limit`` settles it (its 60-90 s run beside the other cluster
+    tests under make test). Returns the job handle and its DAG id."""
     dag = f"rl-wall-limit-{time.time_ns()}"
     op = submit_op(image, "trap '' TERM; echo started; sleep 300", time_hours=1 / 60, timeout_hours=0.8 / 60)
-    op.__dict__["hook"] = SlurmHook(settings=slurm_settings)  # session scope: no Airflow connection here
+    op.__dict__["hook"] = SlurmHook(settings=slurm_settings)  # no Airflow connection here
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(SECRET_SOURCE, secret_value)
         handle = submit(op, context(dag, "submit", "r1"))

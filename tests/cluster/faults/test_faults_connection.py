@@ -54,6 +54,7 @@ def running(ssh_run: SshRun, *slurm_ids: str) -> bool:
     return all(squeue_field(ssh_run, slurm_id, "%T") == "RUNNING" for slurm_id in slurm_ids)
 
 
+@pytest.mark.alone
 def test_sshd_restart_while_three_triggers_are_deferred(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, record_property: Any
 ) -> None:

@@ -36,7 +36,7 @@ from airflow_provider_tao_slurm.core.shell import quote
 if TYPE_CHECKING:
     from tests.cluster.conftest import ClusterEnv, SshRun
 
-pytestmark = pytest.mark.cluster
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 #: DAG runs training at once.
 RUNS = 3

@@ -33,6 +33,7 @@ from clusterkit import (
     harness,
     job_names,
     jobs_named,
+    login_cut_held,
     record_of,
     remote_text,
     sensor_for,
@@ -203,6 +204,7 @@ def only_event(name: str, seen: list[tuple[float, TriggerEvent]]) -> tuple[float
     return at, event
 
 
+@pytest.mark.alone
 def test_slurmdbd_down_past_the_settle_window(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any
 ) -> None:
@@ -380,6 +382,7 @@ def accounting_down_past_min_job_age(
     assert (record["terminal_state"], record["err_class"], record["exit_codes"]) == ("ERROR", "ERR_PROGRAM", {"job": 3})
 
 
+@pytest.mark.alone
 def test_slurmdbd_down_past_a_lowered_min_job_age(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any, short_min_job_age: int
 ) -> None:
@@ -401,6 +404,7 @@ def test_slurmdbd_down_past_a_lowered_min_job_age(
 
 @pytest.mark.long_outage
 @pytest.mark.timeout(LONG_OUTAGE_TIMEOUT_S)
+@pytest.mark.alone
 def test_slurmdbd_down_six_minutes_past_the_default_min_job_age(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any, default_min_job_age: int
 ) -> None:
@@ -423,6 +427,13 @@ def test_slurmdbd_down_six_minutes_past_the_default_min_job_age(
     )
 
 
+@pytest.fixture
+def login_cut() -> Iterator[None]:
+    """The harness's cut login sshd, held for this test (:func:`clusterkit.login_cut_held`)."""
+    with login_cut_held():
+        yield
+
+
 def cut_port(cluster: ClusterEnv) -> int:
     """The port of the harness's cut login sshd (``cut_port`` in cluster.json)."""
     data = json.loads((Path(cluster.state_dir) / "cluster.json").read_text())
@@ -436,6 +447,7 @@ def cut_port(cluster: ClusterEnv) -> int:
 KILL_CUT_S = 40.0
 
 
+@pytest.mark.usefixtures("login_cut")
 def test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -488,6 +500,7 @@ def test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_on
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
 
 
+@pytest.mark.usefixtures("login_cut")
 def test_slurmctld_unreachable_from_the_login_host(
     conn: str,
     image: str,

@@ -75,6 +75,7 @@ def watch_through(deferred: Any, ssh_run: SshRun, slurm_id: str, fault: Any, *, 
     return run_async(scenario())
 
 
+@pytest.mark.alone
 def test_slurmctld_restarted_mid_job(conn: str, image: str, dag_id: str, ssh_run: SshRun, record_property: Any) -> None:
     """A job ran while its sensor was deferred; slurmctld was restarted (stopped and started by the harness)
     in the middle of it, while its step ran. Expected: the job survives the restart (no requeue, no restart
@@ -110,6 +111,7 @@ def test_slurmctld_restarted_mid_job(conn: str, image: str, dag_id: str, ssh_run
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
 
 
+@pytest.mark.alone
 def test_slurmdbd_down_then_back(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, slurm_hook: SlurmHook, record_property: Any
 ) -> None:
