@@ -10,12 +10,14 @@ import pytest
 
 from airflow_provider_tao_slurm.core import commands
 from airflow_provider_tao_slurm.core.partitions import (
+    NodeShape,
     Partition,
     check_partition_limits,
     cpu_partition,
     fit_gpus,
     parse_sinfo_partitions,
     resolve_partitions,
+    slice_hours,
 )
 from airflow_provider_tao_slurm.core.resources import build_resources, whole_node
 from airflow_provider_tao_slurm.core.templates import SbatchSpec, render_sbatch, resource_fields
@@ -59,6 +61,10 @@ def test_sinfo_asks_for_hidden_partitions_gres_state_shape_and_access() -> None:
         pytest.param("g|1:00:00|gpu", Partition("g", 1.0, False, 1), id="gpu-without-count"),
         pytest.param("g|1:00:00|mps:100", Partition("g", 1.0), id="no-gpu-gres"),
         pytest.param("g|1:00:00|", Partition("g", 1.0), id="no-gres-field"),
+        # sinfo marks each column on its own: CPUs differ between the nodes (64+), their memory does not
+        pytest.param("mix|1:00:00|gpu:8|up|64+|512000|all|no",
+                     Partition("mix", 1.0, False, 8, shapes=(NodeShape(8, 64, 512000, at_least=True),)),
+                     id="cpus-differ-memory-same-plus"),
     ],
 )  # fmt: skip
 def test_parse_one_line(line: str, expected: Partition) -> None:
@@ -118,8 +124,10 @@ def test_resolve_partitions_refuses_what_the_cluster_lacks() -> None:
         pytest.param(49.0, ("polar_long",), "allows at most 2 d, but time_hours=49 (2 d 1 h)", id="over-long"),
         pytest.param(1000.0, ("scratch",), None, id="unlimited"),
         pytest.param(5.0, ("polar_long", "polar"), "partition polar allows at most 4 h", id="every-partition-counts"),
+        pytest.param(48.0, ("polar",), "partitions that allow it: polar_long, scratch, cpu",
+                     id="a-partition-whose-limit-is-exactly-the-time-is-named"),
     ],
-)
+)  # fmt: skip
 def test_check_partition_limits(hours: float, partitions: tuple[str, ...], message: str | None) -> None:
     if message is None:
         check_partition_limits(hours, partitions, KNOWN)
@@ -127,6 +135,40 @@ def test_check_partition_limits(hours: float, partitions: tuple[str, ...], messa
     with pytest.raises(ResourceError, match=re.escape(message)) as caught:
         check_partition_limits(hours, partitions, KNOWN)
     assert "scratch" in str(caught.value)  # names a partition that would allow it
+
+
+@pytest.mark.parametrize(
+    ("hours", "partitions", "refused"),
+    [
+        pytest.param(48.0, ("polar", "polar_long"), False, id="longest-slice-exactly-the-longest-limit"),
+        pytest.param(48.5, ("polar", "polar_long"), True, id="half-an-hour-over-the-longest-limit"),
+        pytest.param(4.5, ("polar", "polar_long"), False, id="over-one-limit-within-another"),
+    ],
+)
+def test_a_continued_training_is_checked_against_its_longest_limit(
+    hours: float, partitions: tuple[str, ...], refused: bool
+) -> None:
+    if not refused:
+        check_partition_limits(hours, partitions, KNOWN, continued=True)
+        return
+    with pytest.raises(ResourceError, match=r"is the longest slice of this continued training, but none of its"):
+        check_partition_limits(hours, partitions, KNOWN, continued=True)
+
+
+@pytest.mark.parametrize(
+    ("hours", "partitions", "expected"),
+    [
+        pytest.param(4.5, ("polar", "polar_long"), {"polar": 4.0, "polar_long": 4.5}, id="half-an-hour-over-one-limit"),
+        pytest.param(10.0, ("polar", "polar_long", "scratch"), {"polar": 4.0, "polar_long": 10.0, "scratch": 10.0},
+                     id="three-partitions"),
+        pytest.param(48.0, ("polar", "polar_long", "scratch"), {"polar": 4.0, "polar_long": 48.0, "scratch": 48.0},
+                     id="three-partitions-one-at-exactly-its-limit"),
+    ],
+)  # fmt: skip
+def test_each_partition_of_a_continued_training_gives_its_own_slice(
+    hours: float, partitions: tuple[str, ...], expected: dict[str, float]
+) -> None:
+    assert slice_hours(hours, partitions, KNOWN) == expected
 
 
 def test_time_over_partition_limit_message() -> None:
@@ -195,10 +237,34 @@ def test_fit_gpus_refuses_what_no_node_can_hold(
         pytest.param([*KNOWN, Partition("cpu_default", 1.0, True)], 0.5, "cpu_default", id="default-without-gpus"),
         pytest.param([*KNOWN, Partition("cpu_default", 1.0, True)], 2.0, "cpu", id="default-too-short"),
         pytest.param([Partition("odd", None, problem="x"), *KNOWN], 2.0, "cpu", id="unreadable-skipped"),
+        pytest.param(
+            [*KNOWN, Partition("cpu_default", 1.0, True)], 1.0, "cpu_default", id="default-at-exactly-its-limit"
+        ),
+        pytest.param([Partition("t4", 4.0, True, 1, ("t4",)), *KNOWN], 2.0, "cpu", id="one-gpu-nodes-are-gpu-nodes"),
     ],
 )
 def test_cpu_partition(known: list[Partition], hours: float, expected: str) -> None:
     assert cpu_partition(known, "mini", hours) == expected
+
+
+#: One partition whose sinfo line says 8 GPUs, 64 CPUs and 512000 MB per node (``gpu:h100:8|up|64|512000``).
+SHAPED = [Partition("gpu", 4.0, True, 8, ("h100",), shapes=(NodeShape(8, 64, 512000),))]
+
+
+@pytest.mark.parametrize(
+    ("request_", "fits"),
+    [
+        pytest.param({"gpus_per_node": 8, "cpus_per_task": 64, "mem_mb": 512000}, True, id="all-a-node-has"),
+        pytest.param({"gpus_per_node": 8, "cpus_per_task": 64, "mem_mb": 512001}, False, id="one-mb-more"),
+        pytest.param({"gpus_per_node": 8, "cpus_per_task": 65, "mem_mb": 512000}, False, id="one-cpu-more"),
+    ],
+)
+def test_a_task_may_ask_for_everything_a_node_has(request_: dict[str, int], fits: bool) -> None:
+    if fits:
+        assert fit_gpus(build_resources(partition="gpu", **request_), ("gpu",), SHAPED).mem_mb == request_["mem_mb"]
+        return
+    with pytest.raises(ResourceError, match=r"the job cannot start on gpu .*BadConstraints"):
+        fit_gpus(build_resources(partition="gpu", **request_), ("gpu",), SHAPED)
 
 
 def test_cpu_partition_refuses_a_cluster_without_one() -> None:
