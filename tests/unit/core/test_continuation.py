@@ -25,7 +25,14 @@ from airflow_provider_tao_slurm.core.continuation import (
     slice_marker,
     spec_checkpoint_interval,
 )
+from airflow_provider_tao_slurm.core.states import parse_sacct
 from airflow_provider_tao_slurm.exceptions import ValidationError
+
+
+def as_printed(row: str) -> str:
+    """The native state of one ``sacct -X -n -P`` row as the parser reads it (the sensor's path)."""
+    (state,) = parse_sacct(row + "\n").values()
+    return state.native
 
 
 @pytest.mark.parametrize(("value", "expected"), [(0, 0), (1, 1), (5, 5), (1000, 1000)])
@@ -77,6 +84,7 @@ def test_checkpoint_signal_refused(value: Any) -> None:
         pytest.param(0.25, None, 90, id="quarter-hour-a-tenth"),
         pytest.param(4, None, 600, id="four-hours-capped"),
         pytest.param(4, 120, 120, id="given"),
+        pytest.param(0.33, None, 118, id="a-tenth-in-whole-seconds"),  # --signal=B:USR1@118 takes whole seconds
     ],
 )
 def test_grace_seconds(hours: float, override: int | None, expected: int) -> None:
@@ -87,6 +95,22 @@ def test_grace_seconds(hours: float, override: int | None, expected: int) -> Non
 def test_grace_seconds_refused(override: Any) -> None:
     with pytest.raises(ValidationError, match=r"signal_grace_seconds=.* from 1 to less than the slice"):
         grace_seconds(1 / 60, override)
+
+
+@pytest.mark.parametrize(
+    ("hours", "override", "allowed"),
+    [
+        pytest.param(1.0, 3600, False, id="one-hour-slice-warned-an-hour-ahead"),
+        pytest.param(1.0, 3599, True, id="one-hour-slice-warned-a-second-after-it-starts"),
+        pytest.param(4.0, 14400, False, id="four-hour-slice-warned-four-hours-ahead"),
+    ],
+)
+def test_a_grace_as_long_as_the_slice_is_refused(hours: float, override: int, allowed: bool) -> None:
+    if allowed:
+        assert grace_seconds(hours, override) == override
+        return
+    with pytest.raises(ValidationError, match=r"less than the slice \(\d+ s\)"):
+        grace_seconds(hours, override)
 
 
 @pytest.mark.parametrize(
@@ -104,6 +128,23 @@ def test_grace_seconds_refused(override: Any) -> None:
 )
 def test_ends_slice(native: str, exit_code: int, expected: bool) -> None:
     assert ends_slice(native, exit_code) is expected
+
+
+#: sacct rows of a slice's end (``JobIDRaw,JobName,State,ExitCode,Reason,NodeList,Start,End``).
+RAN = "n1|2026-12-03T06:00:00|2026-12-03T10:00:05"
+
+
+@pytest.mark.parametrize(
+    ("row", "exit_code", "expected"),
+    [
+        pytest.param(f"7|tao-x|FAILED|124:0|NonZeroExitCode|{RAN}", 124, True, id="program-timeout-124"),
+        pytest.param(f"7|tao-x|TIMEOUT|0:15|TimeLimit|{RAN}", 0, True, id="slurm-time-limit"),
+        pytest.param(f"7|tao-x|PREEMPTED|0:15|None|{RAN}", 0, True, id="preempted-not-requeued"),
+        pytest.param(f"7|tao-x|FAILED|1:0|NonZeroExitCode|{RAN}", 1, False, id="program-error"),
+    ],
+)
+def test_ends_slice_of_a_state_as_sacct_prints_it(row: str, exit_code: int, expected: bool) -> None:
+    assert ends_slice(as_printed(row), exit_code) is expected
 
 
 @pytest.mark.parametrize(
@@ -165,6 +206,35 @@ def test_ends_slice(native: str, exit_code: int, expected: bool) -> None:
             "max_continuations, or resume from it by hand",
             id="used-up",
         ),
+        pytest.param(
+            {"checkpoints": ["/r/e19.pth", "/r/e20.pth"], "slice_number": 5},
+            False,
+            "slice 5 ended TIMEOUT and max_continuations=4 is used up; the last checkpoint is /r/e20.pth: raise "
+            "max_continuations, or resume from it by hand",
+            id="used-up-names-the-newest-checkpoint",
+        ),
+        pytest.param(
+            {"checkpoints": ["/r/e5.pth", "/r/e10.pth"], "slice_number": 2, "max_continuations": 5},
+            True,
+            "slice 2 ended TIMEOUT after writing 2 checkpoint(s); slice 3 of at most 6 resumes from /r/e10.pth",
+            id="second-slice-of-six",
+        ),
+        pytest.param(
+            {"native": "FAILED", "checkpoints": [], "time_hours": 4.0},
+            False,
+            "the 4 h slice 1 ended FAILED and wrote no checkpoint: lower the training's checkpoint interval (TAO: "
+            "train.checkpoint_interval; the spec sets no checkpoint interval) so it saves within a slice, or raise "
+            "time_hours; no new checkpoint in 1 listing(s)",
+            id="program-timeout-124-without-checkpoint-is-not-a-preemption",
+        ),
+        pytest.param(
+            {"native": as_printed(f"7|tao-x|PREEMPTED|0:15|None|{RAN}"), "checkpoints": [], "time_hours": 4.0},
+            False,
+            "the 4 h slice 1 was preempted before its first checkpoint; no new checkpoint in 1 listing(s), the spec "
+            "sets no checkpoint interval: nothing newer to resume from, so the chain stops. Run it where it is not "
+            "preempted (requeue=True lets SLURM rerun a preempted job itself), then clear the task",
+            id="preempted-as-sacct-prints-it",
+        ),
     ],
 )
 def test_continuation_verdict(kwargs: dict[str, Any], go_on: bool, message: str) -> None:
@@ -220,6 +290,28 @@ def _touch(path: Path, mtime: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("x")
     os.utime(path, (mtime, mtime))
+
+
+@pytest.mark.parametrize(
+    ("stdout", "expected"),
+    [
+        pytest.param(
+            "START\n1764734400.1234567890 /r/train/epoch_1.pth\n1764738000.1234567890 /r/train/epoch_2.pth\n",
+            SliceEnd(started=True, warned=False, checkpoints=["/r/train/epoch_1.pth", "/r/train/epoch_2.pth"]),
+            id="not-warned-two-checkpoints",
+        ),
+        pytest.param(
+            "START\n1764734400.1234567890 /r/train/epoch_1.pth\n",
+            SliceEnd(started=True, warned=False, checkpoints=["/r/train/epoch_1.pth"]),
+            id="not-warned-one-checkpoint",
+        ),
+        pytest.param("START\nWARNED\n", SliceEnd(started=True, warned=True, checkpoints=[]), id="warned-none"),
+        pytest.param("NOSTART\n", SliceEnd(started=False, warned=False, checkpoints=[]), id="never-started"),
+    ],
+)
+def test_parse_new_checkpoints(stdout: str, expected: SliceEnd) -> None:
+    """What :func:`new_checkpoints` prints (``START``, ``WARNED`` when warned, ``<mtime> <path>`` newest last)."""
+    assert parse_new_checkpoints(stdout) == expected
 
 
 def test_new_checkpoints_lists_only_the_slices_own_matching_files(tmp_path: Path) -> None:
