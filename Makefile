@@ -67,15 +67,36 @@ docs: venv
 unit: venv
 	$(BIN)/pytest -n 2 tests/unit
 
-# Lint, docs and the cluster's start side by side; the unit and packaging tests on two cores (pytest-xdist); then
-# the cluster tests one at a time (one cluster), with the unit tests RELIABILITY.md cites, so that this run
-# regenerates the report; then the matrix.
+# The cluster tests in two phases: those that leave the cluster as they found it side by side, on CLUSTER_WORKERS
+# workers (their own job names, DAG ids and directories, as tenants of one cluster; most of their time is spent
+# waiting on SLURM), then the ones marked `alone` (they stop or restart a daemon, take a node down, change a
+# partition or a cluster-wide setting, or hold every GPU of a partition) one at a time. Each session writes its
+# share of RELIABILITY.md into RELIABILITY_PARTS; the shares are merged once both phases ran.
+CLUSTER_WORKERS ?= 4
+CLUSTER_BESIDE = -n $(CLUSTER_WORKERS) -m "not alone and not long_outage"
+CLUSTER_ALONE = -m "alone and not long_outage"
+RELIABILITY_PARTS := $(CURDIR)/.reliability-parts
+PHASES := $(PYTHON) tests/phases.py
+
+# The fastest verdicts first: lint, docs and the cluster's start side by side; the unit and packaging tests on
+# two cores (pytest-xdist); the cluster tests side by side, with the unit tests RELIABILITY.md cites, then
+# alone, while MATRIX_RELEASE's tree is prepared in the background (the CPU is idle then); then the matrix.
+# The time of each phase is printed at the end, or when one fails.
 test: venv
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint docs cluster-up
-	$(BIN)/pytest -n 2 tests/unit tests/packaging
+	@$(PHASES) start
+	$(PHASES) run "lint, docs, cluster up" -- $(MAKE) --no-print-directory -j3 --output-sync=target lint docs cluster-up
+	$(PHASES) run "unit and packaging tests" -- $(BIN)/pytest -n 2 tests/unit tests/packaging
+	rm -rf $(RELIABILITY_PARTS)
 	cited=$$($(BIN)/python tests/cluster/reliability_report.py --cited-outside-cluster) && \
-		$(BIN)/pytest tests/cluster $$cited
-	$(MAKE) matrix
+		TAO_RELIABILITY_PARTS=$(RELIABILITY_PARTS) $(PHASES) run "cluster tests side by side" -- \
+		$(BIN)/pytest $(CLUSTER_BESIDE) tests/cluster $$cited
+	$(PHASES) background "$(MATRIX_RELEASE) tree prepared" -- $(RELEASES) prepare $(MATRIX_RELEASE)
+	TAO_RELIABILITY_PARTS=$(RELIABILITY_PARTS) $(PHASES) run "cluster tests alone" -- \
+		$(BIN)/pytest $(CLUSTER_ALONE) tests/cluster
+	$(BIN)/python tests/cluster/reliability_report.py --merge $(RELIABILITY_PARTS)
+	$(PHASES) wait "$(MATRIX_RELEASE) tree prepared"
+	$(PHASES) run "$(MATRIX_RELEASE) matrix" -- $(MAKE) --no-print-directory matrix
+	@$(PHASES) show
 
 # The release-sensitive cluster tests on MATRIX_RELEASE, alone on the machine (its own cluster is stopped).
 matrix:
@@ -107,7 +128,8 @@ MATRIX_DESELECT := tests/cluster/test_submit_watch.py::test_requeues_at_random_m
 	tests/cluster/faults/test_faults_clock_and_limits.py::test_a_job_watched_through_a_login_host_ten_minutes_ahead_has_right_windows_and_timestamps
 
 matrix-here: venv cluster-up
-	$(BIN)/pytest $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
+	$(BIN)/pytest $(CLUSTER_BESIDE) $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
+	$(BIN)/pytest $(CLUSTER_ALONE) $(MATRIX_TESTS) $(addprefix --deselect ,$(MATRIX_DESELECT))
 
 # RELIABILITY.md from the fault and security suites and the tests they cite, about 15 minutes
 # (make test regenerates it too, from the same tests in its full run).
