@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gitstate import checkout_commit
+from provenance import RELEASE_PROBE, parse_release_probe
+from provenance import result_name as _result_name
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -443,26 +445,56 @@ BENCH_RUN = os.environ.get("BENCH_RUN") or None
 RELEASE_TREE = os.environ.get("TAO_SLURM_RELEASE_TREE") or None
 
 
-def result_name(name: str, release: str | None = RELEASE_TREE) -> str:
-    """The results file's name (without ``.json``) of script ``name`` run on ``release`` (None: the machine's)."""
-    return f"{name}@{release}" if release else name
+def result_name(name: str, release: str | None = RELEASE_TREE, variant: str | None = None) -> str:
+    """The results file's name (without ``.json``) of script ``name`` run on ``release`` (None: the machine's),
+    in ``variant`` (``rl``: slurmctld's RPC rate limit on; :func:`provenance.result_name`)."""
+    return _result_name(name, release, variant)
 
 
-def write_result(name: str, title: str, figures: Sequence[Figure], details: dict[str, Any]) -> Path:
+def cluster_release() -> dict[str, str]:
+    """The cluster's SLURM release, asked on the login host as the cluster user (one ``REQUEST_BUILD_INFO``):
+    slurmctld's own (``scontrol show config``'s ``SLURM_VERSION``) and the login host's client (``sinfo --version``).
+
+    Never raises: a cluster that cannot be asked reads ``unknown``, with why.
+    """
+    try:
+        return parse_release_probe(ssh(RELEASE_PROBE, timeout=60))
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        why = f"unknown ({str(exc)[:160]})"
+        return {"slurmctld": why, "login_client": why}
+
+
+def write_result(
+    name: str,
+    title: str,
+    figures: Sequence[Figure],
+    details: dict[str, Any],
+    *,
+    measures: Sequence[str],
+    variant: str | None = None,
+) -> Path:
     """Store a script's figures (and raw details) as ``$BENCH_OUT/<name>.json`` for ``report.py``.
 
-    Each file records the commit measured, the ``make bench`` run (:data:`BENCH_RUN`) it belongs to and
-    the SLURM release measured; in a release tree the name carries the release (:func:`result_name`).
+    Each file records the commit measured, the ``make bench`` run (:data:`BENCH_RUN`) it belongs to, the
+    cluster's SLURM release as slurmctld reports it (:func:`cluster_release`; the client where the script ran
+    beside it) and the paths of the code it measures (the script's ``MEASURES``: ``report.py`` counts the
+    commits that changed them since); in a release tree the name carries the release, and a variant
+    (``rl``) its own suffix (:func:`result_name`).
     """
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    path = OUT_DIR / f"{result_name(name)}.json"
+    stem = result_name(name, variant=variant)
+    path = OUT_DIR / f"{stem}.json"
+    release = cluster_release()
     data = {
-        "name": result_name(name),
+        "name": stem,
         "title": title,
         "measured_at": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "commit": measured_commit(),
         "run": BENCH_RUN,
-        "slurm": _first_line(["sinfo", "-V"]),
+        "slurmctld": release["slurmctld"],
+        "slurm_login_client": release["login_client"],
+        "slurm_local_client": _first_line(["sinfo", "-V"]),
+        "measures": list(measures),
         "figures": [asdict(f) for f in figures],
         "details": details,
     }
@@ -504,7 +536,7 @@ def machine_description() -> dict[str, str]:
         "apache-airflow-providers-ssh": _version("apache-airflow-providers-ssh"),
         "asyncssh": _version("asyncssh"),
         "paramiko": _version("paramiko"),
-        "slurm": _first_line(["sinfo", "-V"]),
+        "slurm client on this machine (each table names the cluster's own)": _first_line(["sinfo", "-V"]),
         "openssh": _first_line(["ssh", "-V"]),
         "load average 1/5/15 min, at report time": " ".join(Path("/proc/loadavg").read_text().split()[:3]),
     }

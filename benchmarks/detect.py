@@ -26,6 +26,13 @@ from airflow_provider_tao_slurm.core.layout import JobLayout
 from airflow_provider_tao_slurm.core.records import mint_job_id
 from airflow_provider_tao_slurm.core.shell import join
 
+#: The code this benchmark measures (the whole provider (submit, job, sensor and trigger) and the job templates);
+#: report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm",
+    "templates",
+)
+
 DAG_ID = "bench_detect"
 POKE_INTERVAL = 2
 JOB_SECONDS = 3
@@ -143,7 +150,7 @@ def main() -> None:
     ]
     title = f"Time to detect under dag.test(), {len(runs)} runs (benchmarks/detect.py)"
     _common.print_figures(title, figures)
-    _common.write_result("detect", title, figures, {"runs": runs, "poke_interval_s": POKE_INTERVAL})
+    _common.write_result("detect", title, figures, {"runs": runs, "poke_interval_s": POKE_INTERVAL}, measures=MEASURES)
 
 
 if __name__ == "__main__":

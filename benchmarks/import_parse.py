@@ -52,6 +52,13 @@ from typing import Any
 import _common  # before Airflow: isolated Airflow home
 from _common import REPO, Figure
 
+#: The code this benchmark measures (the provider's modules and the example DAGs); report.py counts the commits that
+#: changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm",
+    "dags",
+)
+
 PROBE = Path(__file__).resolve().parent / "_parse_probe.py"
 DAGS = REPO / "dags"
 PACKAGES = ("operators", "sensors", "triggers", "hooks")
@@ -388,6 +395,7 @@ def main() -> None:
             "cold": cold,
             "problems": problems,
         },
+        measures=MEASURES,
     )
 
 

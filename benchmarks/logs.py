@@ -45,6 +45,15 @@ from airflow_provider_tao_slurm.core.logstream import LineStream, show_lines
 from airflow_provider_tao_slurm.core.shell import quote
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
 
+#: The code this benchmark measures (the live-log read: the hook's batched tail, LineStream and show_lines); report.py
+#: counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/core/logstream.py",
+    "airflow_provider_tao_slurm/core/commands",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/lifecycle/following.py",
+)
+
 #: Measured intervals per mode (after one warm-up interval).
 INTERVALS = 5
 FILES = ("main.out", "main.err", "status.json")
@@ -232,7 +241,7 @@ def main() -> None:
         details[str(n)] = result
         figures += figures_for(n, result)
     _common.print_figures("Live log lines: one batched read vs one read per job", figures)
-    path = _common.write_result("logs", "Live log lines at scale", figures, details)
+    path = _common.write_result("logs", "Live log lines at scale", figures, details, measures=MEASURES)
     print(f"\nresults: {path}")
 
 

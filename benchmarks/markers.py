@@ -55,6 +55,17 @@ from _common import Figure
 
 from airflow_provider_tao_slurm.core.shell import join
 
+#: The code this benchmark measures (the triggerer's side and the job templates (their EXIT trap writes the marker));
+#: report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/triggers",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/lifecycle",
+    "airflow_provider_tao_slurm/core",
+    "airflow_provider_tao_slurm/exceptions.py",
+    "templates",
+)
+
 # The marker reads meet the login sshd with OpenSSH's default limits, in its own cgroup.
 _common.point_connections_at(int(_common.CLUSTER["limits_port"]))
 
@@ -342,7 +353,13 @@ def main() -> None:
     title = f"End markers: job end -> trigger event at N={n} watched jobs, scheduler interval {args.interval:.0f} s"
     figures = figures_for(raw, n, k, args.interval)
     _common.print_figures(title, figures)
-    _common.write_result("markers", title, figures, {"watched": n, "ending": k, "interval_s": args.interval, **raw})
+    _common.write_result(
+        "markers",
+        title,
+        figures,
+        {"watched": n, "ending": k, "interval_s": args.interval, **raw},
+        measures=MEASURES,
+    )
 
 
 if __name__ == "__main__":

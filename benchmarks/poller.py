@@ -85,6 +85,16 @@ from airflow.providers.ssh.triggers.ssh_remote_job import _CONNECTION_ERRORS, SS
 
 from airflow_provider_tao_slurm.core.shell import join
 
+#: The code this benchmark measures (the triggerer's side: the trigger, its shared poller, the hook and what they use);
+#: report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/triggers",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/lifecycle",
+    "airflow_provider_tao_slurm/core",
+    "airflow_provider_tao_slurm/exceptions.py",
+)
+
 if TYPE_CHECKING:
     from airflow.triggers.base import TriggerEvent
 
@@ -790,7 +800,9 @@ def main() -> None:
         _common.print_figures(f"Status polling at scale, N={n}, interval {args.interval:g} s (shared poller)", rows)
         figures += rows
     details["wall_s"] = time.monotonic() - started
-    _common.write_result("poller", "Status polling at scale (benchmarks/poller.py)", figures, details)
+    _common.write_result(
+        "poller", "Status polling at scale (benchmarks/poller.py)", figures, details, measures=MEASURES
+    )
     print(f"\npoller.py: {details['wall_s']:.0f} s")
 
 

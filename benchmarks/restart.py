@@ -58,6 +58,16 @@ from ratelimit import DEFAULT_BUCKET_SIZE, DEFAULT_REFILL_PER_S, throttle
 
 _common.point_connections_at(int(_common.CLUSTER["limits_port"]))
 
+#: The code this benchmark measures (the triggerer's side: the trigger, its shared poller, the hook and what they use);
+#: report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/triggers",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/lifecycle",
+    "airflow_provider_tao_slurm/core",
+    "airflow_provider_tao_slurm/exceptions.py",
+)
+
 DAG_ID = "bench_restart"
 TASK_ID = "wait"
 #: ``[triggerer] job_heartbeat_sec`` and ``triggerer_health_check_threshold`` of every triggerer started here.
@@ -410,7 +420,7 @@ def main() -> None:
         rows,
     )
     details = {"runs": [base, shared], "wall_s": time.monotonic() - started}
-    _common.write_result("restart", "Real triggerer restart (benchmarks/restart.py)", rows, details)
+    _common.write_result("restart", "Real triggerer restart (benchmarks/restart.py)", rows, details, measures=MEASURES)
     print(f"\nrestart.py: {details['wall_s']:.0f} s")
 
 

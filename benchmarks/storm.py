@@ -67,6 +67,17 @@ from harness import DEFAULT_SSHD_LIMITS, sshd_config
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
+#: The code this benchmark measures (the submit path and a job's life: the operator, the lifecycle, the hook, core and
+#: the job templates); report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/operators",
+    "airflow_provider_tao_slurm/lifecycle",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/core",
+    "airflow_provider_tao_slurm/exceptions.py",
+    "templates",
+)
+
 TASKS = 40
 #: Rounds of each single path (one submission, one poll): its RPCs are the fewest any round counted, as
 #: the cluster user's other traffic only adds to a count.

@@ -44,6 +44,17 @@ from airflow_provider_tao_slurm.core.shell import join
 from airflow_provider_tao_slurm.hooks import slurm as slurm_hook
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
+#: The code this benchmark measures (the submit path: the operator, the lifecycle, the hook, core and the job
+#: templates); report.py counts the commits that changed it since.
+MEASURES = (
+    "airflow_provider_tao_slurm/operators",
+    "airflow_provider_tao_slurm/lifecycle",
+    "airflow_provider_tao_slurm/hooks",
+    "airflow_provider_tao_slurm/core",
+    "airflow_provider_tao_slurm/exceptions.py",
+    "templates",
+)
+
 # The pacing users get by default: the bench connection sets no rpc_* extras, so each submission reads the
 # site's limiter (cached on the login host) and paces only where slurmctld limits RPCs; the test cluster has
 # none, so the rounds never wait, and the pacing's cached read is in the figure.
