@@ -103,9 +103,12 @@ def test_grace_seconds_refused(override: Any) -> None:
         pytest.param(1.0, 3600, False, id="one-hour-slice-warned-an-hour-ahead"),
         pytest.param(1.0, 3599, True, id="one-hour-slice-warned-a-second-after-it-starts"),
         pytest.param(4.0, 14400, False, id="four-hour-slice-warned-four-hours-ahead"),
+        pytest.param(1.0, 1, True, id="one-second-the-least"),
     ],
 )
-def test_a_grace_as_long_as_the_slice_is_refused(hours: float, override: int, allowed: bool) -> None:
+def test_a_grace_override_runs_from_one_second_to_less_than_the_slice(
+    hours: float, override: int, allowed: bool
+) -> None:
     if allowed:
         assert grace_seconds(hours, override) == override
         return
@@ -218,6 +221,12 @@ def test_ends_slice_of_a_state_as_sacct_prints_it(row: str, exit_code: int, expe
             True,
             "slice 2 ended TIMEOUT after writing 2 checkpoint(s); slice 3 of at most 6 resumes from /r/e10.pth",
             id="second-slice-of-six",
+        ),
+        pytest.param(
+            {"checkpoints": ["/r/e16.pth"], "slice_number": 4},
+            True,
+            "slice 4 ended TIMEOUT after writing 1 checkpoint(s); slice 5 of at most 5 resumes from /r/e16.pth",
+            id="the-last-continuation-still-runs",
         ),
         pytest.param(
             {"native": "FAILED", "checkpoints": [], "time_hours": 4.0},
