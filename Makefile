@@ -31,7 +31,7 @@ MATRIX_TESTS := \
 	tests/cluster/test_hook.py::test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered \
 	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it
 
-.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability soak demo bench bench-release bench-release-here clean
+.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -135,6 +135,60 @@ matrix-here: venv cluster-up
 # (make test regenerates it too, from the same tests in its full run).
 reliability: venv cluster-up
 	$(BIN)/python tests/cluster/reliability_report.py
+
+# Mutation testing (issue 49, item 5) of the modules that decide outcomes: job states and their parsing, failure
+# classification, partitions and limits, continuation, the resubmission's exclusions. cosmic-ray, one session per
+# module, each run only with the unit test files that exercise that module (a few seconds a mutant), one mutant at a
+# time at nice 19: about 80 minutes on 2 cores (1472 mutants); not part of `make test`. cosmic-ray writes each mutant
+# into the module file itself, so the run works on a copy of the package, its templates and the unit tests in
+# MUTATION_DIR, never on this checkout. Left out: `|` mutated into another operator, which here is nearly always a
+# type annotation (never evaluated under `from __future__ import annotations`: equivalent mutants). Each module's
+# score (killed / run) is printed and kept in MUTATION_DIR/score.txt, its report in <module>.txt (survivors:
+# cr-report --surviving-only --show-diff on its .sqlite; cr-report's own percentage counts the left-out mutants).
+# MUTATION_MODULES=resources also runs (the limits of core/resources.py), outside the default set. docs/reliability.md
+# has the score.
+MUTATION_DIR ?= /tmp/tao-slurm-mutation
+MUTATION_MODULES ?= states failures partitions continuation resubmission
+MUTATION_TESTS_states := tests/unit/core/test_states.py tests/unit/core/test_failures.py \
+	tests/unit/core/test_resubmission.py tests/unit/test_slurm_release_forms.py
+MUTATION_TESTS_failures := tests/unit/core/test_failures.py tests/unit/core/test_resubmission.py \
+	tests/unit/test_slurm_release_forms.py
+MUTATION_TESTS_partitions := tests/unit/core/test_partitions.py tests/unit/core/test_resources.py \
+	tests/unit/core/test_earliest_start.py tests/unit/core/test_node_shape.py
+MUTATION_TESTS_continuation := tests/unit/core/test_continuation.py tests/unit/core/test_earliest_start.py \
+	tests/unit/core/test_node_shape.py tests/unit/core/test_request.py tests/unit/test_slurm_release_forms.py
+MUTATION_TESTS_resubmission := tests/unit/core/test_resubmission.py
+MUTATION_TESTS_resources := tests/unit/core/test_resources.py tests/unit/core/test_partitions.py \
+	tests/unit/core/test_requested_gpu_hours.py tests/unit/core/test_node_shape.py tests/unit/test_slurm_release_forms.py
+# `python -m pytest` in the copy: the copy's package comes first on sys.path (the editable install points here).
+MUTATION_PYTEST = $(abspath $(BIN))/python -m pytest -x -q -p no:cacheprovider $(MUTATION_TESTS_$(1))
+# $(call mutation_score,module): mutants, left out, run, killed, survived and killed / run of the module's session.
+mutation_score = $(abspath $(BIN))/python -c 'import sqlite3, sys; rows = sqlite3.connect(sys.argv[2]).execute("select \
+	worker_outcome, test_outcome from work_results").fetchall(); run = [t for w, t in rows if w == "NORMAL"]; \
+	killed, survived = run.count("KILLED"), run.count("SURVIVED"); print(f"{sys.argv[1]}: {len(rows)} mutants, \
+	{len(rows) - len(run)} left out, {len(run)} run: {killed} killed, {survived} survived, score \
+	{100 * killed / max(len(run), 1):.1f}%")' $(1) ../$(1).sqlite
+
+# $(call mutation_session,module): the module's config, its mutants, the unmutated tests (they must pass, on the
+# copy), the run and its report.
+define mutation_session
+	cd $(MUTATION_DIR)/tree && \
+	printf '[cosmic-ray]\nmodule-path = "airflow_provider_tao_slurm/core/$(1).py"\ntimeout = 120.0\nexcluded-modules = []\ntest-command = "$(MUTATION_PYTEST)"\n[cosmic-ray.distributor]\nname = "local"\n[cosmic-ray.filters.operators-filter]\nexclude-operators = ["core/ReplaceBinaryOperator_BitOr_.*"]\n' > ../$(1).toml && \
+	$(abspath $(BIN))/cosmic-ray init ../$(1).toml ../$(1).sqlite && \
+	$(abspath $(BIN))/cr-filter-operators ../$(1).sqlite ../$(1).toml && \
+	$(abspath $(BIN))/python -c 'import os, airflow_provider_tao_slurm.core.$(1) as m; assert m.__file__.startswith(os.getcwd()), m.__file__' && \
+	$(MUTATION_PYTEST) > ../$(1).baseline.log && \
+	nice -n 19 $(abspath $(BIN))/cosmic-ray exec ../$(1).toml ../$(1).sqlite && \
+	$(abspath $(BIN))/cr-report ../$(1).sqlite > ../$(1).txt && \
+	$(call mutation_score,$(1)) | tee -a ../score.txt
+
+endef
+
+mutation: export PYTHONDONTWRITEBYTECODE := 1
+mutation: venv
+	rm -rf $(MUTATION_DIR) && mkdir -p $(MUTATION_DIR)/tree
+	tar --exclude=__pycache__ -cf - airflow_provider_tao_slurm templates tests/unit pyproject.toml | tar -xf - -C $(MUTATION_DIR)/tree
+	$(foreach module,$(MUTATION_MODULES),$(call mutation_session,$(module)))
 
 # The soak (issue 41): SOAK_TRAININGS trainings over SOAK_MINUTES under a seeded random schedule of real faults,
 # checked against SLURM; its table goes into RELIABILITY.md. Not part of `make test`. SOAK_SEED unset: a random seed
