@@ -1,4 +1,4 @@
-"""Benchmark 1: status polling at scale, shared poller vs one SSH connection per watched job.
+"""Benchmark 1: status polling at scale, the shared poller against one SSH connection per job and per-job squeue.
 
 For N = 1, 100, 1000 held jobs on the local test cluster, N triggers run in one event loop the way
 Airflow's triggerer runs them (rebuilt from ``serialize()``, ``greenback.ensure_portal()``, then
@@ -7,7 +7,15 @@ Airflow's triggerer runs them (rebuilt from ``serialize()``, ``greenback.ensure_
 - ``shared``: N :class:`SlurmJobTrigger` s (one shared poller, one pooled connection);
 - ``baseline``: N of the SSH provider's own ``SSHRemoteJobTrigger`` (the trigger of its
   ``SSHRemoteJobOperator``, unchanged; counted around its methods by :func:`_count_ssh_trigger`), each
-  pointed at its job's exit-code file and log, as users would watch a batch job with it.
+  pointed at its job's exit-code file and log, as users would watch a batch job with it. It never asks the
+  scheduler, so it is the baseline of every figure but the scheduler's;
+- ``perjob``: the per-job scheduler pattern, the baseline of the scheduler figures: N
+  :class:`_perjob_trigger.PerJobSqueueTrigger` s, each asking about its own job every interval
+  (``squeue -h -t all -j <id>``, then ``sacct`` once squeue no longer shows it: the provider's
+  ``a_get_states`` on one id) over the same pooled connection, so only the number of scheduler queries differs.
+  Its scheduler job queries are counted in a window of :data:`WINDOWS` intervals (sdiag + sacctmgr), less the
+  other users' background measured in an equal window right before its triggers start, and on the client
+  (the ``squeue`` and ``sacct`` commands it sent), as the shared poller's are.
 
 What the real trigger does (apache-airflow-providers-ssh 7.0.1,
 ``airflow/providers/ssh/triggers/ssh_remote_job.py``, "ssh_remote_job.py" below): it opens its own
@@ -41,13 +49,16 @@ everything else on the machine.
 
 Each worker starts its N triggers at once (the start storm): the time until every job's state is known,
 connection attempts, and attempts the login host refused (a baseline trigger gives up after more than 5
-failures in a row, so its job's state is then never known). Recovery after a real triggerer restart
+failures in a row, so its job's state is then never known; the provider's jobs never known are those no status
+query had answered with a state by the end of the start, which the shared poller's first query covering every
+job ends). Recovery after a real triggerer restart
 (``airflow triggerer`` SIGKILLed and a new one started) is measured by ``benchmarks/restart.py``.
 
 Per mode and N: after every trigger has its first answer, a window of :data:`WINDOWS` poll
 intervals measures scheduler queries (slurmctld ``sdiag`` and slurmdbd ``sacctmgr show stats``
 counters, reset at the window's start; they include any other cluster user's traffic, which the
-shared run also measures in an equal window before its triggers start), status commands sent,
+shared and per-job runs also measure in an equal window before their triggers start), status commands sent
+(and by program: ``squeue``, ``sacct``),
 SSH connections opened, the triggerer's CPU seconds (``time.process_time()`` of the event-loop
 process) and the machine's CPU seconds (``/proc/stat``, every process: sshd, squeue, slurmctld,
 ...). The shared poller's own scheduler queries are then counted exactly: during
@@ -145,14 +156,17 @@ class Counters:
 COUNTERS = Counters()
 #: Set whenever something the orchestration waits for happened (a poll, a first answer, an event).
 PROGRESS = asyncio.Event()
-#: Completion times and sizes of the shared poller's batched queries.
+#: Completion times and sizes of the status queries (the shared poller's batched ones; per job: one id each).
 POLLS: list[tuple[float, int]] = []
+#: Jobs a status query answered for, and those whose answer was a state (not UNKNOWN).
+ANSWERED: set[str] = set()
+KNOWN: set[str] = set()
 
 
 #: The ends the baseline sees: each watched job's exit-code file holds this, written as the batch script does.
 BASELINE_EXIT_CODE = "0"
 #: The event status each mode's trigger sends for such an end.
-EXPECTED_STATUS = {"shared": "terminal", "baseline": "success"}
+EXPECTED_STATUS = {"shared": "terminal", "baseline": "success", "perjob": "terminal"}
 
 
 def job_files(directory: str, job_id: str) -> tuple[str, str]:
@@ -278,11 +292,16 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
 
     :param files: baseline: the directory of the jobs' exit-code files and logs (:func:`job_files`).
     """
+    from _perjob_trigger import STATS as PERJOB
+    from _perjob_trigger import PerJobSqueueTrigger
+
+    from airflow_provider_tao_slurm.core.states import TaoState
     from airflow_provider_tao_slurm.hooks.slurm import SlurmHook, async_pool
     from airflow_provider_tao_slurm.triggers.poller import active_pollers
     from airflow_provider_tao_slurm.triggers.slurm_job import SlurmJobTrigger
 
     n = len(job_ids)
+    wanted = set(job_ids)
     pool = async_pool()
     sent = _common.SentCommands(pool)
 
@@ -305,13 +324,15 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
         ids = list(job_ids)
         states = await original_get_states(self, ids, **kwargs)
         POLLS.append((time.monotonic(), len(ids)))
+        ANSWERED.update(states)
+        KNOWN.update(job_id for job_id, state in states.items() if state.tao_state != TaoState.UNKNOWN)
         PROGRESS.set()
         return states
 
     SlurmHook.a_get_states = recorded_get_states  # type: ignore[method-assign]
     await _warm_connection()
     background: dict[str, float] = {}
-    if mode == "shared":  # other users' scheduler traffic in a window of the same length, before we start
+    if mode != "baseline":  # other users' scheduler traffic in a window of the same length, before we start
         await asyncio.to_thread(_common.reset_rpc_counts)
         await asyncio.sleep(WINDOWS * interval)
         quiet = _common.summarize_rpcs(await asyncio.to_thread(_common.rpc_counts))
@@ -329,6 +350,8 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
             _rebuild(SlurmJobTrigger(_common.SLURM_CONN_ID, job_id, f"bench-{job_id}", interval, submitted_at=now))
             for job_id in job_ids
         ]
+    elif mode == "perjob":
+        triggers = [_rebuild(PerJobSqueueTrigger(_common.SLURM_CONN_ID, job_id, interval)) for job_id in job_ids]
     else:
         assert files is not None, "the baseline watches files"
         _count_ssh_trigger()
@@ -356,6 +379,12 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
     try:
         if mode == "shared":
             await _wait_for("a poll covering every job", lambda: any(size == n for _, size in POLLS), WARMUP_TIMEOUT_S)
+        elif mode == "perjob":
+            await _wait_for(
+                "every job's first answer (or its trigger giving up)",
+                lambda: len(ANSWERED & wanted) + PERJOB["gave_up"] >= n,
+                WARMUP_TIMEOUT_S,
+            )
         else:
             await _wait_for(
                 "every trigger's first poll (or its giving up)",
@@ -369,10 +398,15 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
         if mode == "shared":
             warmup_attempts = pool.opened + sum(s.failures for s in stats)
             warmup_refused = sum(s.failures for s in stats)
+        elif mode == "perjob":
+            warmup_attempts = pool.opened + PERJOB["failures"]
+            warmup_refused = PERJOB["failures"]
         else:
             warmup_attempts = COUNTERS.connections + COUNTERS.connect_failures
             warmup_refused = COUNTERS.connect_failures
-        warmup_unknown = COUNTERS.gave_up
+        # Never known: the SSH triggers that gave up; the provider's: jobs no status query answered with a state
+        # by the end of the warm-up (the shared poller's warm-up ends at its first query covering every job).
+        warmup_unknown = COUNTERS.gave_up if mode == "baseline" else n - len(KNOWN & wanted)
         gc.collect()
         rss1 = _common.rss_bytes()
 
@@ -381,7 +415,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
             target = polls() + 1
             await _wait_for("the next poll", lambda: polls() >= target, 4 * interval + 60)
         await asyncio.to_thread(_common.reset_rpc_counts)
-        commands0, machine0 = commands(), _common.machine_cpu_seconds()
+        commands0, machine0, programs0 = commands(), _common.machine_cpu_seconds(), dict(sent.programs)
         if login:
             login.reset_peak()
         login0 = login.cpu_seconds() if login else float("nan")
@@ -392,7 +426,7 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
         else:
             await asyncio.sleep(WINDOWS * interval)
         cpu1, wall1 = time.process_time(), time.monotonic()
-        commands1, machine1 = commands(), _common.machine_cpu_seconds()
+        commands1, machine1, programs1 = commands(), _common.machine_cpu_seconds(), dict(sent.programs)
         login1 = login.cpu_seconds() if login else float("nan")
         login_peak = login.peak_bytes() if login else None
         rpcs = await asyncio.to_thread(_common.rpc_counts)
@@ -460,15 +494,21 @@ async def measure(mode: str, job_ids: list[str], interval: float, files: str | N
         "cpu_s_per_interval": (cpu1 - cpu0) / WINDOWS,
         "machine_cpu_s_per_interval": (machine1 - machine0) / WINDOWS,
         "commands_per_interval": (commands1 - commands0) / WINDOWS,
+        "programs_per_interval": {
+            program: (count - programs0.get(program, 0)) / WINDOWS
+            for program, count in programs1.items()
+            if count != programs0.get(program, 0)
+        },
         "rpcs": rpcs,
         "rpc_summary_per_interval": {k: v / WINDOWS for k, v in _common.summarize_rpcs(rpcs).items()},
         "background_rpc_summary_per_interval": background,
         "attributed_job_queries_per_poll": per_poll,
         "end_phase_commands": end_commands,
         "end_phase_polls": end_polls,
-        "connections_opened": pool.opened if mode == "shared" else COUNTERS.connections,
+        "connections_opened": COUNTERS.connections if mode == "baseline" else pool.opened,
         "connect_failures": COUNTERS.connect_failures,
-        "poll_failures": sum(s["failures"] for s in pollers_stats) + COUNTERS.command_failures,
+        "poll_failures": sum(s["failures"] for s in pollers_stats) + COUNTERS.command_failures + PERJOB["failures"],
+        "gave_up": COUNTERS.gave_up + PERJOB["gave_up"],
         "scancel_max_s": max(scancel_s),
         "events": len(events),
         "wrong_events": wrong[:5],
@@ -545,48 +585,74 @@ def _ratio(ours: float, base: float) -> str:
     return f"{ours / base:.3f}x" if base else "n/a"
 
 
-def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: float) -> list[Figure]:
-    """The printed figures for one N; targets apply at N = 1000."""
+def _scheduler_queries(summary: dict[str, float]) -> float:
+    return summary["ctld_job_queries"] + summary["dbd_job_queries"]
+
+
+def figures_for(
+    n: int, shared: dict[str, Any], base: dict[str, Any], perjob: dict[str, Any], interval: float
+) -> list[Figure]:
+    """The printed figures for one N; targets apply at N = 1000.
+
+    Two baselines, each named in the baseline column: the scheduler rows compare with the per-job pattern
+    (``perjob``: a trigger per job asking ``squeue -j`` itself, over the same pooled connection), measured on the
+    same cluster in a window of its own; the SSH provider's ``SSHRemoteJobTrigger`` (``base``), which never asks the
+    scheduler, is the baseline of the other rows (connections, commands, CPU, memory, latency, the start storm).
+    """
     at_target = n == 1000
-    sq, bq = shared["rpc_summary_per_interval"], base["rpc_summary_per_interval"]
-    s_queries = sq["ctld_job_queries"] + sq["dbd_job_queries"]
-    b_queries = bq["ctld_job_queries"] + bq["dbd_job_queries"]
+    sq, pq = shared["rpc_summary_per_interval"], perjob["rpc_summary_per_interval"]
+    s_queries, p_queries = _scheduler_queries(sq), _scheduler_queries(pq)
+    s_bg = _scheduler_queries(shared["background_rpc_summary_per_interval"])
+    p_bg = _scheduler_queries(perjob["background_rpc_summary_per_interval"])
+    p_own = max(0.0, p_queries - p_bg)  # the per-job pattern's own: its window less the background just before it
 
     def row(name: str, ours: float, theirs: float, fmt: str, target: str = "", ok: bool | None = None) -> Figure:
         return Figure(
             f"N={n} {name}",
             format(ours, fmt),
-            f"{format(theirs, fmt)}, ratio {_ratio(ours, theirs)}",
+            f"SSH trigger: {format(theirs, fmt)}, ratio {_ratio(ours, theirs)}",
             target if at_target else "",
             ok if at_target else None,
         )
 
+    def sent(run: dict[str, Any]) -> float:
+        return sum(run.get("programs_per_interval", {}).get(program, 0.0) for program in ("squeue", "sacct"))
+
     lat_target = interval + 2
     s_rss, b_rss = shared["rss_per_trigger_bytes"], base["rss_per_trigger_bytes"]
-    bg = shared["background_rpc_summary_per_interval"]
     own = min(shared["attributed_job_queries_per_poll"])
     end_per_poll = shared["end_phase_commands"] / max(1, shared["end_phase_polls"])
     return [
         Figure(
             f"N={n} scheduler job queries/interval, cluster-wide window (sdiag+sacctmgr)",
-            f"{s_queries:.1f} (other users' background {bg['ctld_job_queries'] + bg['dbd_job_queries']:.1f})",
-            f"{b_queries:.1f}, ratio {_ratio(s_queries, b_queries)}",
+            f"{s_queries:.1f} (other users' background {s_bg:.1f})",
+            f"per-job squeue: {p_queries:.1f} (other users' background {p_bg:.1f}), "
+            f"ratio {_ratio(s_queries, p_queries)}",
         ),
         Figure(
             f"N={n} scheduler job queries/interval of the poller (sdiag+sacctmgr around its commands)",
             f"{own}",
-            f"{b_queries:.1f} (window), ratio {_ratio(own, b_queries)}",
+            f"per-job squeue: {p_own:.1f} (its window less the background before it), ratio {_ratio(own, p_own)}",
             "<= 2" if at_target else "",
             own <= 2 if at_target else None,
         ),
         Figure(
+            f"N={n} scheduler job queries/interval sent, counted on the client (squeue + sacct commands)",
+            f"{sent(shared):.1f}",
+            f"per-job squeue: {sent(perjob):.1f}, ratio {_ratio(sent(shared), sent(perjob))}",
+        ),
+        Figure(
             f"N={n} status commands per poll while jobs end (client: squeue + sacct)",
             f"{end_per_poll:.1f}",
-            "2 file commands per job per poll (exit code, log size)",
+            "SSH trigger: 2 file commands per job per poll (exit code, log size)",
             "<= 2" if at_target else "",
             end_per_poll <= 2 if at_target else None,
         ),
-        row("slurmctld RPCs/interval, all types", sq["ctld_rpcs"], bq["ctld_rpcs"], ".1f"),
+        Figure(
+            f"N={n} slurmctld RPCs/interval, all types, cluster-wide window",
+            f"{sq['ctld_rpcs']:.1f}",
+            f"per-job squeue: {pq['ctld_rpcs']:.1f}, ratio {_ratio(sq['ctld_rpcs'], pq['ctld_rpcs'])}",
+        ),
         row(
             "status commands sent/interval (client)",
             shared["commands_per_interval"],
@@ -618,7 +684,7 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
         Figure(
             f"N={n} RSS growth per trigger",
             _kb(s_rss),
-            f"{_kb(b_rss)}, ratio {_ratio(s_rss, b_rss)}",
+            f"SSH trigger: {_kb(b_rss)}, ratio {_ratio(s_rss, b_rss)}",
             "< 50 KB" if at_target else "",
             s_rss < 50 * 1024 if at_target else None,
         ),
@@ -639,12 +705,13 @@ def figures_for(n: int, shared: dict[str, Any], base: dict[str, Any], interval: 
         Figure(
             f"N={n} events received (correct)",
             f"{shared['events']}/{n} ({shared['events'] - len(shared['wrong_events'])})",
-            f"{base['events']}/{n} ({base['events'] - len(base['wrong_events'])})",
+            f"SSH trigger: {base['events']}/{n} ({base['events'] - len(base['wrong_events'])}); per-job squeue: "
+            f"{perjob['events']}/{n} ({perjob['events'] - len(perjob['wrong_events'])})",
         ),
         Figure(
             f"N={n} failed polls (cluster restarts by others) / slowest scancel s",
             f"{shared['poll_failures']} / {shared['scancel_max_s']:.2f}",
-            f"{base['poll_failures']} / {base['scancel_max_s']:.2f}",
+            f"SSH trigger: {base['poll_failures']} / {base['scancel_max_s']:.2f}",
         ),
         *start_and_login_figures(n, shared, base),
     ]
@@ -666,7 +733,9 @@ def start_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any]
 
     def pair(key: str, fmt: str) -> tuple[str, str]:
         ours = format(shared[key], fmt)
-        return ours, "" if base is None else f"{format(base[key], fmt)}, ratio {_ratio(shared[key], base[key])}"
+        if base is None:
+            return ours, ""
+        return ours, f"SSH trigger: {format(base[key], fmt)}, ratio {_ratio(shared[key], base[key])}"
 
     unknown = shared["warmup_states_never_known"]
     login_target = LOGIN_CPU_SHARE * shared["interval_s"]
@@ -676,12 +745,13 @@ def start_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any]
         Figure(
             f"N={n} start storm: connection attempts / refused or failed (login sshd MaxStartups 10:30:100)",
             _storm(shared),
-            "" if base is None else _storm(base),
+            "" if base is None else f"SSH trigger: {_storm(base)}",
         ),
         Figure(
-            f"N={n} start storm: jobs whose state was never known (trigger gave up)",
+            f"N={n} start storm: jobs whose state was never known (SSH trigger: gave up; the provider: no state in "
+            "its answers by the end of the start)",
             f"{unknown}",
-            "" if base is None else f"{base['warmup_states_never_known']}",
+            "" if base is None else f"SSH trigger: {base['warmup_states_never_known']}",
             "0",
             unknown == 0,
         ),
@@ -699,7 +769,7 @@ def start_and_login_figures(n: int, shared: dict[str, Any], base: dict[str, Any]
         Figure(
             f"N={n} login node peak memory in the window (sshd + commands, own cgroup)",
             _mb(shared["login_peak_bytes"]),
-            "" if base is None else _mb(base["login_peak_bytes"]),
+            "" if base is None else f"SSH trigger: {_mb(base['login_peak_bytes'])}",
         ),
     ]
 
@@ -773,7 +843,7 @@ def main() -> None:
         default="5000",
         help="sizes run with the shared poller only (no per-job baseline at that scale)",
     )
-    parser.add_argument("--worker", choices=("shared", "baseline"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=("shared", "baseline", "perjob"), help=argparse.SUPPRESS)
     parser.add_argument("--output", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -786,10 +856,15 @@ def main() -> None:
     started = time.monotonic()
     for n in sizes:
         base = run_mode("baseline", n, args.interval)
+        perjob = run_mode("perjob", n, args.interval)
         shared = run_mode("shared", n, args.interval)
-        details["runs"] += [base, shared]
-        rows = figures_for(n, shared, base, args.interval)
-        _common.print_figures(f"Status polling, N={n}, interval {args.interval:g} s (shared poller; baseline)", rows)
+        details["runs"] += [base, perjob, shared]
+        rows = figures_for(n, shared, base, perjob, args.interval)
+        _common.print_figures(
+            f"Status polling, N={n}, interval {args.interval:g} s (shared poller; baselines: the SSH provider's "
+            "trigger, per-job squeue)",
+            rows,
+        )
         figures += rows
     compared = [run for run in details["runs"] if run["mode"] == "shared"]
     reference = max(compared, key=lambda run: run["n"], default=None)
