@@ -202,10 +202,11 @@ soak: venv cluster-up
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py
 
-# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 25 minutes on 2 cores, plus
-# about 17 for restart.py (real triggerers SIGKILLed 5 times per mode at N = 1000).
-# BENCH_RUN (the run's start, UTC) is exported once for the whole run: each script records it beside the
-# commit it measured, and report.py labels every table that does not come from this run and commit.
+# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 35 minutes on 2 cores, plus
+# about 17 for restart.py (real triggerers SIGKILLed 5 times per mode at N = 1000) and about 30 for bench-release.
+# BENCH_RUN (the run's start, UTC) is exported once for the whole run, bench-release's scripts in the 26.05 tree
+# included (releases.py passes BENCH_*): each script records it beside the commit it measured and the cluster's
+# SLURM release, and report.py labels every table that does not come from this run and commit.
 bench: export BENCH_RUN := $(shell date -u +%Y-%m-%dT%H:%M:%SZ)
 bench: venv cluster-up
 	rm -rf "$${BENCH_OUT:-/tmp/tao-slurm-bench}"
@@ -222,9 +223,14 @@ bench: venv cluster-up
 	$(MAKE) bench-release
 	$(BIN)/python benchmarks/report.py
 
-# The poller at N = 1000 and the submit ratio again on MATRIX_RELEASE (26.05, in the sid tree, alone on the
-# machine; about 12 minutes), stored as poller@26.05.json and submit@26.05.json in BENCH_OUT: report.py sets
-# them beside the machine's own. The tree writes under the checkout (its /tmp is its own).
+# The poller at N = 1000, the submit ratio (one and back to back) and the storm again on MATRIX_RELEASE (26.05, in
+# the sid tree, alone on the machine), then the submit ratio and the storm with slurmctld's RPC rate limit on
+# (BENCH_RATE_LIMIT: rl_enable at SLURM's default bucket; each script turns it off again at its end, whatever
+# happens); about 30 minutes. Stored as poller@26.05.json, submit@26.05.json, storm@26.05.json,
+# submit@26.05-rl.json and storm@26.05-rl.json in BENCH_OUT: report.py sets them beside the machine's own (the
+# rate-limited ones beside the same release's without the limit). The tree writes under the checkout (its /tmp is
+# its own).
+BENCH_RATE_LIMIT ?= rl_enable,rl_bucket_size=30,rl_refill_rate=2
 bench-release:
 	rm -rf .bench-release
 	BENCH_OUT=$(CURDIR)/.bench-release $(RELEASES) run --not-on-host $(MATRIX_RELEASE) -- make bench-release-here
@@ -234,6 +240,9 @@ bench-release:
 bench-release-here: venv cluster-up
 	$(BIN)/python benchmarks/poller.py --sizes 1000 --scale-sizes ""
 	$(BIN)/python benchmarks/submit.py
+	$(BIN)/python benchmarks/storm.py
+	$(BIN)/python benchmarks/submit.py --rate-limit $(BENCH_RATE_LIMIT)
+	$(BIN)/python benchmarks/storm.py --rate-limit $(BENCH_RATE_LIMIT)
 
 clean: cluster-down
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache site

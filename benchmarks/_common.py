@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,8 @@ from provenance import RELEASE_PROBE, parse_release_probe
 from provenance import result_name as _result_name
 
 REPO = Path(__file__).resolve().parent.parent
+#: The test cluster's harness (``rate-limit`` and the other cluster-wide settings).
+HARNESS = REPO / "tests" / "cluster" / "harness.py"
 
 CLUSTER_JSON = Path("/var/lib/slurmtest/cluster.json")
 OUT_DIR = Path(os.environ.get("BENCH_OUT", "/tmp/tao-slurm-bench"))
@@ -273,6 +275,90 @@ def summarize_rpcs(counts: dict[str, dict[str, int]]) -> dict[str, int]:
         "ctld_rpcs": sum(v for k, v in ctld.items() if k not in OWN_RPCS),
         "dbd_rpcs": sum(v for k, v in dbd.items() if k not in OWN_RPCS),
     }
+
+
+# ------------------------------------------------------------------------ slurmctld's RPC rate limit
+
+#: slurmctld's log on this machine (the harness's; in a release tree, the tree's own).
+CTLD_LOG = Path(CLUSTER.get("state_dir", "/var/lib/slurmtest")) / "log" / "slurm" / "slurmctld.log"
+#: The provider's pacing state and its cached reading of the site's limiter, in the cluster user's home on the
+#: login host (``core/commands/pacing.py``): removed whenever the limiter changes, so the next submission reads it.
+PACING_FILES = (
+    '"$HOME/.tao-slurm/rpc-bucket" "$HOME/.tao-slurm/slurmctld-parameters" "$HOME/.tao-slurm/slurmctld-preemption"'
+)
+
+
+def harness(*args: str, timeout: float = 300) -> str:
+    """Run a harness command (``tests/cluster/harness.py``, as root); its output.
+
+    :raises RuntimeError: when it fails (with its output).
+    """
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"harness {' '.join(args)} failed (rc {proc.returncode}): {proc.stdout}{proc.stderr}")
+    return proc.stdout + proc.stderr
+
+
+def forget_pacing() -> None:
+    """Remove the provider's pacing state and cached limiter reading on the login host (:data:`PACING_FILES`)."""
+    ssh(f"rm -f -- {PACING_FILES}")
+
+
+@contextlib.contextmanager
+def site_rate_limit(parameters: str | None) -> Iterator[str | None]:
+    """slurmctld's RPC rate limit (``rl_enable``) set to ``parameters`` for the block and turned off after it,
+    whatever happens in it (``harness.py rate-limit``; SLURM 23.02 and later). None: the cluster stays as it is.
+
+    The provider caches its reading of the site's limiter for 10 minutes: :func:`forget_pacing` both times, so
+    the first submission reads the new setting and later work does not pace against a limiter that is gone.
+    """
+    if not parameters:
+        yield None
+        return
+    try:
+        harness("rate-limit", parameters)
+        forget_pacing()
+        yield parameters
+    finally:
+        try:
+            harness("rate-limit", "off")
+        finally:
+            forget_pacing()
+
+
+class CtldLogWindow:
+    """The lines slurmctld logs from now on (its log read from the size it had when this was made).
+
+    slurmctld logs every RPC its rate limit refuses ("RPC rate limit exceeded by uid U with RPC ..., telling
+    to back off"; ``rl_log_freq`` unset logs each one): :meth:`refusals` counts a user's.
+    """
+
+    def __init__(self, path: Path = CTLD_LOG) -> None:
+        self.path = path
+        try:
+            self.offset: int | None = path.stat().st_size
+        except OSError:
+            self.offset = None
+
+    def text(self) -> str | None:
+        """What slurmctld logged since; None when its log cannot be read."""
+        if self.offset is None:
+            return None
+        try:
+            with self.path.open("rb") as log:
+                log.seek(self.offset)
+                return log.read().decode(errors="replace")
+        except OSError:
+            return None
+
+    def refusals(self, uid: int) -> int | None:
+        """RPCs of user ``uid`` the rate limit refused since; None when the log cannot be read."""
+        from ratelimit import refusals
+
+        text = self.text()
+        return None if text is None else refusals(text, uid)
 
 
 # ------------------------------------------------------------------------------ commands sent

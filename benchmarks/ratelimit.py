@@ -61,3 +61,48 @@ def throttle(
         clock = served
         count += 1
     return Throttling(count, throttled, max_delay, clock if clock is not None else 0.0)
+
+
+def refusals(log_text: str, uid: int) -> int:
+    """RPCs of user ``uid`` that slurmctld's rate limit refused, counted in slurmctld's log text.
+
+    slurmctld logs each refusal (at ``info``, unless ``rl_log_freq`` thins them out) as
+    ``RPC rate limit exceeded by uid <uid> with <RPC> [from <address>], telling to back off``.
+    """
+    mark = f"RPC rate limit exceeded by uid {uid} "
+    return sum(mark in line for line in log_text.splitlines())
+
+
+@dataclass(frozen=True)
+class SiteLimit:
+    """slurmctld's limiter as ``SlurmctldParameters`` sets it (``rl_enable`` and its ``rl_*`` settings).
+
+    :ivar bucket: ``rl_bucket_size`` (30 by default).
+    :ivar refill_per_s: ``rl_refill_rate`` / ``rl_refill_period`` (2 per 1 s by default).
+    """
+
+    bucket: int
+    refill_per_s: float
+
+
+def site_limit(parameters: str) -> SiteLimit | None:
+    """The limiter ``SlurmctldParameters`` (``rl_enable,rl_bucket_size=30,...``) sets; None without ``rl_enable``."""
+    items = dict(item.strip().partition("=")[::2] for item in parameters.split(",") if item.strip())
+    if "rl_enable" not in items:
+        return None
+    period = float(items.get("rl_refill_period") or 1) or 1.0
+    return SiteLimit(
+        int(items.get("rl_bucket_size") or DEFAULT_BUCKET_SIZE), float(items.get("rl_refill_rate") or 2) / period
+    )
+
+
+def pacing_floor_s(submissions: int, cost: int, limit: SiteLimit, share: float) -> float:
+    """The least time ``submissions`` submissions in a row must wait under the provider's pacing.
+
+    The provider paces at ``share`` of the site's bucket and refill (``core/commands/pacing.py``: a bucket of
+    ``int(share * bucket)`` tokens, full at the start, ``share * refill`` per second), each submission taking
+    ``cost`` tokens before it sends anything: the tokens past the bucket arrive at the refill rate.
+    """
+    size = max(1, int(share * limit.bucket))
+    rate = share * limit.refill_per_s
+    return max(0.0, submissions * cost - size) / rate if rate > 0 else 0.0

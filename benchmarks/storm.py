@@ -17,7 +17,11 @@ cluster user's slurmctld RPCs per submission.
 
 **The RPCs of each path** (item 10): ``sdiag``'s per-user counts, sampled every :data:`SAMPLE_S`
 seconds, give how many slurmctld RPCs the cluster user sent while a path ran, and when: one submission
-(``execute`` in this process, as ``benchmarks/submit.py``), one status poll of :data:`WATCHED` held jobs
+(``execute`` in this process, as ``benchmarks/submit.py``), one job's whole life (the same submission, then
+its job runs ``sleep 1`` and ends by itself; the count closes once squeue, asked as root, shows it ended: the
+container step's RPCs and whatever the job asks slurmctld at its end are in it), once without ``secret_env``
+and once with it (its sidecar asks ``scontrol show job`` once at the end), each against what the provider's
+pacing takes per submission (``SUBMISSION_RPCS``), one status poll of :data:`WATCHED` held jobs
 by the hook's ``get_states`` on a hook that polled before (the batched query the shared poller sends per
 interval), and the same on a fresh hook (the first poll after a triggerer restart: the triggers only
 subscribe; their first poll is this query on a new connection). Other work on the cluster runs as the
@@ -26,11 +30,20 @@ The storm's RPCs are the cluster user's RPCs as the samples saw them arrive, fro
 last task's end; the count less the user's background rate measured just before is printed beside them.
 Each timeline goes through a simulated default ``rl_enable`` bucket (``benchmarks/ratelimit.py``: 30
 tokens, refilled 2 per second); the storm's RPCs also as one burst, as they would arrive with enough
-workers and cores. The test cluster runs without ``rl_enable`` (the provider does not pace there): the
-bucket is simulated, it shows what a site with SLURM's default limiter would refuse of RPCs arriving so,
-and the figures are indicative while others use the cluster.
+workers and cores. A path of a few RPCs cannot be throttled by a full bucket of 30: those rows are
+information, and only the storm's row is judged (0 throttled), where the provider paced it (the site has
+``rl_enable``).
 
-Usage: ``python benchmarks/storm.py [--tasks 40] [--parallelism 16] [--watched 1000]``.
+**With slurmctld's rate limit on** (``--rate-limit rl_enable,...``, SLURM 23.02 and later; ``make
+bench-release`` on 26.05): ``harness.py rate-limit`` sets it for the whole run and turns it off again at the
+end, whatever happens (the provider's cached reading of the site's limiter is removed both times), the
+results go to ``storm@<release>-rl.json``, and the provider paces the submissions (four fifths of the site's
+bucket). Beside the simulated bucket, slurmctld's own refusals of the cluster user's RPCs during the storm
+are counted in its log ("RPC rate limit exceeded by uid ..."): judged (none) where the site limits RPCs. The
+status polls of :data:`WATCHED` held jobs are left out there (creating that many jobs as the cluster user
+would take the limiter half an hour; the unlimited run measures them).
+
+Usage: ``python benchmarks/storm.py [--tasks 40] [--parallelism 16] [--watched 1000] [--rate-limit PARAMETERS]``.
 """
 
 from __future__ import annotations
@@ -41,6 +54,7 @@ import dataclasses
 import itertools
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -54,7 +68,8 @@ from typing import Any
 
 import _common  # before Airflow: isolated Airflow home and the bench connections
 from _common import Figure
-from ratelimit import DEFAULT_BUCKET_SIZE, DEFAULT_REFILL_PER_S, Throttling, throttle
+from provenance import RATE_LIMITED
+from ratelimit import DEFAULT_BUCKET_SIZE, DEFAULT_REFILL_PER_S, Throttling, pacing_floor_s, site_limit, throttle
 from submit import FakeTaskInstance, MemoryStateStore
 
 sys.path.insert(0, str(_common.REPO / "tests" / "cluster"))
@@ -64,6 +79,7 @@ from conftest import ClusterEnv
 from demo import SUITE_RPC_BUDGET, connection_uri_json, free_port
 from harness import DEFAULT_SSHD_LIMITS, sshd_config
 
+from airflow_provider_tao_slurm.core.commands.pacing import SITE_SHARE, SUBMISSION_RPCS
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
 
@@ -97,6 +113,24 @@ JOB: dict[str, Any] = {
     "gpus_per_node": 1,
     "time_hours": 1 / 60,
     "timeout_hours": 0.95 / 60,
+}
+#: Rounds of a job's whole life per kind (without and with ``secret_env``); the fewest RPCs count.
+LIFE_ROUNDS = 3
+#: The longest one job may take from its submission to its end.
+LIFE_TIMEOUT_S = 180.0
+#: The environment variable the ``secret_env`` job's secret is read from (``env:``), set by this process.
+SIDECAR_ENV_SOURCE = "TAO_BENCH_STORM_SECRET"
+#: squeue states of a job that has ended (``COMPLETING`` has not: its batch script may still be asking slurmctld).
+ENDED = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
 }
 #: Seconds allowed for the storm's own login sshd to listen (to write its pid file).
 SSHD_START_S = 10.0
@@ -202,20 +236,67 @@ def one_submission(image: str, index: int) -> dict[str, Any]:
         operator.hook.close()
 
 
-def storm_pacing() -> tuple[str, bool]:
+def ended_state(slurm_id: str, timeout: float = LIFE_TIMEOUT_S) -> str:
+    """Wait until the job has ended; its state (squeue as root on this machine: no RPC of the cluster user).
+
+    A job squeue no longer shows (its record purged after ``MinJobAge``) has ended too (``gone``).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        proc = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", slurm_id, "-o", "%T"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        state = proc.stdout.strip()
+        if state in ENDED or (proc.returncode == 0 and not state) or "Invalid job id" in proc.stderr:
+            return state or "gone"
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"job {slurm_id} did not end within {timeout:.0f} s (squeue: {state or proc.stderr!r})")
+        time.sleep(0.5)
+
+
+def one_life(image: str, index: int, *, secret: bool) -> dict[str, Any]:
+    """One job's whole life: ``SbatchSubmitOperator.execute`` as :func:`one_submission` (with ``secret_env`` when
+    ``secret``), then its job runs ``sleep 1`` and ends by itself; returns once it ended (and a second more, for
+    the last RPCs of its end), its handle with its final state under ``ended``."""
+    operator = SbatchSubmitOperator(
+        task_id="life",
+        slurm_conn_id=_common.SLURM_CONN_ID,
+        image=image,
+        partition=_common.CLUSTER["short_partition"],
+        secret_env={"BENCH_TOKEN": f"env:{SIDECAR_ENV_SOURCE}"} if secret else None,
+        **JOB,
+    )
+    ti = FakeTaskInstance(DAG_ID, "life", f"life_{'secret' if secret else 'plain'}_{index}")
+    sentinel = {f"{SbatchSubmitOperator.__name__}__sentinel": ExecutorSafeguard.sentinel_value}
+    try:
+        handle = dict(operator.execute({"ti": ti, "task_state_store": MemoryStateStore()}, **sentinel))
+    finally:
+        operator.hook.close()
+    handle["ended"] = ended_state(str(handle["slurm_job_id"]))
+    time.sleep(1.0)
+    return handle
+
+
+def storm_pacing() -> tuple[str, bool, str]:
     """How the provider paced the storm, read from the site as the provider reads it (``SlurmctldParameters``).
 
-    :returns: the words for the figure, and whether it paced (the bucket figure is judged only then: where the
-        site has no limiter the provider does not pace, and the simulated bucket shows what a site with the
-        default limiter would refuse of RPCs sent unpaced, for reference).
+    :returns: the words for the figure, whether it paced (the storm's bucket figure and slurmctld's refusals are
+        judged only then: where the site has no limiter the provider does not pace, and the simulated bucket
+        shows what a site with the default limiter would refuse of RPCs sent unpaced, for reference), and the
+        site's ``SlurmctldParameters``.
     """
     parameters = _common.ssh("scontrol show config | sed -n 's/^SlurmctldParameters *= *//p'").strip()
     if "rl_enable" in parameters.split(","):
-        return f"paced by the provider: the site has {parameters}", True
+        return f"paced by the provider: the site has {parameters}", True, parameters
     return (
         f"not paced: this cluster's slurmctld has no rl_enable ({parameters or 'not shown'}); a site with it "
         "gets them paced",
         False,
+        parameters,
     )
 
 
@@ -322,37 +403,46 @@ def storm(stack: Stack, sampler: RpcSampler, tasks: int) -> dict[str, Any]:
     }
 
 
-def bucket_figure(name: str, result: Throttling, *, judged: bool = True) -> Figure:
-    """A path's RPCs through the default bucket, judged (none throttled) unless ``judged`` is False."""
+def bucket_figure(name: str, result: Throttling, *, judged: bool = False) -> Figure:
+    """A path's RPCs through the default bucket, judged (none throttled) only with ``judged``.
+
+    A path of up to a full bucket's RPCs cannot be throttled (the bucket starts full): its row is information.
+    """
     return Figure(
         f"  {name}: through the default rl_enable bucket ({DEFAULT_BUCKET_SIZE} tokens, +{DEFAULT_REFILL_PER_S:g}/s)",
         f"{result.throttled} of {result.rpcs} throttled, longest wait {result.max_delay_s:.1f} s",
-        "",
+        ""
+        if judged or result.rpcs > DEFAULT_BUCKET_SIZE
+        else f"for reference: a full bucket takes any {DEFAULT_BUCKET_SIZE} RPCs",
         "0 throttled" if judged else "",
         result.throttled == 0 if judged else None,
     )
 
 
-def main() -> None:
-    """Measure one submission, the storm and the polls; print and store the figures; clean up."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=TASKS, help="mapped submit tasks")
-    parser.add_argument("--parallelism", type=int, default=PARALLELISM, help="the LocalExecutor's parallelism")
-    parser.add_argument("--watched", type=int, default=WATCHED, help="held jobs one status poll asks about")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace, image: str, sampler: RpcSampler, paths: list[str]) -> dict[str, Any]:
+    """Every path (one submission, a job's life, the polls unless ``args.watched`` is 0, the storm); the raw figures.
+
+    :param paths: what the run leaves on the cluster is added to it (removed at the end).
+    """
     c = _common.CLUSTER
     job_prefix = f"tao-{DAG_ID}.train"
     held_prefix = f"bench-storm-{_common.TOKEN}"
-    image = _common.sqsh_image()
-    sampler = RpcSampler(c["user"])
-    sampler.start()
-    paths: list[str] = [image]
-    try:
-        handles, single_rpcs, single_times = fewest(sampler, lambda i: one_submission(image, i), ROUNDS)
-        for handle in handles:
-            paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
-        _common.cancel_jobs([handle["slurm_job_id"] for handle in handles])
+    uid = int(c["uid"])
+    whole = _common.CtldLogWindow()
+    handles, single_rpcs, single_times = fewest(sampler, lambda i: one_submission(image, i), ROUNDS)
+    for handle in handles:
+        paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
+    _common.cancel_jobs([handle["slurm_job_id"] for handle in handles])
 
+    lives: dict[str, dict[str, Any]] = {}
+    for kind, secret in (("plain", False), ("secret_env", True)):
+        ended, rpcs, times = fewest(sampler, lambda i, s=secret: one_life(image, i, secret=s), LIFE_ROUNDS)
+        for handle in ended:
+            paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
+        lives[kind] = {"rpcs": rpcs, "timeline": times, "states": [handle["ended"] for handle in ended]}
+
+    polls: dict[str, Any] | None = None
+    if args.watched:
         held = _common.create_held_jobs(held_prefix, args.watched)
         hooks = [SlurmHook(_common.SLURM_CONN_ID) for _ in range(ROUNDS)]
         answers, restart_rpcs, restart_times = fewest(sampler, lambda i: hooks[i].get_states(held), ROUNDS)
@@ -363,53 +453,83 @@ def main() -> None:
         answered = {len(answer) for answer in answers + answers_again}
         if answered != {args.watched}:
             raise RuntimeError(f"get_states answered for {sorted(answered)} of {args.watched} jobs")
+        polls = {"poll": poll_rpcs, "restart": restart_rpcs, "poll_times": poll_times, "restart_times": restart_times}
 
-        with tempfile.TemporaryDirectory(prefix="tao-bench-storm-") as tmp:
-            dags = Path(tmp) / "dags"
-            dags.mkdir()
-            (dags / "storm.py").write_text(
-                DAG_FILE.format(dag_id=DAG_ID, tasks=args.tasks, image=image, partition=c["short_partition"], **JOB)
-            )
-            with login_sshd(Path(tmp)) as (port, sshd_log):
-                connection = {**json.loads(connection_uri_json(c)), "port": port}
-                for key in SUITE_RPC_BUDGET:  # the provider's default pacing, as users run it
-                    del connection["extra"][key]
-                settings = {
-                    "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
-                    "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
-                    "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(args.tasks),
-                    "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(connection),
-                }
-                with standalone(cluster_env(), env=settings, prefix="tao-bench-storm-airflow-") as stack:
-                    ran = storm(stack, sampler, args.tasks)
-            sshd = sshd_log_counts(sshd_log.read_text())
-        for job in ran["handles"]:
-            paths += [job["job_dir"], job["results_dir"], job["log_dir"], job["record_path"]]
-        jobs = jobs_named(job_prefix)
-    finally:
-        sampler.finish()
-        _common.cancel_by_prefix(held_prefix)
-        _common.cancel_by_prefix(job_prefix)
-        _common.remove_remote(paths)
+    with tempfile.TemporaryDirectory(prefix="tao-bench-storm-") as tmp:
+        dags = Path(tmp) / "dags"
+        dags.mkdir()
+        (dags / "storm.py").write_text(
+            DAG_FILE.format(dag_id=DAG_ID, tasks=args.tasks, image=image, partition=c["short_partition"], **JOB)
+        )
+        with login_sshd(Path(tmp)) as (port, sshd_log):
+            connection = {**json.loads(connection_uri_json(c)), "port": port}
+            for key in SUITE_RPC_BUDGET:  # the provider's default pacing, as users run it
+                del connection["extra"][key]
+            settings = {
+                "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                "AIRFLOW__CORE__PARALLELISM": str(args.parallelism),
+                "AIRFLOW__CORE__MAX_ACTIVE_TASKS_PER_DAG": str(args.tasks),
+                "AIRFLOW_CONN_SLURM_DEFAULT": json.dumps(connection),
+            }
+            with standalone(cluster_env(), env=settings, prefix="tao-bench-storm-airflow-") as stack:
+                window = _common.CtldLogWindow()
+                ran = storm(stack, sampler, args.tasks)
+                refused = window.refusals(uid)
+        sshd = sshd_log_counts(sshd_log.read_text())
+    for job in ran["handles"]:
+        paths += [job["job_dir"], job["results_dir"], job["log_dir"], job["record_path"]]
+    pacing, paced, parameters = storm_pacing()  # while the limiter set for this run is still on
+    return {
+        "single_rpcs": single_rpcs,
+        "single_times": single_times,
+        "lives": lives,
+        "polls": polls,
+        "storm": ran,
+        "jobs": jobs_named(job_prefix),
+        "sshd": sshd,
+        "refused_in_storm": refused,
+        "refused_in_run": whole.refusals(uid),
+        "pacing": pacing,
+        "paced": paced,
+        "site_parameters": parameters,
+    }
 
-    tasks = args.tasks
+
+def figures_for(raw: dict[str, Any], tasks: int, parallelism: int, watched: int) -> list[Figure]:
+    """The printed figures of one run (:func:`measure`'s raw figures)."""
+    ran, jobs, sshd, lives = raw["storm"], raw["jobs"], raw["sshd"], raw["lives"]
     failed = sum(state != "success" for state in ran["states"])
     ids = sum(len(found) for found in jobs.values())
     once = len(jobs) == tasks and ids == tasks
     storm_rpcs = ran["rpcs_less_background"]
-    buckets = {
-        "one submission": throttle(single_times),
-        "storm": throttle(ran["arrivals"]),
-        "poll": throttle(poll_times),
-        "restart": throttle(restart_times),
-    }
+    paced, single_rpcs = raw["paced"], raw["single_rpcs"]
     at_once = throttle([0.0] * len(ran["arrivals"]))
-    pacing, paced = storm_pacing()
+    limit = site_limit(raw["site_parameters"]) if paced else None
+    floor = (
+        f"; paced: the budget makes {tasks} submissions of {SUBMISSION_RPCS} tokens wait at least "
+        f"{pacing_floor_s(tasks, SUBMISSION_RPCS, limit, SITE_SHARE):.0f} s"
+        if limit
+        else ""
+    )
+    refused = raw["refused_in_storm"]
+    refused_text = "not read (slurmctld's log)" if refused is None else str(refused)
+
+    def life(kind: str, what: str, budget: int, why: str) -> Figure:
+        done = lives[kind]
+        return Figure(
+            f"RPCs (slurmctld, cluster user): one job's whole life {what} (submission to its end), "
+            f"fewest of {LIFE_ROUNDS}",
+            str(done["rpcs"]),
+            f"{why}; the jobs ended {', '.join(done['states'])}",
+            f"<= {budget}",
+            done["rpcs"] <= budget,
+        )
+
     figures = [
         Figure(
             f"storm: time from the first task's start to the {tasks}th job submitted (last task's end)",
             f"{ran['first_start_to_last_end_s']:.1f} s",
-            f"LocalExecutor, parallelism {args.parallelism}, {os.cpu_count()} cores",
+            f"LocalExecutor, parallelism {parallelism}, {os.cpu_count()} cores{floor}",
         ),
         Figure(
             f"storm: jobs by name (tao-{DAG_ID}.train-*)",
@@ -431,43 +551,123 @@ def main() -> None:
             f"throttling episodes {sshd['throttling_episodes']}, closed before login {sshd['closed_before_login']}",
         ),
         Figure(
+            "storm: the cluster user's RPCs slurmctld's rate limit refused (its log)",
+            refused_text,
+            f"the site: {raw['site_parameters'] or 'not shown'}"
+            + ("" if paced else "; no rl_enable: nothing is refused here"),
+            "0" if paced else "",
+            (refused == 0) if paced else None,
+        ),
+        Figure(
             "storm: slurmctld RPCs of the cluster user per submission, less the user's background rate",
             f"{storm_rpcs / tasks:.1f}",
             f"{ran['rpcs']} in all over the storm, background {ran['background_rpcs_per_s']:.2f}/s before it; "
-            f"one submission alone: {single_rpcs}; each job's container step adds 2 as it starts",
+            f"one submission alone: {single_rpcs}; a job's whole life: {lives['plain']['rpcs']} (below)",
         ),
         Figure(f"RPCs (slurmctld, cluster user): one submission, fewest of {ROUNDS}", str(single_rpcs)),
-        bucket_figure("one submission", buckets["one submission"]),
+        life(
+            "plain",
+            "without secret_env",
+            SUBMISSION_RPCS,
+            f"the provider paces {SUBMISSION_RPCS} per submission (SUBMISSION_RPCS: the submission's and its "
+            "container step's); a job no signal reached asks nothing at its end",
+        ),
+        life(
+            "secret_env",
+            "with secret_env",
+            SUBMISSION_RPCS + 1,
+            f"{SUBMISSION_RPCS} paced, and its sidecar asks scontrol show job once at the end (unpaced)",
+        ),
+        bucket_figure("one submission", throttle(raw["single_times"])),
         Figure(f"RPCs: the storm of {tasks}, as sampled (sdiag every {SAMPLE_S:g} s)", str(len(ran["arrivals"]))),
-        bucket_figure(f"storm of {tasks}, as its RPCs arrived ({pacing})", buckets["storm"], judged=paced),
+        bucket_figure(
+            f"storm of {tasks}, as its RPCs arrived ({raw['pacing']})", throttle(ran["arrivals"]), judged=paced
+        ),
         Figure(
             "  storm: the same RPCs all at once (enough workers and cores), for reference",
             f"{at_once.throttled} of {at_once.rpcs} throttled, longest wait {at_once.max_delay_s:.1f} s",
         ),
-        Figure(f"RPCs: {args.watched} watched jobs, one interval (get_states), fewest of {ROUNDS}", str(poll_rpcs)),
-        bucket_figure(f"{args.watched} watched jobs", buckets["poll"]),
-        Figure(
-            f"RPCs: first poll after a restart (get_states, fresh connection), fewest of {ROUNDS}", str(restart_rpcs)
-        ),
-        bucket_figure("restart", buckets["restart"]),
     ]
-    title = f"Submit storm ({tasks} mapped tasks, real scheduler) and RPC rate limit (benchmarks/storm.py)"
+    polls = raw["polls"]
+    if polls:
+        figures += [
+            Figure(f"RPCs: {watched} watched jobs, one interval (get_states), fewest of {ROUNDS}", str(polls["poll"])),
+            bucket_figure(f"{watched} watched jobs", throttle(polls["poll_times"])),
+            Figure(
+                f"RPCs: first poll after a restart (get_states, fresh connection), fewest of {ROUNDS}",
+                str(polls["restart"]),
+            ),
+            bucket_figure("restart", throttle(polls["restart_times"])),
+        ]
+    return figures
+
+
+def main() -> None:
+    """Measure one submission, a job's life, the storm and the polls; print and store the figures; clean up."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=TASKS, help="mapped submit tasks")
+    parser.add_argument("--parallelism", type=int, default=PARALLELISM, help="the LocalExecutor's parallelism")
+    parser.add_argument("--watched", type=int, default=WATCHED, help="held jobs one status poll asks about")
+    parser.add_argument(
+        "--rate-limit",
+        metavar="PARAMETERS",
+        help="slurmctld's SlurmctldParameters for the run (rl_enable,...; SLURM 23.02+), off again at the end; "
+        "the results are <name>-rl.json and the polls of held jobs are left out",
+    )
+    args = parser.parse_args()
+    if args.rate_limit:
+        args.watched = 0  # creating the held jobs as the cluster user would take the limiter half an hour
+    os.environ[SIDECAR_ENV_SOURCE] = secrets.token_hex(16)
+    image = _common.sqsh_image()
+    sampler = RpcSampler(_common.CLUSTER["user"])
+    sampler.start()
+    paths: list[str] = [image]
+    try:
+        with _common.site_rate_limit(args.rate_limit):
+            raw = measure(args, image, sampler, paths)
+    finally:
+        sampler.finish()
+        _common.cancel_by_prefix(f"bench-storm-{_common.TOKEN}")
+        _common.cancel_by_prefix(f"tao-{DAG_ID}.train")
+        _common.remove_remote(paths)
+
+    figures = figures_for(raw, args.tasks, args.parallelism, args.watched)
+    title = f"Submit storm ({args.tasks} mapped tasks, real scheduler) and RPC rate limit (benchmarks/storm.py)"
     _common.print_figures(title, figures)
+    ran = raw["storm"]
     print(f"  slurmctld RPCs by type over the storm (all users): {ran['ctld_rpcs_by_type']}")
+    polls = raw["polls"] or {}
+    buckets = {
+        "one submission": throttle(raw["single_times"]),
+        "storm": throttle(ran["arrivals"]),
+        **{name: throttle(polls[f"{name}_times"]) for name in ("poll", "restart") if polls},
+    }
     details = {
-        "tasks": tasks,
+        "tasks": args.tasks,
         "parallelism": args.parallelism,
         "watched": args.watched,
+        "rate_limit": args.rate_limit,
+        "site_parameters": raw["site_parameters"],
         "storm": {k: v for k, v in ran.items() if k != "handles"},
-        "jobs": {name: sorted(found) for name, found in jobs.items()},
-        "sshd_limits_log": sshd,
-        "rpcs": {"one_submission": single_rpcs, "poll": poll_rpcs, "restart": restart_rpcs},
-        "timelines": {"one_submission": single_times, "poll": poll_times, "restart": restart_times},
+        "jobs": {name: sorted(found) for name, found in raw["jobs"].items()},
+        "sshd_limits_log": raw["sshd"],
+        "refused": {"storm": raw["refused_in_storm"], "run": raw["refused_in_run"]},
+        "rpcs": {
+            "one_submission": raw["single_rpcs"],
+            **{f"life_{kind}": life["rpcs"] for kind, life in raw["lives"].items()},
+            **{name: polls[name] for name in ("poll", "restart") if polls},
+        },
+        "lives": raw["lives"],
+        "timelines": {
+            "one_submission": raw["single_times"],
+            **{name: polls[f"{name}_times"] for name in ("poll", "restart") if polls},
+        },
         "bucket": {name: dataclasses.asdict(result) for name, result in buckets.items()},
-        "bucket_storm_at_once": dataclasses.asdict(at_once),
+        "bucket_storm_at_once": dataclasses.asdict(throttle([0.0] * len(ran["arrivals"]))),
         "samples": sampler.samples,
     }
-    _common.write_result("storm", title, figures, details)
+    variant = RATE_LIMITED if args.rate_limit else None
+    _common.write_result("storm", title, figures, details, measures=MEASURES, variant=variant)
 
 
 if __name__ == "__main__":
