@@ -88,15 +88,17 @@ def declared_measures(script: Path) -> tuple[str, ...] | None:
     except (OSError, SyntaxError):
         return None
     for node in tree.body:
-        targets = (
-            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        )
-        if any(isinstance(t, ast.Name) and t.id == "MEASURES" for t in targets) and node.value is not None:
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        if any(isinstance(target, ast.Name) and target.id == "MEASURES" for target in targets):
             try:
-                value = ast.literal_eval(node.value)
+                return tuple(str(path) for path in ast.literal_eval(value))
             except ValueError:
                 return None
-            return tuple(str(path) for path in value)
     return None
 
 

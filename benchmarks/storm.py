@@ -51,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import os
@@ -281,6 +282,11 @@ def one_life(image: str, index: int, *, secret: bool) -> dict[str, Any]:
     return handle
 
 
+def life_round(image: str, index: int, *, secret: bool) -> dict[str, Any]:
+    """:func:`one_life` as :func:`fewest` calls a round (``action(index)``)."""
+    return one_life(image, index, secret=secret)
+
+
 def storm_pacing() -> tuple[str, bool, str]:
     """How the provider paced the storm, read from the site as the provider reads it (``SlurmctldParameters``).
 
@@ -436,7 +442,7 @@ def measure(args: argparse.Namespace, image: str, sampler: RpcSampler, paths: li
 
     lives: dict[str, dict[str, Any]] = {}
     for kind, secret in (("plain", False), ("secret_env", True)):
-        ended, rpcs, times = fewest(sampler, lambda i, s=secret: one_life(image, i, secret=s), LIFE_ROUNDS)
+        ended, rpcs, times = fewest(sampler, functools.partial(life_round, image, secret=secret), LIFE_ROUNDS)
         for handle in ended:
             paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
         lives[kind] = {"rpcs": rpcs, "timeline": times, "states": [handle["ended"] for handle in ended]}
