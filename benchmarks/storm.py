@@ -439,6 +439,9 @@ def measure(args: argparse.Namespace, image: str, sampler: RpcSampler, paths: li
     for handle in handles:
         paths += [handle["job_dir"], handle["results_dir"], handle["log_dir"], handle["record_path"]]
     _common.cancel_jobs([handle["slurm_job_id"] for handle in handles])
+    for handle in handles:  # a cancelled job's end may ask slurmctld: not within the lives' counts
+        ended_state(str(handle["slurm_job_id"]))
+    time.sleep(1.0)
 
     lives: dict[str, dict[str, Any]] = {}
     for kind, secret in (("plain", False), ("secret_env", True)):
@@ -634,7 +637,8 @@ def main() -> None:
     finally:
         sampler.finish()
         _common.cancel_by_prefix(f"bench-storm-{_common.TOKEN}")
-        _common.cancel_by_prefix(f"tao-{DAG_ID}.train")
+        for task in ("train", "one", "life"):  # the storm's, one submission's and a life's jobs left running
+            _common.cancel_by_prefix(f"tao-{DAG_ID}.{task}")
         _common.remove_remote(paths)
 
     figures = figures_for(raw, args.tasks, args.parallelism, args.watched)
