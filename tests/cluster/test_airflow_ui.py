@@ -3,7 +3,8 @@
 One module fixture starts ``airflow standalone`` (api-server, scheduler with LocalExecutor,
 dag-processor, triggerer) in its own Airflow home, with the repo's ``dags/`` folder, the
 ``slurm_default`` connection of ``tests/cluster/demo.py`` on the 16-GPU node's partition (the other
-cluster tests, side by side with these under make test, run elsewhere) plus a ``log_url_template`` (an Open
+cluster tests, side by side with these under make test, run elsewhere; the whole-node test, which uses
+it too, runs on this module's worker) plus a ``log_url_template`` (an Open
 OnDemand-style file browser URL: Airflow 3.3's UI shows only http(s), mailto and same-origin extra
 links, so the default ``file://`` links would not appear), parallelism 4, no login
 (``SIMPLE_AUTH_MANAGER_ALL_ADMINS``), wrapped log lines (``[api] default_wrap``) and its own free
@@ -594,24 +595,41 @@ def test_run_succeeds_and_the_sensor_deferred(run: Run) -> None:
     assert run.seen["wait"].index("deferred") < run.seen["wait"].index("success")
 
 
-def _in_order(text: str, *chains: Sequence[str]) -> None:
-    """Every line of every chain is in ``text``, each chain's first occurrences in that order."""
+def _tries_failed_by_airflow(stack: Stack, run_id: str, task_id: str) -> set[int]:
+    """The tries of a task Airflow's scheduler itself failed from a stale executor event: its audit log's "state
+    mismatch" (upstream Airflow 3.3, apache/airflow#72716: a sensor whose trigger fires within seconds resumes, and
+    the scheduler then reads the deferring process's exit as the resumed try's end and fails it, retries left or
+    not). Seen with the cluster tests side by side: the failing run's sensor raised ProgramFailedError in try 1,
+    and Airflow ran try 2 all the same."""
+    logs = stack.get("/api/v2/eventLogs", dag_id=DAG_ID, run_id=run_id, task_id=task_id, event="state mismatch")
+    return {int(entry["try_number"]) for entry in logs["event_logs"]}
+
+
+def _in_order(stack: Stack, run_id: str, task_id: str, *chains: Sequence[str]) -> str:
+    """Every line of every chain is in the task's log, each chain's first occurrences in that order; return the log.
+
+    The log is read once every line is there (:func:`_wait_log`): Airflow serves a trigger's lines from the file its
+    triggerer writes them to, which can lag the run's end when the machine is busy (seen with the cluster tests side
+    by side: the failing run's sensor log read right after the run ended had only the trigger's "starting" line).
+    """
+    text = _wait_log(stack, run_id, task_id, [line for lines in chains for line in lines])
     for lines in chains:
-        assert [line for line in lines if line not in text] == [], text[-6000:]
         positions = [text.index(line) for line in lines]
         assert positions == sorted(positions), (lines, text[-6000:])
+    return text
 
 
 def test_sensor_log_shows_job_id_transitions_and_live_lines(stack: Stack, run: Run) -> None:
     """The sensor's task log: deferral, the trigger's RUNNING and COMPLETED lines, the job's live
     ``main.out`` and ``status.json`` lines, the result; no SSH chatter."""
     handle = _handle(stack, run.run_id)
-    text = _log_text(stack, run.run_id, "wait")
     slurm_id, job_id = handle["slurm_job_id"], handle["job_id"]
     done = f"Job {job_id} complete; results in {handle['results_dir']}"
     # The trigger logs a poll's new lines (main.out, main.err, then status.json) before the state it saw.
-    _in_order(
-        text,
+    text = _in_order(
+        stack,
+        run.run_id,
+        "wait",
         [
             "Pausing task as DEFERRED.",
             f"SLURM job {slurm_id} ({job_id}): RUNNING",
@@ -635,10 +653,16 @@ def test_sensor_log_shows_job_id_transitions_and_live_lines(stack: Stack, run: R
 def test_submit_log_names_the_paths(stack: Stack, run: Run) -> None:
     """The submit task's log names the SLURM job, its log files, results dir and record."""
     handle = _handle(stack, run.run_id)
-    text = _log_text(stack, run.run_id, "submit")
-    assert f"SLURM job {handle['slurm_job_id']} ({handle['job_id']}) submitted on {handle['cluster']}" in text
-    assert f"Logs: {handle['log_dir']}/main.out" in text
-    assert f"results: {handle['results_dir']}; record: {handle['record_path']}" in text
+    _wait_log(
+        stack,
+        run.run_id,
+        "submit",
+        [
+            f"SLURM job {handle['slurm_job_id']} ({handle['job_id']}) submitted on {handle['cluster']}",
+            f"Logs: {handle['log_dir']}/main.out",
+            f"results: {handle['results_dir']}; record: {handle['record_path']}",
+        ],
+    )
 
 
 def _link(path: str) -> str:
@@ -694,9 +718,10 @@ def test_a_job_pending_for_resources_then_runs_to_success(stack: Stack, scenes: 
     assert long.state == "success", long.seen
     handle = _handle(stack, long.run_id)
     job = f"SLURM job {handle['slurm_job_id']} ({handle['job_id']})"
-    text = _log_text(stack, long.run_id, "wait")
     _in_order(
-        text,
+        stack,
+        long.run_id,
+        "wait",
         [
             f"{job}: PENDING reason=Resources ({pending_hint('Resources')})",
             f"{job}: RUNNING",
@@ -716,15 +741,23 @@ def test_a_job_pending_for_resources_then_runs_to_success(stack: Stack, scenes: 
 def test_a_failing_job_fails_the_sensor_with_its_evidence(stack: Stack, scenes: Scenes) -> None:
     """The run whose program exits 3 at epoch 2 fails at the sensor in its first try, although the task has a
     retry: a program error fails without using the retries (``ProgramFailedError``, an ``AirflowFailException``),
-    with the job's error lines and the error naming the class and the evidence."""
+    with the job's error lines and the error naming the class and the evidence. (A second try only where Airflow's
+    scheduler failed the first itself, as its audit log says: :func:`_tries_failed_by_airflow`.)"""
     failing = scenes.failing
     assert failing.state == "failed", failing.seen
     assert [failing.seen[task][-1] for task in TASKS] == ["success", "success", "success", "failed"], failing.seen
     handle = _handle(stack, failing.run_id)
     wait = stack.get(f"{_run_path(failing.run_id)}/taskInstances/wait")
-    assert (wait["state"], wait["try_number"]) == ("failed", 1), wait
+    # Every try but the last was failed by Airflow itself (none, unless the upstream race struck), never by a retry
+    # the program error used.
+    restarted = set(range(1, int(wait["try_number"])))
+    by_airflow = _tries_failed_by_airflow(stack, failing.run_id, "wait")
+    assert restarted <= by_airflow, _log_text(stack, failing.run_id, "wait")
+    assert wait["state"] == "failed", wait
     _in_order(
-        _log_text(stack, failing.run_id, "wait"),
+        stack,
+        failing.run_id,
+        "wait",
         [
             "main.out | Epoch 1/3",
             "main.err | ",
@@ -886,6 +919,6 @@ def test_the_triggerer_killed_mid_job_and_a_new_one_finishes_it(
     )
     assert out.split() == [f"{handle['slurm_job_id']}|COMPLETED"], out
     wait = stack.get(f"{_run_path(run_id)}/taskInstances/wait")
-    assert wait["try_number"] == 1, wait
+    assert set(range(1, int(wait["try_number"]))) <= _tries_failed_by_airflow(stack, run_id, "wait"), wait
     record_property("processes killed", len(victims))
     record_property("seconds from the kill to the run's end", round(took, 1))
