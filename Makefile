@@ -31,7 +31,7 @@ MATRIX_TESTS := \
 	tests/cluster/test_hook.py::test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered \
 	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it
 
-.PHONY: venv cluster-up cluster-down lint docs unit test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
+.PHONY: venv cluster-up cluster-down lint docs unit unit-and-packaging test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -67,6 +67,9 @@ docs: venv
 unit: venv
 	$(BIN)/pytest -n 2 tests/unit
 
+unit-and-packaging: venv
+	$(BIN)/pytest -n 2 tests/unit tests/packaging
+
 # The cluster tests in two phases: those that leave the cluster as they found it side by side, on CLUSTER_WORKERS
 # workers (their own job names, DAG ids and directories, as tenants of one cluster; most of their time is spent
 # waiting on SLURM), then the ones marked `alone` (they stop or restart a daemon, take a node down, change a
@@ -78,14 +81,15 @@ CLUSTER_ALONE = -m "alone and not long_outage"
 RELIABILITY_PARTS := $(CURDIR)/.reliability-parts
 PHASES := $(PYTHON) tests/phases.py
 
-# The fastest verdicts first: lint, docs and the cluster's start side by side; the unit and packaging tests on
-# two cores (pytest-xdist); the cluster tests side by side, with the unit tests RELIABILITY.md cites, then
-# alone, while MATRIX_RELEASE's tree is prepared in the background (the CPU is idle then); then the matrix.
-# The time of each phase is printed at the end, or when one fails.
+# The fastest verdicts first: lint, docs, the unit and packaging tests (pytest-xdist, two workers) and the
+# cluster's start side by side (on a fresh machine the start waits on apt and pip more than on the CPU); the
+# cluster tests side by side, with the unit tests RELIABILITY.md cites, then alone, while MATRIX_RELEASE's tree
+# is prepared in the background (the CPU is idle then); then the matrix. The time of each phase is printed at
+# the end, or when one fails.
 test: venv
 	@$(PHASES) start
-	$(PHASES) run "lint, docs, cluster up" -- $(MAKE) --no-print-directory -j3 --output-sync=target lint docs cluster-up
-	$(PHASES) run "unit and packaging tests" -- $(BIN)/pytest -n 2 tests/unit tests/packaging
+	$(PHASES) run "lint, docs, unit tests, cluster up" -- \
+		$(MAKE) --no-print-directory -j4 --output-sync=target lint docs unit-and-packaging cluster-up
 	rm -rf $(RELIABILITY_PARTS)
 	cited=$$($(BIN)/python tests/cluster/reliability_report.py --cited-outside-cluster) && \
 		TAO_RELIABILITY_PARTS=$(RELIABILITY_PARTS) $(PHASES) run "cluster tests side by side" -- \

@@ -49,6 +49,13 @@ ONE_WORKER_MODULES = frozenset(
         "security/test_security_hostile_input",
     )
 )
+#: Tests that share something only with a module of :data:`ONE_WORKER_MODULES`, given that module's worker so
+#: they never overlap: the whole-node test and the Airflow UI's runs both use the 16-GPU node's partition.
+SAME_WORKER_AS = {
+    "tests/cluster/test_site_neutral.py::test_whole_node_follows_the_sixteen_gpu_node_shape": (
+        "tests/cluster/test_airflow_ui.py"
+    ),
+}
 SLOW = "slow"
 
 
@@ -75,8 +82,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Each test a unit of work of its own, but a module of :data:`ONE_WORKER_MODULES` one unit, in collection
-    order (:func:`pytest_collection_modifyitems`'s)."""
+    """Each test a unit of work of its own, but a module of :data:`ONE_WORKER_MODULES` one unit (with the tests
+    :data:`SAME_WORKER_AS` gives it), in collection order (:func:`pytest_collection_modifyitems`'s)."""
     from xdist.scheduler import LoadScopeScheduling
 
     config.option.loadscopereorder = False
@@ -84,7 +91,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     class ClusterScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return module if module in ONE_WORKER_MODULES else nodeid
+            if module in ONE_WORKER_MODULES:
+                return module
+            return SAME_WORKER_AS.get(nodeid.split("[", 1)[0], nodeid)
 
     return ClusterScheduling(config, log)
 

@@ -323,7 +323,7 @@ def test_total_gpus_is_laid_out_on_the_clusters_four_gpu_nodes(
         submit(submit_op(image, "sleep 1", gpus_per_node=8, nccl_env={}), context(dag_id, "submit", "r2"))
 
 
-@pytest.mark.alone
+@pytest.mark.slow
 def test_whole_node_follows_the_sixteen_gpu_node_shape(
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, wide_partition: str
 ) -> None:
