@@ -43,7 +43,8 @@ from airflow_provider_tao_slurm.core.preemption import CONFIG_KEYS
 #: (srun: ``REQUEST_HET_JOB_ALLOC_INFO``, ``REQUEST_JOB_STEP_CREATE``). The submission pays for all 7.
 #: The job's end asks slurmctld nothing unless a signal reached its step or its batch shell (a cancel, a
 #: requeue, a preemption, a slice's warning; the batch shell reads the step's note of a ``SIGTERM`` in the job
-#: directory, no RPC). Then it asks ``scontrol show job`` (``REQUEST_JOB_INFO_SINGLE``): once whether a
+#: directory, no RPC). Then it asks ``scontrol --local show job`` (one RPC, ``REQUEST_JOB_INFO_SINGLE``; without
+#: ``--local`` scontrol first asks for the federation, ``REQUEST_FED_INFO``): once whether a
 #: preemption is under way (where the batch shell itself got no ``SIGTERM``) and again every 5 s while one is.
 #: A ``secret_env`` job asks once more at its end, signalled or not, whether SLURM will run it again (its
 #: sidecar: a node failure can end the step before SLURM's signal reaches the shell). The job sends those

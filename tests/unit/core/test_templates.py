@@ -402,7 +402,8 @@ exit 0
 """
 FAKE_SCONTROL = """#!/bin/bash
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
-if [ "$1 $2 $3" = "show job -o" ]; then
+if [ "$1 $2 $3 $4" = "--local show job -o" ]; then
+    shift  # --local: the one RPC a job's question of itself needs (no federation lookup)
     # What SLURM 22.05 prints while the batch script ends; FAKE_JOB_RESTARTS is the scheduler's restart count
     # (one past the run's SLURM_RESTART_COUNT once SLURM requeues the job), FAKE_JOB_REASON its Reason,
     # FAKE_PREEMPT_TIME when slurmctld began preempting it (while FAKE_DIR/preempting exists), FAKE_START_TIME
