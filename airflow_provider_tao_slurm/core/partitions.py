@@ -75,13 +75,13 @@ class Partition:
     :param max_time_hours: ``MaxTime`` in hours, ``None`` when unlimited.
     :param is_default: the cluster's default partition.
     :param gpus_per_node: the most GPUs one of its nodes has (0: no GPU node).
-    :param gpu_types: the GPU types its nodes have (typed GRES), in sinfo's order.
+    :param gpu_types: the GPU types its nodes have (typed GRES), sorted: sinfo's line order changes with node states.
     :param problem: why sinfo's line for it could not be read (``None`` when it could); a job that
         asks for the partition is refused with it, other jobs are not affected.
     :param state: sinfo's availability (``%a``): :data:`UP`, ``down``, ``drain`` or ``inact``.
     :param allow_groups: the only groups that may submit there (``AllowGroups``; empty: every group).
     :param root_only: only root may submit there (``RootOnly=YES``).
-    :param shapes: its node shapes with their CPUs and memory (one per sinfo line that had them).
+    :param shapes: its node shapes with their CPUs and memory (one per sinfo line that had them), sorted.
     :param default_time_hours: ``DefaultTime`` in hours, the limit of a job that asks no ``--time`` (``None``:
         none set, such a job gets ``MaxTime``).
     """
@@ -158,7 +158,7 @@ def _gpus(gres: str) -> tuple[int, tuple[str, ...]]:
         count += int(number) if number is not None else 1
         if kind is not None and kind not in types:
             types.append(kind)
-    return count, tuple(types)
+    return count, tuple(sorted(types))
 
 
 def _amount(text: str, what: str) -> tuple[int | None, bool]:
@@ -214,14 +214,19 @@ def _read_line(line: str) -> Partition:
     return replace(partition, shapes=(NodeShape(count, cpus, memory, cpus_more or memory_more),))
 
 
+def _shape_order(shape: NodeShape) -> tuple[int, int, int, bool]:
+    """Sort key of a node shape (a figure sinfo did not know sorts first)."""
+    return shape.gpus, shape.cpus or 0, shape.memory_mb or 0, shape.at_least
+
+
 def _merge(first: Partition, other: Partition) -> Partition:
     """One partition seen on several sinfo lines (its nodes differ in GRES, CPUs or memory)."""
     return replace(
         first,
         gpus_per_node=max(first.gpus_per_node, other.gpus_per_node),
-        gpu_types=first.gpu_types + tuple(t for t in other.gpu_types if t not in first.gpu_types),
+        gpu_types=tuple(sorted({*first.gpu_types, *other.gpu_types})),
         problem=first.problem or other.problem,
-        shapes=first.shapes + tuple(s for s in other.shapes if s not in first.shapes),
+        shapes=tuple(sorted({*first.shapes, *other.shapes}, key=_shape_order)),
     )
 
 

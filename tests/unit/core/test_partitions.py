@@ -81,6 +81,21 @@ def test_a_partition_of_several_node_shapes_is_merged() -> None:
     )
 
 
+def test_a_partition_reads_the_same_whatever_order_sinfo_prints_its_lines_in() -> None:
+    """sinfo prints one line per node state and GRES, so its order changes when a node of the partition is
+    allocated, drained or back: the GPU types and node shapes must not (seen on the test cluster side by side)."""
+    lines = [
+        "polar*|4:00:00|gpu:h100:4|up|8|8192",
+        "polar*|4:00:00|gpu:a100:4,gpu:l40:2|up|16|16384",
+        "polar*|4:00:00|gpu:a100:4|up|8+|8192",
+    ]
+    read = {tuple(parse_sinfo_partitions("\n".join(order))[0]) for order in (lines, lines[::-1], lines[1:] + lines[:1])}
+    assert len(read) == 1
+    ((polar,),) = read
+    assert polar.gpu_types == ("a100", "h100", "l40")
+    assert polar.shapes == (NodeShape(4, 8, 8192), NodeShape(4, 8, 8192, True), NodeShape(6, 16, 16384))
+
+
 def test_an_unreadable_line_is_kept_as_a_problem_and_fails_only_its_own_jobs() -> None:
     stdout = "polar*|4:00:00|gpu:4\nodd|4 hours|gpu:4\n|1:00:00|gpu:4\njunk\n"
     partitions, unreadable = parse_sinfo_partitions(stdout)
