@@ -127,6 +127,12 @@ def test_a_grace_override_runs_from_one_second_to_less_than_the_slice(
         ("CANCELLED", 0, False),
         ("NODE_FAIL", 1, False),
         ("OUT_OF_MEMORY", 0, False),
+        # exit 124 ends a slice only from FAILED: a node failure, a cancel or OOM that exits 124 is theirs
+        ("NODE_FAIL", 124, False),
+        ("CANCELLED", 124, False),
+        ("BOOT_FAIL", 124, False),
+        ("OUT_OF_MEMORY", 124, False),
+        ("COMPLETED", 124, False),
     ],
 )
 def test_ends_slice(native: str, exit_code: int, expected: bool) -> None:

@@ -91,6 +91,14 @@ SHAPE_LINES = [
                  shapes=(NodeShape(8, 64, 512000, at_least=True),)), id="smallest-of-several-plus"),
     pytest.param("g|1:00:00|gpu:4|up|8|16G|all|no", Partition("g", 1.0, False, 4, shapes=(NodeShape(4, 8, 16384),)),
                  id="memory-with-suffix"),
+    pytest.param("g|1:00:00|gpu:4|up|8|2048K|all|no", Partition("g", 1.0, False, 4, shapes=(NodeShape(4, 8, 2),)),
+                 id="memory-in-k"),
+    pytest.param("g|1:00:00|gpu:4|up|8|3M|all|no", Partition("g", 1.0, False, 4, shapes=(NodeShape(4, 8, 3),)),
+                 id="memory-in-m"),
+    pytest.param("g|1:00:00|gpu:4|up|8|1.5T|all|no", Partition("g", 1.0, False, 4,
+                 shapes=(NodeShape(4, 8, 1572864),)), id="memory-in-t"),
+    pytest.param("g|1:00:00|gpu:4|up|8|1P|all|no", Partition("g", 1.0, False, 4,
+                 shapes=(NodeShape(4, 8, 1073741824),)), id="memory-in-p"),
     pytest.param("g|1:00:00|gpu:4|up|8|(null)|ALL|NO", Partition("g", 1.0, False, 4, shapes=(NodeShape(4, 8, None),)),
                  id="memory-null"),
     pytest.param("empty|1:00:00|(null)|up|0|0|all|no", Partition("empty", 1.0), id="no-nodes"),
@@ -206,6 +214,25 @@ def test_more_memory_than_a_node_has_is_refused_before_sbatch() -> None:
         fit_gpus(build_resources(partition="polar", mem_mb=16000), ("polar",), EIGHT_CPUS)
     placed = fit_gpus(build_resources(partition="polar", mem_mb=8000), ("polar",), EIGHT_CPUS)
     assert placed.mem_mb == 8000
+
+
+@pytest.mark.parametrize(
+    ("asked", "named", "not_named"),
+    [
+        pytest.param(
+            {"cpus_per_task": 8, "mem_mb": 9000}, "mem_mb=9000", "cpus_per_task=8 (", id="all-cpus-more-memory"
+        ),
+        pytest.param(
+            {"cpus_per_task": 9, "mem_mb": 8192}, "cpus_per_task=9 (", "mem_mb=8192 is", id="all-memory-more-cpus"
+        ),
+    ],
+)
+def test_a_refusal_names_only_what_is_more_than_a_node_has(asked: dict[str, int], named: str, not_named: str) -> None:
+    """A value equal to the node's own is no reason: the refusal names the other one alone."""
+    with pytest.raises(ResourceError) as caught:
+        fit_gpus(build_resources(partition="polar", **asked), ("polar",), EIGHT_CPUS)
+    assert named in str(caught.value)
+    assert not_named not in str(caught.value)
 
 
 def test_bad_constraints_is_explained_while_the_job_pends() -> None:
