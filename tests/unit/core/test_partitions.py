@@ -83,10 +83,12 @@ def test_a_partition_of_several_node_shapes_is_merged() -> None:
 
 def test_a_partition_reads_the_same_whatever_order_sinfo_prints_its_lines_in() -> None:
     """sinfo prints one line per node state and GRES, so its order changes when a node of the partition is
-    allocated, drained or back: the GPU types and node shapes must not (seen on the test cluster side by side)."""
+    allocated, drained or back: the GPU types and node shapes must not (seen on the test cluster side by side); a
+    blank line among them is skipped, not an end."""
     lines = [
         "polar*|4:00:00|gpu:h100:4|up|8|8192",
         "polar*|4:00:00|gpu:a100:4,gpu:l40:2|up|16|16384",
+        "",
         "polar*|4:00:00|gpu:a100:4|up|8+|8192",
     ]
     read = {tuple(parse_sinfo_partitions("\n".join(order))[0]) for order in (lines, lines[::-1], lines[1:] + lines[:1])}
@@ -138,6 +140,7 @@ def test_resolve_partitions_refuses_what_the_cluster_lacks() -> None:
         pytest.param(47.0, ("polar_long",), None, id="long-partition"),
         pytest.param(49.0, ("polar_long",), "allows at most 2 d, but time_hours=49 (2 d 1 h)", id="over-long"),
         pytest.param(1000.0, ("scratch",), None, id="unlimited"),
+        pytest.param(5.0, ("unlisted", "polar"), "partition polar allows at most 4 h", id="unlisted-then-over"),
         pytest.param(5.0, ("polar_long", "polar"), "partition polar allows at most 4 h", id="every-partition-counts"),
         pytest.param(48.0, ("polar",), "partitions that allow it: polar_long, scratch, cpu",
                      id="a-partition-whose-limit-is-exactly-the-time-is-named"),
