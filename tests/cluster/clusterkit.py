@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Coroutine, Iterator, MutableMapping
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,38 @@ def login_cut_held() -> Iterator[None]:
         finally:
             _cut["held"] = False
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+#: Taken while the harness's fault switch file is rewritten (tests side by side each list their own word).
+FAULT_SWITCH_LOCK = Path("/var/lib/slurmtest/fault-switch.lock")
+
+
+def _rewrite_switch(switch: Path, change: Callable[[list[str]], list[str]]) -> None:
+    """Rewrite the fault switch's words under :data:`FAULT_SWITCH_LOCK`, whole (a reader never sees half)."""
+    with FAULT_SWITCH_LOCK.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            words = change(switch.read_text().split() if switch.exists() else [])
+            if not words:
+                switch.unlink(missing_ok=True)
+                return
+            partial = switch.with_name(f".{switch.name}.{os.getpid()}")
+            partial.write_text("".join(f"{word}\n" for word in words))
+            partial.chmod(0o644)
+            partial.replace(switch)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
+def fault_listed(switch: Path, word: str) -> Iterator[None]:
+    """List ``word`` in the harness's fault switch (``cluster.json``'s ``fault_switch``) for the block, beside
+    the words other tests listed: each takes only its own word away again."""
+    _rewrite_switch(switch, lambda words: words if word in words else [*words, word])
+    try:
+        yield
+    finally:
+        _rewrite_switch(switch, lambda words: [w for w in words if w != word])
 
 
 def harness(*args: str, timeout: float = 120) -> str:

@@ -12,13 +12,13 @@ The hang is real too, and injected on the cluster's side (the shipped probe has 
 harness's fault switch (``/srv/lustre/.harness/faults``) makes the TaskProlog export
 ``SLURMTEST_FAULT=nccl_hang_unless_p2p_disable``, and the torch venv's start-up hook then keeps global
 rank 0 out of every ``all_reduce`` unless ``NCCL_P2P_DISABLE=1``. The switch is on only inside
-:func:`fault_switch`. The probe tests use their own results directory (so their own NCCL cache);
-the DAG test runs ``airflow dags test example_tao_multinode`` like ``make demo``.
+``clusterkit.fault_listed``, which keeps the words other tests list there side by side. The probe tests use
+their own results directory (so their own NCCL cache); the DAG test runs ``airflow dags test
+example_tao_multinode`` like ``make demo``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -27,13 +27,13 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 import pytest
 from airflow.sdk.exceptions import TaskDeferred
+from clusterkit import fault_listed
 from deferral import first_event, run_async
 from demo import MULTINODE_CONF, REPO, load_cluster, prepare_airflow, stage_assets
 
@@ -134,16 +134,6 @@ def cache_entry(ssh_run: SshRun, cluster: ClusterEnv, results_dir: str, entry: s
 def job_log(ssh_run: SshRun, deferral: TaskDeferred, results_dir: str) -> str:
     trigger = deferral.trigger
     return read_remote(ssh_run, f"{results_dir}/logs/{trigger.job_name}-{trigger.slurm_job_id}/main.out")
-
-
-@contextlib.contextmanager
-def fault_switch(path: str) -> Iterator[None]:
-    """Turn the test cluster's NCCL hang on (the harness's TaskProlog reads this file at every task)."""
-    Path(path).write_text(f"{FAULT}\n")
-    try:
-        yield
-    finally:
-        Path(path).unlink(missing_ok=True)
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -272,7 +262,7 @@ def test_single_node_probe_with_two_gpus_and_site_options(
 def test_hang_times_out_is_cancelled_and_the_next_env_is_cached(
     ssh_run: SshRun, cluster: ClusterEnv, image: str, cluster_json: dict[str, Any], probe_conn: str, results_dir: str
 ) -> None:
-    with fault_switch(cluster_json["fault_switch"]):
+    with fault_listed(Path(cluster_json["fault_switch"]), FAULT):
         op = probe_op(image, cluster_json, probe_conn, timeout_seconds=PROBE_TIMEOUT_S, force_reprobe=True)
         started = time.monotonic()
         env, deferrals = drive(op, context(f"nccl{TOKEN}-hang", "run1"))
@@ -362,7 +352,7 @@ def dag_run(cluster: ClusterEnv, cluster_json: dict[str, Any], tmp_path_factory:
         "probe_python": cluster_json["torch_python"],
     }
     argv = [str(Path(sys.executable).parent / "airflow"), "dags", "test", DAG_ID, "--conf", json.dumps(conf)]
-    with fault_switch(cluster_json["fault_switch"]):
+    with fault_listed(Path(cluster_json["fault_switch"]), FAULT):
         proc = subprocess.run(
             argv, env=env, capture_output=True, text=True, timeout=DAG_TIMEOUT_S, stdin=subprocess.DEVNULL, check=False
         )

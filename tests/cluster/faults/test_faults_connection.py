@@ -19,6 +19,7 @@ import pytest
 from clusterkit import (
     connection_json,
     cut_connection,
+    fault_listed,
     final_state,
     harness,
     jobs_named,
@@ -179,15 +180,11 @@ def test_an_sbatch_slower_than_the_command_timeout_is_reconciled_and_watched_to_
         "AIRFLOW_CONN_SLURM_DEFAULT",
         connection_json(cluster, port=cluster.fault_port, extra={"cmd_timeout": 3}),
     )
-    switch = Path(load_cluster()["fault_switch"])
     ctx = context(dag_id, "submit", "r1")
-    switch.write_text("sbatch_slow\n")
-    try:
+    with fault_listed(Path(load_cluster()["fault_switch"]), "sbatch_slow"):
         started = time.monotonic()
         handle = submit(submit_op(image, "sleep 2"), ctx)
         took = time.monotonic() - started
-    finally:
-        switch.unlink(missing_ok=True)
     sensor = sensor_for(handle)
     deferred = defer(sensor, ctx)
     result = resume(sensor, ctx, deferred, run_async(first_event(deferred.trigger, 120)))
