@@ -206,8 +206,8 @@ soak: venv cluster-up
 demo: venv cluster-up
 	$(BIN)/python tests/cluster/demo.py
 
-# Performance figures against same-run baselines (benchmarks/RESULTS.md); about 35 minutes on 2 cores, plus
-# about 17 for restart.py (real triggerers SIGKILLed 5 times per mode at N = 1000) and about 30 for bench-release.
+# Performance figures against same-run baselines (benchmarks/RESULTS.md); about an hour on 2 cores, of which about
+# 10 minutes for restart.py (real triggerers SIGKILLed 5 times per mode at N = 1000) and 17 for bench-release.
 # BENCH_RUN (the run's start, UTC) is exported once for the whole run, bench-release's scripts in the 26.05 tree
 # included (releases.py passes BENCH_*): each script records it beside the commit it measured and the cluster's
 # SLURM release, and report.py labels every table that does not come from this run and commit.
@@ -230,7 +230,7 @@ bench: venv cluster-up
 # The poller at N = 1000, the submit ratio (one and back to back) and the storm again on MATRIX_RELEASE (26.05, in
 # the sid tree, alone on the machine), then the submit ratio and the storm with slurmctld's RPC rate limit on
 # (BENCH_RATE_LIMIT: rl_enable at SLURM's default bucket; each script turns it off again at its end, whatever
-# happens); about 30 minutes. Stored as poller@26.05.json, submit@26.05.json, storm@26.05.json,
+# happens); about 17 minutes. Stored as poller@26.05.json, submit@26.05.json, storm@26.05.json,
 # submit@26.05-rl.json and storm@26.05-rl.json in BENCH_OUT: report.py sets them beside the machine's own (the
 # rate-limited ones beside the same release's without the limit). The tree writes under the checkout (its /tmp is
 # its own).
