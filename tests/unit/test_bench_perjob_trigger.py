@@ -5,24 +5,18 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from examples import load_file
 
 from airflow_provider_tao_slurm.core.states import JobState, state_from_native
 from airflow_provider_tao_slurm.exceptions import StatusQueryError
 from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "_perjob_trigger.py"
-_SPEC = importlib.util.spec_from_file_location("_perjob_trigger", _PATH)
-assert _SPEC is not None
-assert _SPEC.loader is not None
-perjob = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = perjob
-_SPEC.loader.exec_module(perjob)
+perjob = load_file("_perjob_trigger", Path(__file__).resolve().parents[2] / "benchmarks" / "_perjob_trigger.py")
 
 
 class Answers:

@@ -2,20 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from examples import load_file
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "provenance.py"
-_SPEC = importlib.util.spec_from_file_location("bench_provenance", _PATH)
-assert _SPEC is not None
-assert _SPEC.loader is not None
-provenance = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = provenance
-_SPEC.loader.exec_module(provenance)
+provenance = load_file("bench_provenance", Path(__file__).resolve().parents[2] / "benchmarks" / "provenance.py")
 
 
 @pytest.mark.parametrize(

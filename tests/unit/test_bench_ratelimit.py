@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+from examples import load_file
 
-_PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "ratelimit.py"
-_SPEC = importlib.util.spec_from_file_location("bench_ratelimit", _PATH)
-assert _SPEC is not None
-assert _SPEC.loader is not None
-ratelimit = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = ratelimit  # dataclasses look their module up while the class is made
-_SPEC.loader.exec_module(ratelimit)
+ratelimit = load_file("bench_ratelimit", Path(__file__).resolve().parents[2] / "benchmarks" / "ratelimit.py")
 
 
 def burst(count: int, at: float = 0.0) -> list[float]:

@@ -9,7 +9,6 @@ tests check that the shared fake answers reads, commands, submissions and log ta
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import re
 import sys
@@ -19,6 +18,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from examples import load_file
 from fakes import FakeSlurmHook, Submission
 
 from airflow_provider_tao_slurm.core.config import ClusterSettings
@@ -103,12 +103,7 @@ def _test_module(path: Path) -> ModuleType:
     for module in list(sys.modules.values()):
         if getattr(module, "__file__", None) == str(path):
             return module
-    spec = importlib.util.spec_from_file_location(f"_fake_check_{path.stem}", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(f"_fake_check_{path.stem}", path)
 
 
 def hook_fakes() -> dict[str, type]:

@@ -8,7 +8,6 @@ values, and ``sacct -X -D -P -n`` rows with ``SLURM_TIME_FORMAT=%s``; then asser
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 import uuid
 from collections import Counter
@@ -18,14 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from examples import load_file
 
 _PATH = Path(__file__).resolve().parents[1] / "cluster" / "soak_judge.py"
-_SPEC = importlib.util.spec_from_file_location("soak_judge", _PATH)
-assert _SPEC is not None
-assert _SPEC.loader is not None
-sj = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = sj
-_SPEC.loader.exec_module(sj)
+sj = load_file("soak_judge", _PATH)
 
 #: 2025-06-01 10:00:00 UTC: the soak's start in these cases.
 T0 = 1_748_772_000
