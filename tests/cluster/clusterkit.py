@@ -74,17 +74,26 @@ _cut = {"held": False}
 
 
 @contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold the lock file at ``path`` (``flock``, across the workers of make test) for the block."""
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@contextlib.contextmanager
 def login_cut_held() -> Iterator[None]:
     """Hold the harness's cut login sshd for this test: the tests that cut it take turns (a lock across the
     workers of make test); the other tests never log in there."""
-    with CUT_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _locked(CUT_LOCK):
         _cut["held"] = True
         try:
             yield
         finally:
             _cut["held"] = False
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 #: Taken while the harness's fault switch file is rewritten (tests side by side each list their own word).
@@ -93,19 +102,15 @@ FAULT_SWITCH_LOCK = Path("/var/lib/slurmtest/fault-switch.lock")
 
 def _rewrite_switch(switch: Path, change: Callable[[list[str]], list[str]]) -> None:
     """Rewrite the fault switch's words under :data:`FAULT_SWITCH_LOCK`, whole (a reader never sees half)."""
-    with FAULT_SWITCH_LOCK.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            words = change(switch.read_text().split() if switch.exists() else [])
-            if not words:
-                switch.unlink(missing_ok=True)
-                return
-            partial = switch.with_name(f".{switch.name}.{os.getpid()}")
-            partial.write_text("".join(f"{word}\n" for word in words))
-            partial.chmod(0o644)
-            partial.replace(switch)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with _locked(FAULT_SWITCH_LOCK):
+        words = change(switch.read_text().split() if switch.exists() else [])
+        if not words:
+            switch.unlink(missing_ok=True)
+            return
+        partial = switch.with_name(f".{switch.name}.{os.getpid()}")
+        partial.write_text("".join(f"{word}\n" for word in words))
+        partial.chmod(0o644)
+        partial.replace(switch)
 
 
 @contextlib.contextmanager
