@@ -24,9 +24,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote as url_quote
 
 import pytest
+from airflow_stack import Stack, standalone
 from clusterkit import (
+    SECRET_SOURCE,
     LogCapture,
     connection_json,
     final_state,
@@ -497,6 +500,92 @@ def test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_on
     assert wait_until(lambda: final_state(ssh_run, slurm_id) == "CANCELLED", "job cancelled in sacct", timeout=60)
     assert wait_until(lambda: "scancel went through" in remote_text(ssh_run, log), "the login host's log", timeout=10)
     assert "scancel failed" in remote_text(ssh_run, log)
+    assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
+
+
+#: A deferred sensor's DAG for the real triggerer (submit, then watch), in the test's own DAGs folder.
+KILL_DAG = """from __future__ import annotations
+
+from airflow.sdk import DAG
+
+from airflow_provider_tao_slurm.operators.sbatch_submit import SbatchSubmitOperator
+from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
+
+with DAG(dag_id={dag_id!r}, schedule=None):
+    submit = SbatchSubmitOperator(task_id="submit", image={image!r}, command="sleep 300", gpus_per_node=1,
+                                  cpus_per_task=1, time_hours=0.1, secret_env={{"RL_TOKEN": "env:{source}"}})
+    SlurmJobSensor(task_id="wait", job=submit.output, poke_interval=2, deferrable=True)
+"""
+#: Seconds for the run to submit its job and defer its sensor, and for its task log to show a line.
+KILL_RUN_S = 180.0
+
+
+def _handle_and_deferred(stack: Stack, path: str, ssh_run: SshRun) -> dict[str, Any]:
+    """The submit task's job handle, once its job runs and the sensor is deferred (in the real triggerer)."""
+    deadline = time.monotonic() + KILL_RUN_S
+    while time.monotonic() < deadline:
+        answer = stack.client.get(f"{path}/taskInstances/submit/xcomEntries/return_value", params={"deserialize": True})
+        wait = stack.get(f"{path}/taskInstances/wait")
+        if answer.status_code == 200 and wait["state"] == "deferred":
+            value = answer.json()["value"]
+            handle = dict(json.loads(value) if isinstance(value, str) else value)
+            if squeue_field(ssh_run, handle["slurm_job_id"], "%T") == "RUNNING":
+                return handle
+        time.sleep(1)
+    pytest.fail(f"no running job with a deferred sensor within {KILL_RUN_S:.0f} s: {stack.get(path)}")
+
+
+@pytest.mark.usefixtures("login_cut")
+def test_a_sensor_marked_failed_in_airflow_during_a_login_head_cut_cancels_its_job_once_the_cut_lifts(
+    image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, tmp_path: Path, record_property: Any
+) -> None:
+    """The soak's case, through the real Airflow services (``airflow standalone``: its triggerer runs the trigger and
+    its on_kill): a DAG submitted a job through the cut login sshd and its sensor deferred; while the job ran, the
+    login host lost slurmctld and slurmdbd (``cut-login-head``), and 3 s later the user marked the sensor failed
+    (REST API, as the UI does); 40 s later the cut lifted. Airflow 3.3's triggerer cancels a trigger that is running
+    on_kill again at its next sync (about a second later: the trigger stays among the ones to cancel until it ends).
+    Expected: the cancel is handed to the login host in spite of that, the task log says so, and once the cut lifts
+    the job ends CANCELLED in sacct; the record says CANCELED (trigger on_kill), the sidecar is gone; one SLURM job.
+    Before, on_kill was cancelled a second into its scancel: nothing was handed over and the job ran to its end."""
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "kill_dag.py").write_text(KILL_DAG.format(dag_id=dag_id, image=image, source=SECRET_SOURCE))
+    settings = {
+        "AIRFLOW_CONN_SLURM_DEFAULT": connection_json(cluster, port=cut_port(cluster)),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        SECRET_SOURCE: f"kill-{dag_id}",
+    }
+    slurm_id = ""
+    with standalone(cluster, env=settings, prefix="tao-kill-in-cut-") as stack:
+        path = f"/api/v2/dags/{dag_id}/dagRuns/{url_quote(stack.trigger(dag_id, {}), safe='')}"
+        try:
+            handle = _handle_and_deferred(stack, path, ssh_run)
+            slurm_id = handle["slurm_job_id"]
+            harness("cut-login-head")
+            cut_at = time.monotonic()
+            try:
+                time.sleep(3)
+                answer = stack.client.patch(f"{path}/taskInstances/wait", json={"new_state": "failed"})
+                assert answer.status_code == 200, answer.text
+                time.sleep(max(0.0, KILL_CUT_S - (time.monotonic() - cut_at)))
+                during = squeue_field(ssh_run, slurm_id, "%T")
+            finally:
+                harness("restore-login")
+            lifted = time.monotonic()
+            while (ended := final_state(ssh_run, slurm_id)) != "CANCELLED" and time.monotonic() - lifted < 60:
+                time.sleep(1)
+            events = stack.get(f"{path}/taskInstances/wait/logs/1")["content"]
+            log = "\n".join(str(item.get("event", "")) for item in events)
+        finally:
+            if slurm_id:
+                ssh_run(join(["scancel", slurm_id]))
+    record = record_of(ssh_run, handle["record_path"])
+    record_property("detail", f"job {slurm_id}: {ended}; the trigger's log: {log[-600:]}")
+    assert during == "RUNNING", f"the job was {during!r} during the cut: the cut did not hold"
+    assert ended == "CANCELLED", f"job {slurm_id} {ended or 'RUNNING'} after the cut; the trigger's log:\n{log[-3000:]}"
+    assert "the login host tries again every 5 s" in log, log[-3000:]
+    assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
+    assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
 
 
