@@ -24,7 +24,7 @@ import json
 import logging
 import posixpath
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -816,12 +816,21 @@ class JobLifecycle:
     async def a_cancel(
         self, slurm_job_id: str, job_name: str, *, record_path: str | None, sidecar_path: str | None, source: str
     ) -> None:
-        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same steps, :class:`_CancelPlan`'s."""
+        """Async twin of :meth:`cancel_job` (the trigger's ``on_kill``): the same steps, :class:`_CancelPlan`'s.
+
+        The steps run to their end whatever cancels the caller meanwhile (:func:`_through_cancels`): Airflow 3.3's
+        triggerer cancels a trigger that runs ``on_kill`` again about once a second until it ends.
+        """
         plan = _CancelPlan(slurm_job_id, job_name, record_path, sidecar_path, source)
         self.log.info("%s", plan.note)
+        await _through_cancels(self._a_cancel_steps(plan))
+
+    async def _a_cancel_steps(self, plan: _CancelPlan) -> None:
+        """:meth:`a_cancel`'s steps: scancel (or hand it over), the record, the sidecar."""
         handed_off = await self._a_scancel(plan)
         try:
-            write = plan.record_write(await self.hook.a_read_file(record_path), handed_off) if record_path else None
+            record = await self.hook.a_read_file(plan.record_path) if plan.record_path else None
+            write = plan.record_write(record, handed_off) if plan.record_path else None
             if write is not None:
                 await self.hook.a_write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
@@ -1072,6 +1081,41 @@ def _sidecar_removal(path: str | None, *, ends: tuple[str, str] | None = None) -
         command = commands.remove_end_markers(ends[0], ends[1], sidecar)
         return command, {"check": True, "what": "removing the secret sidecar and the end markers"}
     return commands.remove_files(sidecar), {"check": True, "what": f"removing the secret sidecar {path}"}
+
+
+#: Cancels run by :func:`_through_cancels` whose caller has gone (referenced until they end).
+_ORPHANED_CANCELS: set[asyncio.Task[None]] = set()
+
+
+async def _through_cancels(steps: Coroutine[Any, Any, None]) -> None:
+    """Await ``steps`` to their end, whatever cancels the caller meanwhile; then pass a cancel on.
+
+    A cancel stopped half way has handed the job to nobody, written no record and left its secrets behind: worse
+    than a late one. Airflow 3.3's triggerer cancels a trigger that runs ``on_kill`` again at each of its syncs
+    (about once a second) until it ends, and an unreachable slurmctld takes scancel 18 s to report. ``steps`` are
+    bounded by their own windows (:data:`A_CANCEL_RETRY_S`, the connection's timeouts). Where the caller stops
+    waiting all the same (Python 3.11's ``asyncio.wait_for`` leaves at the second cancel), the steps go on as a task
+    of their own: their last lines are then in the triggerer's log, their outcome in the record.
+
+    :raises asyncio.CancelledError: once the steps ended, when the caller was cancelled meanwhile.
+    """
+    task = asyncio.ensure_future(steps)
+    _ORPHANED_CANCELS.add(task)
+    task.add_done_callback(_ORPHANED_CANCELS.discard)
+    interrupted = False
+    while True:
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if task.done() or current is None:
+                raise
+            current.uncancel()
+            interrupted = True
+            continue
+        if interrupted:
+            raise asyncio.CancelledError
+        return
 
 
 @dataclass(frozen=True)

@@ -544,7 +544,8 @@ def test_a_sensor_marked_failed_in_airflow_during_a_login_head_cut_cancels_its_j
     login host lost slurmctld and slurmdbd (``cut-login-head``), and 3 s later the user marked the sensor failed
     (REST API, as the UI does); 40 s later the cut lifted. Airflow 3.3's triggerer cancels a trigger that is running
     on_kill again at its next sync (about a second later: the trigger stays among the ones to cancel until it ends).
-    Expected: the cancel is handed to the login host in spite of that, the task log says so, and once the cut lifts
+    Expected: the cancel is handed to the login host in spite of that, a log says so (the task's, or the triggerer's
+    where Python 3.11's ``wait_for`` stopped waiting for on_kill at the second cancel), and once the cut lifts
     the job ends CANCELLED in sacct; the record says CANCELED (trigger on_kill), the sidecar is gone; one SLURM job.
     Before, on_kill was cancelled a second into its scancel: nothing was handed over and the job ran to its end."""
     dags = tmp_path / "dags"
@@ -576,14 +577,17 @@ def test_a_sensor_marked_failed_in_airflow_during_a_login_head_cut_cancels_its_j
                 time.sleep(1)
             events = stack.get(f"{path}/taskInstances/wait/logs/1")["content"]
             log = "\n".join(str(item.get("event", "")) for item in events)
+            triggerer_log = stack.log.read_text(errors="replace")
         finally:
             if slurm_id:
                 ssh_run(join(["scancel", slurm_id]))
     record = record_of(ssh_run, handle["record_path"])
-    record_property("detail", f"job {slurm_id}: {ended}; the trigger's log: {log[-600:]}")
+    handed = "the login host tries again every 5 s"
+    where = "the task log" if handed in log else "the triggerer's log" if handed in triggerer_log else "no log"
+    record_property("detail", f"job {slurm_id}: {ended} after the cut; the hand-off said in {where}")
     assert during == "RUNNING", f"the job was {during!r} during the cut: the cut did not hold"
     assert ended == "CANCELLED", f"job {slurm_id} {ended or 'RUNNING'} after the cut; the trigger's log:\n{log[-3000:]}"
-    assert "the login host tries again every 5 s" in log, log[-3000:]
+    assert where != "no log", f"no hand-off said; the trigger's log:\n{log[-3000:]}"
     assert (record["terminal_state"], record["transitions"][-1]["source"]) == ("CANCELED", "trigger on_kill")
     assert sidecar_mode(ssh_run, handle["sidecar_path"]) == "gone"
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]

@@ -1223,6 +1223,60 @@ def test_a_cancel_slurmctld_does_not_answer_is_handed_to_the_login_host(
     assert "cancel it by hand (scancel 500)" in caplog.text
 
 
+class SlowScancelHook(CancelOutageHook):
+    """scancel takes ``ticks`` turns of the event loop to fail (18 s against an unreachable slurmctld)."""
+
+    def __init__(self, ticks: int) -> None:
+        super().__init__([CTLD_DOWN])
+        self.ticks = ticks
+
+    async def a_cancel(self, job_ids: Sequence[str], *, job_name: str | None = None) -> None:
+        for _ in range(self.ticks):
+            await asyncio.sleep(0)
+        await super().a_cancel(job_ids, job_name=job_name)
+
+
+@pytest.mark.parametrize("python_311", [False, True])
+def test_an_on_kill_cancelled_again_by_the_triggerer_still_hands_the_cancel_over(python_311: bool) -> None:
+    """Airflow 3.3's triggerer cancels a trigger running on_kill again at each sync until it ends, while scancel
+    against an unreachable slurmctld takes 18 s to fail. Here the caller is cancelled at every turn of the loop while
+    scancel has not failed yet; under Python 3.11 ``asyncio.wait_for`` runs on_kill as a task of its own and stops
+    waiting at the second cancel. Expected: the cancel is handed over all the same, the record says CANCELED, the
+    sidecar goes, and the caller is told it was cancelled once the steps ended (or has left). Before, the first
+    cancel after on_kill began stopped it: nothing handed over, the record open, the sidecar left."""
+    hook = SlowScancelHook(ticks=20)
+    store(hook, record_of(FIRST))
+    lifecycle = JobLifecycle(hook)
+
+    async def on_kill() -> None:
+        await lifecycle.a_cancel(
+            "500", FIRST, record_path=LAYOUT.record_path, sidecar_path=LAYOUT.sidecar_path, source="trigger on_kill"
+        )
+
+    async def triggerer() -> int:
+        killing = asyncio.ensure_future(on_kill() if not python_311 else asyncio.wait_for(on_kill(), 30))
+        cancels = 0
+        while not killing.done():
+            await asyncio.sleep(0)
+            if not killing.done():
+                killing.cancel("__airflow_user_action__")
+                cancels += 1
+        with pytest.raises(asyncio.CancelledError):
+            await killing
+        for _ in range(100):  # the steps' task, where the caller left it (3.11)
+            if sidecar_removals(hook):
+                break
+            await asyncio.sleep(0)
+        return cancels
+
+    cancels = asyncio.run(triggerer())
+
+    assert cancels >= 2
+    assert [call[0] for call in hook.handed_off] == [["500"]]
+    assert read_record(hook, FIRST).terminal_state is TaoState.CANCELED
+    assert sidecar_removals(hook) == [f"rm -f -- {LAYOUT.sidecar_path}"]
+
+
 @pytest.mark.parametrize("side", ["sync", "async"])
 def test_a_cancel_while_the_login_host_is_out_of_reach_is_tried_again_until_it_goes_through(
     side: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
