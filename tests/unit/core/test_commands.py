@@ -934,7 +934,11 @@ def test_a_handed_off_cancel_of_a_job_no_longer_live_ends_at_once(tmp_path: Path
 
 
 def test_a_handed_off_cancel_gives_up_after_its_window_and_says_so(tmp_path: Path) -> None:
-    log, calls, _ = _hand_off(tmp_path, "echo 'scancel: error: Socket timed out' >&2; exit 1", within_s=1)
+    """scancel fails every 0.1 s for a 2 s window. Expected: several tries, then the log says to cancel by hand.
+
+    (The loop's window is in whole seconds of ``date +%s``: a 1 s window ended after one try whenever the first
+    try crossed a second, about once in twenty runs under load.)"""
+    log, calls, _ = _hand_off(tmp_path, "echo 'scancel: error: Socket timed out' >&2; exit 1", within_s=2)
 
     text = _log_says(log, "gave up: cancel the job by hand")
     assert "went through" not in text
