@@ -253,6 +253,7 @@ CATALOGUE: dict[str, list[Case]] = {
         case(
             "a user kill of a deferred sensor while the login host cannot reach slurmctld (found by the soak)",
             f"{OUTAGES}::test_a_user_kill_while_the_login_host_cannot_reach_slurmctld_goes_through_once_it_can",
+            f"{OUTAGES}::test_a_sensor_marked_failed_in_airflow_during_a_login_head_cut_cancels_its_job_once_the_cut_lifts",
         ),
         case(
             "default sshd limits (MaxStartups 10:30:100, MaxSessions 10) with 200 deferred sensors",
