@@ -31,7 +31,7 @@ MATRIX_TESTS := \
 	tests/cluster/test_hook.py::test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered \
 	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it
 
-.PHONY: venv cluster-up cluster-down lint docs unit unit-and-packaging test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
+.PHONY: venv cluster-up cluster-down lint docs unit unit-and-packaging shape test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
 
 $(BIN)/.installed: pyproject.toml
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || \
@@ -69,6 +69,11 @@ unit: venv
 
 unit-and-packaging: venv
 	$(BIN)/pytest -n 2 tests/unit tests/packaging
+
+# The package's shape (issue 50): lines, the largest modules, classes and functions, import cycles, and the files
+# the settle, submit and NCCL probe paths run through (three unit tests, traced). Run it before and after a refactor.
+shape: venv
+	$(BIN)/python tests/shape.py
 
 # The cluster tests in two phases: those that leave the cluster as they found it side by side, on CLUSTER_WORKERS
 # workers (their own job names, DAG ids and directories, as tenants of one cluster; most of their time is spent
