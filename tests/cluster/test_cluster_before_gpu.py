@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -182,6 +183,44 @@ def test_preflight_passes_on_the_test_cluster(cluster: ClusterEnv) -> None:
         "PreemptMode=REQUEUE, no send_user_signal): the job's steps get SIGTERM and checkpoint_signal comes only "
         "before the time limit, so a training must checkpoint periodically",
     }
+
+
+def _jobs_since(ssh_run: SshRun, since: str) -> list[str]:
+    """``JobIDRaw|Partition`` of every job of ours that accounting has from ``since`` (the cluster's clock) on."""
+    rc, out, err = ssh_run(f"sacct -X -n -P -S {quote(since)} -o JobIDRaw,Partition")
+    assert rc == 0, err
+    return out.split()
+
+
+@pytest.mark.alone  # every job of the user from the start of each run on is counted: no other test may submit
+@pytest.mark.parametrize(
+    ("check_enroot", "check_gpu_node", "submits"),
+    [(False, False, ()), (False, True, ("gpu",)), (True, False, ("cpu",)), (True, True, ("cpu", "gpu"))],
+    ids=["reads-only", "gpu-node-step", "enroot-step", "both-steps"],
+)
+def test_the_preflight_submits_a_step_only_for_check_enroot_and_check_gpu_node(
+    check_enroot: bool, check_gpu_node: bool, submits: tuple[str, ...], cluster: ClusterEnv, ssh_run: SshRun
+) -> None:
+    """docs/releases.md says which preflight options submit anything. Expected, in sacct: no job at all with both
+    steps off, one job on the conversion (CPU) partition for ``check_enroot``, one on the GPU partition for
+    ``check_gpu_node``. Before, the docs said the preflight only reads with ``check_gpu_node=False``, while
+    ``check_enroot`` (on by default) still ran its step."""
+    rc, since, err = ssh_run("date +%Y-%m-%dT%H:%M:%S")
+    assert rc == 0, err
+    report = SlurmPreflightOperator(
+        task_id="preflight", check_enroot=check_enroot, check_gpu_node=check_gpu_node
+    ).execute({})
+    partitions = {"cpu": cluster.cpu_partition, "gpu": cluster.gpu_partition}
+    expected = sorted(partitions[kind] for kind in submits)
+    seen: list[str] = []
+    deadline = time.monotonic() + 15  # a job reaches accounting a moment after it ends
+    while time.monotonic() < deadline:
+        seen = sorted(row.split("|")[1] for row in _jobs_since(ssh_run, since.strip()))
+        if len(seen) >= len(expected) and (expected or time.monotonic() > deadline - 12):
+            break
+        time.sleep(0.5)
+    assert seen == expected, (seen, report["checks"])
+    assert ("enroot" in report["checks"], "gpu_node" in report["checks"]) == (check_enroot, check_gpu_node)
 
 
 @pytest.fixture
