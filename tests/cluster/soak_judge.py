@@ -833,7 +833,11 @@ def leaks(
 
 
 def paths_under(value: Any, base: str) -> list[str]:
-    """The absolute paths under ``base`` that a JSON value (a training's XComs) mentions, each once."""
+    """The absolute paths under ``base`` that a JSON value (a training's XComs) mentions, each once.
+
+    ``base`` itself is left out: every job handle names it (``results_base``), and it holds every training's files
+    (searched for a stopped training's secret, it found the sidecars of the trainings still running).
+    """
     found: list[str] = []
     if isinstance(value, Mapping):
         items: Iterable[Any] = value.values()
@@ -841,7 +845,7 @@ def paths_under(value: Any, base: str) -> list[str]:
         items = value
     else:
         text = value if isinstance(value, str) else ""
-        if text == base or text.startswith(base.rstrip("/") + "/"):
+        if text.startswith(base.rstrip("/") + "/"):
             return [text]
         with contextlib.suppress(ValueError):
             if text.startswith(("{", "[")):

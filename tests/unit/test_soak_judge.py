@@ -719,7 +719,7 @@ def test_the_secret_is_found_in_a_tree_of_spools_and_logs(tmp_path: Path) -> Non
 
 def test_a_trainings_files_are_the_paths_its_xcoms_name() -> None:
     job = name(SINGLE, "submit", "6f6f")
-    values = [handle(job, 2001), {"slurm_job_id": "2001", "job_dir": "/elsewhere/x"}, None, "12"]
+    values = [handle(job, 2001), {"slurm_job_id": "2001", "job_dir": "/elsewhere/x", "results_base": BASE}, None, "12"]
     paths = sj.paths_under(values, BASE)
     assert paths == [
         f"{BASE}/{job}",
