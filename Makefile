@@ -15,7 +15,8 @@ SLURM ?=
 # `make test` also runs the cluster tests that touch what SLURM prints or decides (MATRIX_TESTS) on this
 # release, after the full suite on the machine's own (nothing more where the machine runs it itself).
 MATRIX_RELEASE ?= 26.05
-# About 15 minutes on 2 cores (26.05, in the sid tree).
+# About 12 minutes on 2 cores (26.05, in the sid tree): preemption with and without send_user_signal (PreemptParameters
+# from 23.02) and the fault login host's three cases run there too (2 minutes of it).
 MATRIX_TESTS := \
 	tests/cluster/test_submit_watch.py \
 	tests/cluster/test_watch_live.py \
@@ -29,7 +30,11 @@ MATRIX_TESTS := \
 	tests/cluster/faults/test_faults_connection.py \
 	tests/cluster/test_hook.py::test_without_a_site_limiter_submissions_go_at_once \
 	tests/cluster/test_hook.py::test_a_site_limiter_paces_submissions_and_slowed_queries_stay_unanswered \
-	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it
+	tests/cluster/test_cluster_before_gpu.py::test_preflight_finds_gpu_nodes_without_pyxis_behind_a_login_host_with_it \
+	tests/cluster/test_preemption_signal.py \
+	tests/cluster/test_hook.py::test_ambiguous_submission_is_reconciled_by_exact_name \
+	tests/cluster/test_hook.py::test_async_run_never_repeats_a_command_whose_connection_dropped \
+	tests/cluster/test_smoke.py::test_fault_sshd_submits_but_cuts_the_reply
 
 .PHONY: venv cluster-up cluster-down lint docs unit unit-and-packaging shape test matrix matrix-here reliability mutation soak demo bench bench-release bench-release-here clean
 
