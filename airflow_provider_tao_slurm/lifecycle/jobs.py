@@ -830,7 +830,7 @@ class JobLifecycle:
         handed_off = await self._a_scancel(plan)
         try:
             record = await self.hook.a_read_file(plan.record_path) if plan.record_path else None
-            write = plan.record_write(record, handed_off) if plan.record_path else None
+            write = plan.record_write(record, handed_off)
             if write is not None:
                 await self.hook.a_write_file(*write)
         finally:  # the job will not run again: its secrets go whatever became of the record
@@ -1083,8 +1083,8 @@ def _sidecar_removal(path: str | None, *, ends: tuple[str, str] | None = None) -
     return commands.remove_files(sidecar), {"check": True, "what": f"removing the secret sidecar {path}"}
 
 
-#: Cancels run by :func:`_through_cancels` whose caller has gone (referenced until they end).
-_ORPHANED_CANCELS: set[asyncio.Task[None]] = set()
+#: The steps :func:`_through_cancels` runs, referenced until they end (their caller may have stopped waiting).
+_RUNNING_CANCELS: set[asyncio.Task[None]] = set()
 
 
 async def _through_cancels(steps: Coroutine[Any, Any, None]) -> None:
@@ -1100,8 +1100,8 @@ async def _through_cancels(steps: Coroutine[Any, Any, None]) -> None:
     :raises asyncio.CancelledError: once the steps ended, when the caller was cancelled meanwhile.
     """
     task = asyncio.ensure_future(steps)
-    _ORPHANED_CANCELS.add(task)
-    task.add_done_callback(_ORPHANED_CANCELS.discard)
+    _RUNNING_CANCELS.add(task)
+    task.add_done_callback(_RUNNING_CANCELS.discard)
     interrupted = False
     while True:
         try:

@@ -1236,14 +1236,15 @@ class SlowScancelHook(CancelOutageHook):
         await super().a_cancel(job_ids, job_name=job_name)
 
 
-@pytest.mark.parametrize("python_311", [False, True])
-def test_an_on_kill_cancelled_again_by_the_triggerer_still_hands_the_cancel_over(python_311: bool) -> None:
+@pytest.mark.parametrize("through_wait_for", [False, True], ids=["awaited", "wait_for"])
+def test_an_on_kill_cancelled_again_by_the_triggerer_still_hands_the_cancel_over(through_wait_for: bool) -> None:
     """Airflow 3.3's triggerer cancels a trigger running on_kill again at each sync until it ends, while scancel
     against an unreachable slurmctld takes 18 s to fail. Here the caller is cancelled at every turn of the loop while
-    scancel has not failed yet; under Python 3.11 ``asyncio.wait_for`` runs on_kill as a task of its own and stops
-    waiting at the second cancel. Expected: the cancel is handed over all the same, the record says CANCELED, the
-    sidecar goes, and the caller is told it was cancelled once the steps ended (or has left). Before, the first
-    cancel after on_kill began stopped it: nothing handed over, the record open, the sidecar left."""
+    scancel has not failed yet, awaited directly and through ``asyncio.wait_for`` as the triggerer does (under
+    Python 3.11 ``wait_for`` runs on_kill as a task of its own and stops waiting at the second cancel).
+    Expected: the cancel is handed over all the same, the record says CANCELED, the sidecar goes, and the caller
+    is told it was cancelled once the steps ended (or has left). Before, the first cancel after on_kill began
+    stopped it: nothing handed over, the record open, the sidecar left."""
     hook = SlowScancelHook(ticks=20)
     store(hook, record_of(FIRST))
     lifecycle = JobLifecycle(hook)
@@ -1254,7 +1255,7 @@ def test_an_on_kill_cancelled_again_by_the_triggerer_still_hands_the_cancel_over
         )
 
     async def triggerer() -> int:
-        killing = asyncio.ensure_future(on_kill() if not python_311 else asyncio.wait_for(on_kill(), 30))
+        killing = asyncio.ensure_future(asyncio.wait_for(on_kill(), 30) if through_wait_for else on_kill())
         cancels = 0
         while not killing.done():
             await asyncio.sleep(0)
