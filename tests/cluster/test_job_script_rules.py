@@ -45,11 +45,18 @@ pytestmark = pytest.mark.cluster
 __all__ = ["conn", "dag_id", "image", "secret_value"]
 
 TORCH_BIN = "/opt/tao-slurm/venv/bin"
-#: The training program: every torchrun worker says where its rendezvous is, then stays a while so the
-#: two jobs' stores are bound at the same time.
-HOLD = """import os, time
+#: The training program: every torchrun worker says where its rendezvous is, leaves a mark in
+#: ``MEET_DIR`` and stays until the other job's worker has left its own, so the two jobs' stores are bound
+#: at the same time by construction, however long the other tests running beside keep the second job
+#: pending on n1 (up to ``MEET_SECONDS``; past it the overlap assertion fails and says so).
+HOLD = """import os, pathlib, time
 print(f"worker rank={os.environ['RANK']} master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}", flush=True)
-time.sleep(float(os.environ.get('HOLD_SECONDS', '12')))
+meet = pathlib.Path(os.environ['MEET_DIR'])
+(meet / os.environ['SLURM_JOB_ID']).touch()
+deadline = time.monotonic() + float(os.environ['MEET_SECONDS'])
+while len(list(meet.iterdir())) < 2 and time.monotonic() < deadline:
+    time.sleep(0.5)
+time.sleep(2)
 """
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
 REMOVED = "TAO_SLURM: credentials file removed (SLURM will not run the job again)"
@@ -73,11 +80,14 @@ def test_two_single_node_torchrun_bundles_on_one_node_both_bind_their_rendezvous
     conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv
 ) -> None:
     program = f"{cluster.results_dir}/{dag_id}-hold.py"
-    rc, _, err = ssh_run(f"mkdir -p -- {quote(cluster.results_dir)} && cat > {quote(program)}", stdin=HOLD)
+    meet = f"{cluster.results_dir}/{dag_id}-meet"
+    rc, _, err = ssh_run(
+        f"mkdir -p -- {quote(cluster.results_dir)} {quote(meet)} && cat > {quote(program)}", stdin=HOLD
+    )
     assert rc == 0, err
     execution = {
         "distributed": {"launcher": "torchrun"},  # one process per GPU: 1 here
-        "environment": {"PATH": f"{TORCH_BIN}:/usr/local/bin:/usr/bin:/bin"},
+        "environment": {"PATH": f"{TORCH_BIN}:/usr/local/bin:/usr/bin:/bin", "MEET_DIR": meet, "MEET_SECONDS": "240"},
     }
     try:
         runs = []
@@ -89,7 +99,7 @@ def test_two_single_node_torchrun_bundles_on_one_node_both_bind_their_rendezvous
             runs.append((submit(op, ctx), ctx))
         results = [run_deferrable(sensor_for(handle), ctx) for handle, ctx in runs]
     finally:
-        ssh_run(join(["rm", "-f", "--", program]))
+        ssh_run(join(["rm", "-rf", "--", program, meet]))
     assert [result["terminal_state"] for result in results] == ["COMPLETE", "COMPLETE"]
     ports = []
     spans = []
