@@ -89,13 +89,12 @@ def cap_time_limit(slurm_time: str) -> str:
     """Return the batch shell's command that lowers its job's time limit to ``slurm_time`` (when longer).
 
     A user may lower the limit of a running job, never raise it: on a partition whose limit is already
-    ``slurm_time`` or shorter, ``scontrol`` refuses and the limit stays. SLURM's warning signal
-    (``--signal``) follows the new end. The limit the slice runs under is echoed for the job's log.
+    ``slurm_time`` or shorter, ``scontrol`` refuses and that shorter limit holds. SLURM's warning signal
+    (``--signal``) follows the new end. When the update fails and the limit slurmctld shows is longer (or
+    slurmctld cannot say), the slice script keeps the length itself (``TAO_SLURM_OWN_LIMIT``): its own warning,
+    then the program's ``timeout`` at the slice's end (exit 124, continued as a TIMEOUT is).
     """
-    update = f'scontrol update "JobId=${{SLURM_JOB_ID}}" {quote(f"TimeLimit={slurm_time}")}'
-    show = f'squeue -h -j "${{SLURM_JOB_ID}}" -o {quote("%P %l")}'
-    shown = f'echo "TAO_SLURM: slice partition and time limit: $({show} 2> /dev/null)"'
-    return f"{update} > /dev/null 2>&1 || true; {shown}"
+    return f'scontrol update "JobId=${{SLURM_JOB_ID}}" {quote(f"TimeLimit={slurm_time}")}'
 
 
 def check_max_continuations(value: object) -> int:

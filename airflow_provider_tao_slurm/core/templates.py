@@ -301,9 +301,10 @@ def render_sbatch(spec: SbatchSpec) -> str:
         "GPUS_PER_NODE": spec.gpus_per_node,
         "NUM_GPUS": spec.num_nodes * spec.gpus_per_node,
         "CPUS_PER_TASK": spec.cpus_per_task,
-        "TIME": spec.time if spec.slice is None or spec.slice.partition_limit is None else "",
+        "TIME": spec.time if _capped(spec) is None else "",
         "MEM_MB": spec.mem_mb or "",
-        "TIMEOUT_SECONDS": _program_timeout(spec),
+        "TIMEOUT_SECONDS": _program_timeout(spec) if _capped(spec) is None else '"${TAO_SLURM_TIMEOUT}"',
+        "PROGRAM_TIMEOUT": _program_timeout(spec),
         "REQUEUE": "--requeue" if spec.requeue else "--no-requeue",
         "GPU_TYPE": spec.gpu_type or "",
         "MASTER_PORT": _master_port(spec),
@@ -324,6 +325,15 @@ def render_sbatch(spec: SbatchSpec) -> str:
     return render_template(MULTI_NODE_TEMPLATE if spec.num_nodes > 1 else SINGLE_NODE_TEMPLATE, values)
 
 
+def _capped(spec: SbatchSpec) -> str | None:
+    """Return the slice length a slice's batch shell lowers its limit to (``None``: the script asks ``--time``).
+
+    Such a script runs the program under ``TAO_SLURM_TIMEOUT``, which the shell shortens to the slice's end
+    when slurmctld does not take the lower limit.
+    """
+    return spec.slice.partition_limit if spec.slice is not None else None
+
+
 def _slice_values(script: SliceScript | None) -> dict[str, object]:
     """Return the slice placeholders: all empty (false) outside a chain of slices."""
     if script is None:
@@ -336,6 +346,8 @@ def _slice_values(script: SliceScript | None) -> dict[str, object]:
                 "LATEST_CHECKPOINT_FIND",
                 "CHECKPOINT_SIGNAL",
                 "CAP_TIME_LIMIT",
+                "SLICE_LIMIT",
+                "SLICE_SECONDS",
                 "GRACE_FROM_LIMIT",
             ),
             "",
@@ -343,6 +355,10 @@ def _slice_values(script: SliceScript | None) -> dict[str, object]:
     return {
         "SLICE": True,
         "CAP_TIME_LIMIT": cap_time_limit(script.partition_limit) if script.partition_limit else "",
+        "SLICE_LIMIT": script.partition_limit or "",
+        "SLICE_SECONDS": round((parse_slurm_time(script.partition_limit) or 0.0) * 3600)
+        if script.partition_limit
+        else 0,
         "GRACE_FROM_LIMIT": script.grace_from_limit,
         "MIN_GRACE_SECONDS": MIN_GRACE_S,
         "MAX_GRACE_SECONDS": MAX_GRACE_S,

@@ -332,8 +332,8 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
     """
     ctx = context(dag_id, "train", "r1")
     op = training(
-        image, f"{cluster.short_partition},{cluster.debug_partition}", 8, max_continuations=2, time_hours=2 / 60
-    )
+        image, f"{cluster.short_partition},{cluster.debug_partition}", 10, max_continuations=2, time_hours=2 / 60
+    )  # 100 s of epochs: more than the 90 s a one-minute job may run (slurmctld checks limits every 30 s)
     handle = submit(op, ctx)
     script = remote_text(ssh_run, handle["script_path"])
     assert "#SBATCH --time" not in script
@@ -357,6 +357,10 @@ def test_each_slice_starts_on_the_partition_that_takes_it(
         for item in slices
     ]
     assert f"slice partition and time limit: {cluster.debug_partition} 2:00" in logs[1]
+    # which limit holds: the one-minute partition's (slurmctld refuses to raise it), then the one lowered to two
+    kept = "TAO_SLURM: slice time limit kept: the partition's (60 s) is no longer than the slice; SLURM ends the slice"
+    assert kept in logs[0].splitlines(), logs[0]
+    assert "TAO_SLURM: slice time limit lowered to 00:02:00: SLURM ends the slice" in logs[1].splitlines(), logs[1]
     # each slice's warning fits the limit it got: a tenth of 1 min is below the 10 s floor, of 2 min 12 s
     assert "TAO_SLURM: slice 1 warned 10 s before its time limit" in logs[0], logs[0]
     assert "TAO_SLURM: slice 2 warned 12 s before its time limit" in logs[1], logs[1]

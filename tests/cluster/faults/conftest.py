@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from clusterkit import SECRET_SOURCE, conn, dag_id, image, secret_value, submit, submit_op
+from clusterkit import SECRET_SOURCE, conn, dag_id, demo_program, image, secret_value, submit, submit_op
 from deferral import context
 from reliability_report import register
 
@@ -20,7 +20,7 @@ from airflow_provider_tao_slurm.hooks.slurm import SlurmHook
 if TYPE_CHECKING:
     from airflow_provider_tao_slurm.core.config import ClusterSettings
 
-__all__ = ["conn", "dag_id", "image", "secret_value", "wall_limit_job"]
+__all__ = ["conn", "dag_id", "demo_program", "image", "secret_value", "wall_limit_job"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote as url_quote
 
 import pytest
+from airflow.sdk.exceptions import TaskDeferred
 from airflow_stack import Stack, standalone
 from clusterkit import (
     SECRET_SOURCE,
@@ -55,7 +56,6 @@ from airflow_provider_tao_slurm.exceptions import JobFailedError, RemoteCommandE
 from airflow_provider_tao_slurm.lifecycle.events import JobHandle
 
 if TYPE_CHECKING:
-    from airflow.sdk.exceptions import TaskDeferred
     from airflow.triggers.base import BaseTrigger, TriggerEvent
 
     from airflow_provider_tao_slurm.sensors.slurm_job import SlurmJobSensor
@@ -697,3 +697,58 @@ def test_slurmctld_unreachable_from_the_login_host(
     assert "finished" in remote_text(ssh_run, f"{handle['log_dir']}/main.out")
     assert sacct_row(ssh_run, slurm_id)[:2] == ("COMPLETED", "0:0")
     assert jobs_named(ssh_run, handle["job_id"]) == [slurm_id]
+
+
+#: The training stand-in (``dags/programs/tao_like_train.py``): an epoch of 10 s, a checkpoint after each.
+TRAIN = "python3 /srv/lustre/demo/tao_like_train.py --spec {config_path} --results {results_dir} --epoch-seconds 10"
+
+
+@pytest.mark.usefixtures("login_cut", "demo_program")
+def test_a_slice_whose_limit_slurmctld_did_not_lower_still_ends_at_its_length(
+    conn: str, image: str, dag_id: str, ssh_run: SshRun, cluster: ClusterEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 51 item 3. A continued training names ``debug`` (30 min) first and the one-minute partition, slices
+    of two minutes: its script asks no ``--time`` and its batch shell lowers the limit it gets. It went through
+    the harness's cut login sshd, whose SLURM tools its batch shell inherits (``--export=ALL``), and it started
+    (``begin`` 15 s after the submit) while that login host was cut off from slurmctld: its ``scontrol update``
+    failed. The cut lifted once the job log said so. Expected: slice 1 ends at its two minutes all the same,
+    FAILED with exit 124 (this shell's own warning, then the program's timeout), not at debug's 30 minutes; the
+    job log says which limit held; the sensor goes on as after a TIMEOUT and submits slice 2 (cancelled here:
+    the rest of a chain is the long-training tests'). Before, the update's failure was ignored: slice 1 ran on
+    to 30 minutes."""
+    monkeypatch.setenv("AIRFLOW_CONN_SLURM_DEFAULT", connection_json(cluster, port=cut_port(cluster)))
+    ctx = context(dag_id, "train", "r1")
+    op = submit_op(
+        image, TRAIN, task_id="train", spec={"train": {"epochs": 30}}, network_arch="classification_pyt",
+        partition=f"{cluster.debug_partition},{cluster.short_partition}", time_hours=2 / 60, timeout_hours=None,
+        max_continuations=1, secret_env=None, sbatch_options={"begin": "now+15"},
+    )  # fmt: skip
+    try:
+        handle = submit(op, ctx)
+        harness("cut-login-ctld")
+        log = f"{handle['log_dir']}/main.out"
+        wait_until(lambda: "slice partition and time limit" in remote_text(ssh_run, log), "slice 1's cap", 90)
+    finally:
+        harness("restore-login")
+    assert "#SBATCH --time" not in remote_text(ssh_run, handle["script_path"])
+    sensor = sensor_for(handle)
+    deferred = defer(sensor, ctx)
+    event = run_async(first_event(deferred.trigger, 240))
+    try:
+        with pytest.raises(TaskDeferred):  # the next slice, watched
+            resume(sensor, ctx, deferred, event)
+        following = jobs_named(ssh_run, f"{handle['job_id']}-s2")
+    finally:
+        ssh_run(join(["scancel", f"--name={handle['job_id']}-s2"]))
+    out = remote_text(ssh_run, log)
+    state, exit_code, end = sacct_row(ssh_run, handle["slurm_job_id"])
+    rc, started, _ = ssh_run(join(["sacct", "-X", "-n", "-j", handle["slurm_job_id"], "-o", "Start", "-P"]))
+    assert rc == 0
+    assert (state, exit_code) == ("FAILED", "124:0")
+    ran = (end or 0.0) - time.mktime(time.strptime(started.strip(), "%Y-%m-%dT%H:%M:%S"))
+    assert ran <= 125, f"slice 1 ran {ran:.0f} s, past its two minutes"
+    assert "TAO_SLURM: slice time limit not lowered to 00:02:00 (scontrol: " in out, out[-3000:]
+    assert "this shell ends the slice after 120 s" in out
+    assert "TAO_SLURM: slice 1 ends in about 12 s (time limit)" in out, out[-3000:]
+    assert "TAO_SLURM: program stopped by timeout after " in out
+    assert len(following) == 1, "the chain went on with slice 2"

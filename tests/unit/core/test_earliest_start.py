@@ -119,11 +119,19 @@ def test_the_script_asks_no_time_and_lowers_a_longer_limit() -> None:
 
 
 def test_the_cap_is_the_jobs_own_and_quoted() -> None:
-    assert cap_time_limit("1-00:00:00") == (
-        'scontrol update "JobId=${SLURM_JOB_ID}" TimeLimit=1-00:00:00 > /dev/null 2>&1 || true; '
-        'echo "TAO_SLURM: slice partition and time limit: '
-        """$(squeue -h -j "${SLURM_JOB_ID}" -o '%P %l' 2> /dev/null)\""""
-    )
+    assert cap_time_limit("1-00:00:00") == 'scontrol update "JobId=${SLURM_JOB_ID}" TimeLimit=1-00:00:00'
+    script = render_sbatch(replace(SPEC, slice=_slice("1-00:00:00")))
+    assert 'if tao_slurm_refused=$(scontrol update "JobId=${SLURM_JOB_ID}" TimeLimit=1-00:00:00 2>&1); then' in script
+    assert "    TAO_SLURM_OWN_LIMIT=86400\n" in script
+
+
+def test_a_capped_slice_runs_its_program_under_the_timeout_the_shell_may_shorten() -> None:
+    capped = render_sbatch(replace(SPEC, slice=_slice("12:00:00")))
+    assert 'timeout "${TAO_SLURM_TIMEOUT}" bash -c' in capped
+    assert "TAO_SLURM_TIMEOUT=" in capped
+    plain = render_sbatch(replace(SPEC, slice=_slice(None)))
+    assert "TAO_SLURM_TIMEOUT" not in plain
+    assert "TAO_SLURM_OWN_LIMIT" not in plain
 
 
 def test_a_partitions_default_time_is_what_a_job_without_time_gets() -> None:

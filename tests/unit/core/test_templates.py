@@ -20,9 +20,11 @@ import pytest
 
 from airflow_provider_tao_slurm.core.continuation import (
     LATEST_CHECKPOINT_ENV,
+    PROGRAM_TIMEOUT_EXIT,
     SLICE_ENV,
     SLICE_SIGNAL,
     SliceScript,
+    ends_slice,
     grace_seconds,
     slice_marker,
 )
@@ -401,6 +403,11 @@ FAKE_SQUEUE = """#!/bin/bash
 exit 0
 """
 FAKE_SCONTROL = """#!/bin/bash
+# A slice's cap (``update JobId=... TimeLimit=...``) is taken, or refused while FAKE_DIR/update-refused exists.
+if [ "$1" = update ] && [ -e "$FAKE_DIR/update-refused" ]; then
+    printf 'slurm_update error: Unable to contact slurm controller\\n(connect failure)\\n' >&2
+    exit 1
+fi
 [ "$1 $2" = "show hostnames" ] && [ "$3" = "n[1-2]" ] && printf 'n1\\nn2\\n'
 if [ "$1 $2 $3 $4" = "--local show job -o" ]; then
     shift  # --local: the one RPC a job's question of itself needs (no federation lookup)
@@ -1307,6 +1314,55 @@ def test_slice_warning_too_early_for_a_shorter_slice_follows_at_its_own_time(tmp
     assert 5 <= deferred <= 11, deferred
     assert any(line.startswith("TAO_SLURM: slice 1: SLURM's warning came ") for line in stdout.splitlines()), stdout
     assert "TAO_SLURM: slice 1 ends in about 10 s (time limit)" in stdout
+
+
+@pytest.mark.parametrize("case", ["lowered", "refused-shorter-limit", "refused-longer-limit", "refused-unanswered"])
+def test_a_slice_ends_at_its_length_whether_or_not_slurmctld_lowered_its_limit(
+    tmp_path: Path, slices: Path, case: str
+) -> None:
+    """A slice of 8 s (warning 3 s) on a partition whose limit may be longer. slurmctld lowers the limit, or
+    refuses to raise a shorter one: SLURM ends the slice (here the program ends first, by itself). slurmctld
+    refuses, or cannot be reached, and its limit is longer or unknown: this shell warns itself 3 s before the
+    end and the program's timeout stops the program at the end, exit 124, which continues the chain as a
+    TIMEOUT does. The log says which limit holds."""
+    own = case in ("refused-longer-limit", "refused-unanswered")
+    command = 'touch "$FAKE_DIR/step.started"; sleep 20; exit 0' if own else "sleep 1"
+    run = slice_run(tmp_path, command, partition_limit="00:00:08", grace_seconds=3)
+    if case != "lowered":
+        (run.job_dir / "update-refused").touch()
+    if case == "refused-shorter-limit":
+        run.env.update(FAKE_START_TIME=slurm_time(0), FAKE_END_TIME=slurm_time(6))
+    if case == "refused-longer-limit":
+        run.env.update(FAKE_START_TIME=slurm_time(0), FAKE_END_TIME=slurm_time(3600))
+    started = time.monotonic()
+    done = run.run()
+    took = time.monotonic() - started
+    lines = done.stdout.splitlines()
+    said = {
+        "lowered": "TAO_SLURM: slice time limit lowered to 00:00:08: SLURM ends the slice",
+        "refused-shorter-limit": (
+            "TAO_SLURM: slice time limit kept: the partition's (6 s) is no longer than the slice; SLURM ends the slice"
+        ),
+    }.get(
+        case,
+        "TAO_SLURM: slice time limit not lowered to 00:00:08 (scontrol: slurm_update error: Unable to contact slurm "
+        "controller (connect failure)): this shell ends the slice after 8 s",
+    )
+    assert said in lines, lines
+    if not own:
+        assert done.returncode == 0, done.stderr
+        assert not (slices / slice_marker("4242", 0, "ending")).exists()
+        assert not any("is warned by this shell" in line for line in lines), lines
+        return
+    assert done.returncode == PROGRAM_TIMEOUT_EXIT, done.stderr
+    assert 7 <= took < 12, took
+    assert any(line.startswith("TAO_SLURM: slice 1 is warned by this shell 3 s before its end") for line in lines)
+    assert (slices / slice_marker("4242", 0, "ending")).exists(), "the shell's own warning left the ending marker"
+    assert "TAO_SLURM: slice 1 ends in about 3 s (time limit)" in done.stdout
+    stopped = [line for line in lines if line.startswith("TAO_SLURM: program stopped by timeout after ")]
+    assert stopped, lines
+    assert 6 <= int(stopped[0].split()[-2]) <= 8, stopped
+    assert ends_slice("FAILED", done.returncode), "the chain goes on as after a TIMEOUT"
 
 
 def test_a_preemptions_warning_is_never_deferred(tmp_path: Path, slices: Path) -> None:
