@@ -281,7 +281,7 @@ def _program_timeout(spec: SbatchSpec) -> int:
     """
     if spec.slice is None or spec.slice.stop_at_timeout:
         return spec.timeout_seconds
-    return 2 * round((parse_slurm_time(spec.time) or 0.0) * 3600)
+    return 2 * _slurm_seconds(spec.time)
 
 
 def render_sbatch(spec: SbatchSpec) -> str:
@@ -325,6 +325,11 @@ def render_sbatch(spec: SbatchSpec) -> str:
     return render_template(MULTI_NODE_TEMPLATE if spec.num_nodes > 1 else SINGLE_NODE_TEMPLATE, values)
 
 
+def _slurm_seconds(slurm_time: str) -> int:
+    """Return a SLURM time (``HH:MM:SS``, ``D-HH:MM:SS`` ...) in whole seconds; 0 for an unlimited one."""
+    return round((parse_slurm_time(slurm_time) or 0.0) * 3600)
+
+
 def _capped(spec: SbatchSpec) -> str | None:
     """Return the slice length a slice's batch shell lowers its limit to (``None``: the script asks ``--time``).
 
@@ -356,9 +361,7 @@ def _slice_values(script: SliceScript | None) -> dict[str, object]:
         "SLICE": True,
         "CAP_TIME_LIMIT": cap_time_limit(script.partition_limit) if script.partition_limit else "",
         "SLICE_LIMIT": script.partition_limit or "",
-        "SLICE_SECONDS": round((parse_slurm_time(script.partition_limit) or 0.0) * 3600)
-        if script.partition_limit
-        else 0,
+        "SLICE_SECONDS": _slurm_seconds(script.partition_limit) if script.partition_limit else 0,
         "GRACE_FROM_LIMIT": script.grace_from_limit,
         "MIN_GRACE_SECONDS": MIN_GRACE_S,
         "MAX_GRACE_SECONDS": MAX_GRACE_S,
@@ -432,7 +435,7 @@ def _validate(spec: SbatchSpec) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ResourceError(f"{name} must be a positive whole number, got {value!r}")
     _check_sbatch_word("time", spec.time, _SLURM_TIME)
-    wall_seconds = round((parse_slurm_time(spec.time) or 0.0) * 3600)  # None (UNLIMITED) fails the check above
+    wall_seconds = _slurm_seconds(spec.time)  # 0 (UNLIMITED) fails the check above
     if spec.timeout_seconds >= wall_seconds:
         raise ResourceError(
             f"timeout_seconds ({spec.timeout_seconds}) must be shorter than the wall time {spec.time} "

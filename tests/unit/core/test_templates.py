@@ -1327,7 +1327,9 @@ def test_a_slice_ends_at_its_length_whether_or_not_slurmctld_lowered_its_limit(
     TIMEOUT does. The log says which limit holds."""
     own = case in ("refused-longer-limit", "refused-unanswered")
     command = 'touch "$FAKE_DIR/step.started"; sleep 20; exit 0' if own else "sleep 1"
-    run = slice_run(tmp_path, command, partition_limit="00:00:08", grace_seconds=3)
+    # the shorter limit's slice also takes its warning from that limit: the job line read once serves both
+    from_limit = case == "refused-shorter-limit"
+    run = slice_run(tmp_path, command, partition_limit="00:00:08", grace_seconds=3, grace_from_limit=from_limit)
     if case != "lowered":
         (run.job_dir / "update-refused").touch()
     if case == "refused-shorter-limit":
@@ -1349,6 +1351,9 @@ def test_a_slice_ends_at_its_length_whether_or_not_slurmctld_lowered_its_limit(
         "controller (connect failure)): this shell ends the slice after 8 s",
     )
     assert said in lines, lines
+    if from_limit:
+        assert "TAO_SLURM: slice 1 warned 10 s before its time limit" in lines, lines
+        assert asked(run) == 1, "the job line read for the limit serves the warning: one scontrol show job"
     if not own:
         assert done.returncode == 0, done.stderr
         assert not (slices / slice_marker("4242", 0, "ending")).exists()
